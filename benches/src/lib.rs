@@ -1,0 +1,1 @@
+//! Criterion benches of hixl (see benches/*.rs).

@@ -1,0 +1,560 @@
+//! The `Engine`: registered memory, links to peers, the listener, the reactor, notifies.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
+use std::time::Duration;
+
+use hixl_core::region::OsRkeys;
+use hixl_core::{
+    Access, Error, MemDesc, MemKind, Notify, OpDesc, OpTable, Options, RegionId, RegionTable,
+    Result, TransferOp,
+};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::addr::{engine_name, EngineAddr};
+use crate::completion::CompletionQueue;
+use crate::link::{Link, LinkParams, Peer};
+use crate::memory::{HostBuffer, Region, RegionInner};
+use crate::notify::{NotifyQueue, NotifyStream};
+use crate::reactor::Reactor;
+use crate::server::Server;
+use crate::transfer::Transfer;
+
+/// State shared by the engine's tasks and handles.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) name: String,
+    pub(crate) regions: Mutex<RegionTable<Arc<RegionInner>>>,
+    pub(crate) ops: Arc<Mutex<OpTable<Waker>>>,
+    pub(crate) cq: Arc<CompletionQueue>,
+    pub(crate) notifies: Arc<NotifyQueue>,
+}
+
+/// A random u64 from the OS CSPRNG.
+pub(crate) fn random_u64() -> u64 {
+    use hixl_core::region::RkeySource;
+    OsRkeys.next_rkey()
+}
+
+#[derive(Debug)]
+enum LinkSlot {
+    Connecting,
+    Up(Arc<Link>),
+}
+
+#[derive(Debug)]
+struct EngineInner {
+    shared: Arc<Shared>,
+    addr: EngineAddr,
+    listen: Option<SocketAddr>,
+    instance: u64,
+    options: Options,
+    server: Option<Arc<Server>>,
+    links: Mutex<HashMap<String, LinkSlot>>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        self.shutdown.send_replace(true);
+        if let Ok(mut l) = self.links.lock() {
+            for (_, s) in l.drain() {
+                if let LinkSlot::Up(link) = s {
+                    link.close("engine dropped");
+                }
+            }
+        }
+        self.shared.notifies.close();
+    }
+}
+
+/// Builds an [`Engine`] from HIXL's `local_engine` string and option keys.
+#[derive(Debug)]
+pub struct EngineBuilder {
+    local: String,
+    pairs: Vec<(String, String)>,
+    options: Option<Options>,
+    ephemeral: bool,
+}
+
+impl EngineBuilder {
+    /// Adds one HIXL option (`"BufferPool"`, `"GlobalResourceConfig"`, `"hixl.TcpStreams"`...).
+    /// Keys and values are validated by [`EngineBuilder::build`].
+    pub fn option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.pairs.push((key.into(), value.into()));
+        self
+    }
+
+    /// Uses already-parsed options (pairs given with [`EngineBuilder::option`] apply on top).
+    pub fn options(mut self, options: Options) -> Self {
+        self.options = Some(options);
+        self
+    }
+
+    /// Listens on a free port chosen by the OS (hixl extension; HIXL needs a fixed port).
+    /// [`Engine::local_engine`] then reports the real `ip:port`.
+    pub fn ephemeral_port(mut self) -> Self {
+        self.ephemeral = true;
+        self
+    }
+
+    /// Starts the engine: listener (for `ip:port`), reactor. Must run inside a tokio runtime.
+    ///
+    /// # Errors
+    /// [`Error::InvalidAddress`], option errors naming the key, or the OS error of `bind`.
+    pub async fn build(self) -> Result<Engine> {
+        let addr = EngineAddr::parse(&self.local)?;
+        let options = match self.options {
+            None => Options::from_pairs(self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?,
+            Some(mut o) => {
+                for (k, v) in &self.pairs {
+                    o.set(k, v)?;
+                }
+                o
+            }
+        };
+        let listener = match (addr.socket_addr(), self.ephemeral) {
+            (Some(sa), _) => Some(sa),
+            (None, true) => Some(SocketAddr::new(addr.ip, 0)),
+            (None, false) => None,
+        };
+        let listener = match listener {
+            Some(sa) => Some(
+                TcpListener::bind(sa)
+                    .await
+                    .map_err(|e| Error::io(format!("listening on {sa}"), e))?,
+            ),
+            None => None,
+        };
+        let listen = match &listener {
+            Some(l) => Some(
+                l.local_addr()
+                    .map_err(|e| Error::io("reading listen address", e))?,
+            ),
+            None => None,
+        };
+        let name = match listen {
+            Some(sa) => engine_name(sa),
+            None => addr.ip.to_string(),
+        };
+        let cq = Arc::new(CompletionQueue::new().map_err(|e| Error::io("creating eventfd", e))?);
+        let shared = Arc::new(Shared {
+            name,
+            regions: Mutex::new(RegionTable::new()),
+            ops: Arc::new(Mutex::new(OpTable::new())),
+            cq: cq.clone(),
+            notifies: Arc::new(NotifyQueue::default()),
+        });
+        let (shutdown, rx) = watch::channel(false);
+        tokio::spawn(Reactor::new(cq, shared.ops.clone()).run(rx.clone()));
+        let instance = random_u64();
+        let server = listener.map(|l| {
+            let srv = Server::new(shared.clone(), instance);
+            tokio::spawn(srv.clone().accept_loop(l, rx.clone()));
+            srv
+        });
+        tracing::debug!(engine = %shared.name, "engine started");
+        Ok(Engine {
+            inner: Arc::new(EngineInner {
+                shared,
+                addr,
+                listen,
+                instance,
+                options,
+                server,
+                links: Mutex::new(HashMap::new()),
+                shutdown,
+            }),
+        })
+    }
+}
+
+/// A hixl engine: one per process and device, like HIXL's `Hixl` object.
+///
+/// ```no_run
+/// # async fn demo() -> hixl_core::Result<()> {
+/// use std::time::Duration;
+/// use hixl_async::{Engine, HostBuffer};
+/// use hixl_core::OpDesc;
+///
+/// let engine = Engine::builder("127.0.0.1").build().await?;
+/// let local = engine.register(HostBuffer::zeroed(1 << 20)?)?;
+/// let peer = engine.connect("127.0.0.1:26000", Duration::from_secs(1)).await?;
+/// let remote = peer.region("kv").expect("peer exported a region named kv");
+/// peer.write(&[OpDesc::new(local.addr(), remote.addr, 4096)]).await?;
+/// peer.notify("cache_ready", "block_0").await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+fn poisoned() -> Error {
+    Error::InvalidParam {
+        what: "engine lock poisoned by an earlier panic".into(),
+    }
+}
+
+impl Engine {
+    /// Starts building an engine for `local_engine`: `"ip:port"` listens (a server, which
+    /// peers can connect to), `"ip"` is client-only, as in HIXL.
+    pub fn builder(local_engine: impl Into<String>) -> EngineBuilder {
+        EngineBuilder {
+            local: local_engine.into(),
+            pairs: Vec::new(),
+            options: None,
+            ephemeral: false,
+        }
+    }
+
+    /// This engine's name: `ip:port` for a server (the real port), `ip` for a client.
+    pub fn local_engine(&self) -> &str {
+        &self.inner.shared.name
+    }
+
+    /// The listening address, if this engine is a server.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.inner.listen
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &Options {
+        &self.inner.options
+    }
+
+    /// Registers an owned host buffer, readable and writable by peers.
+    ///
+    /// # Errors
+    /// As [`Engine::register_with`].
+    pub fn register(&self, buf: HostBuffer) -> Result<Region> {
+        self.register_with(buf, Access::REMOTE_RW, None)
+    }
+
+    /// Registers an owned host buffer with the given peer access and an optional name that
+    /// peers see in their memory table. The engine keeps the buffer until
+    /// [`Engine::deregister`] hands it back.
+    ///
+    /// # Errors
+    /// [`Error::Overlap`] (cannot happen for a fresh buffer, but kept for symmetry).
+    pub fn register_with(
+        &self,
+        buf: HostBuffer,
+        access: Access,
+        name: Option<&str>,
+    ) -> Result<Region> {
+        let desc = MemDesc::new(buf.as_ptr() as u64, buf.len() as u64);
+        self.register_inner(desc, MemKind::Host, access, name, Some(buf))
+    }
+
+    /// Registers memory the caller owns, as HIXL's `RegisterMem` does. Registering the identical
+    /// range again returns the same region.
+    ///
+    /// # Safety
+    /// `desc` must describe memory that is valid for reads and writes for its whole length
+    /// until [`Engine::deregister`] (or [`Engine::deregister_id`]) has returned for it, or the
+    /// engine has been shut down and dropped: peers may read and write it at any time until
+    /// then, concurrently with this process.
+    ///
+    /// # Errors
+    /// [`Error::NullAddress`], [`Error::ZeroLength`], [`Error::Overlap`] for a partial overlap
+    /// with a region of the same kind, [`Error::Unsupported`] for device memory (no device
+    /// runtime in this build).
+    pub unsafe fn register_raw(
+        &self,
+        desc: MemDesc,
+        kind: MemKind,
+        access: Access,
+        name: Option<&str>,
+    ) -> Result<Region> {
+        self.register_inner(desc, kind, access, name, None)
+    }
+
+    fn register_inner(
+        &self,
+        desc: MemDesc,
+        kind: MemKind,
+        access: Access,
+        name: Option<&str>,
+        owned: Option<HostBuffer>,
+    ) -> Result<Region> {
+        if kind == MemKind::Device {
+            return Err(Error::Unsupported {
+                what: "device memory needs a device runtime (CUDA or Ascend ACL); this build has none, and hixl never falls back to host memory silently".into(),
+            });
+        }
+        if let Some(n) = name {
+            if n.len() > hixl_core::wire::MAX_NAME {
+                return Err(Error::InvalidParam {
+                    what: format!(
+                        "region name of {} bytes exceeds {}",
+                        n.len(),
+                        hixl_core::wire::MAX_NAME
+                    ),
+                });
+            }
+        }
+        let mut owned = owned;
+        let region = {
+            let mut t = self.inner.shared.regions.lock().map_err(|_| poisoned())?;
+            let r = t.register(
+                desc,
+                kind,
+                access,
+                name.map(str::to_string),
+                &mut OsRkeys,
+                |id, rkey| {
+                    Arc::new(RegionInner::new(
+                        id,
+                        desc.addr,
+                        desc.len,
+                        kind,
+                        access,
+                        rkey,
+                        owned.take(),
+                    ))
+                },
+            )?;
+            let e = t.get(r.id()).ok_or_else(poisoned)?;
+            e.data.clone()
+        };
+        if access.is_remote() {
+            if let Some(s) = &self.inner.server {
+                s.broadcast_table();
+            }
+        }
+        Ok(Region { inner: region })
+    }
+
+    /// Ends a registration: peers lose access at once (later requests are refused), then this
+    /// waits until no in-flight op touches the region and returns the owned buffer, if any.
+    ///
+    /// # Errors
+    /// Only on a poisoned lock; an unknown region is not an error (HIXL: SUCCESS).
+    pub async fn deregister(&self, region: &Region) -> Result<Option<HostBuffer>> {
+        self.deregister_id(region.id()).await
+    }
+
+    /// [`Engine::deregister`] by handle. An unknown handle is a no-op, as in HIXL.
+    ///
+    /// # Errors
+    /// Only on a poisoned lock.
+    pub async fn deregister_id(&self, id: RegionId) -> Result<Option<HostBuffer>> {
+        let e = self
+            .inner
+            .shared
+            .regions
+            .lock()
+            .map_err(|_| poisoned())?
+            .deregister(id);
+        let Some(e) = e else { return Ok(None) };
+        if e.access.is_remote() {
+            if let Some(s) = &self.inner.server {
+                s.broadcast_table();
+            }
+        }
+        Ok(e.data.revoke_and_drain().await)
+    }
+
+    /// Connects to a server engine (`"ip:port"`), fetching its memory table and opening its
+    /// data connections, within `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::ConnectToSelf`], [`Error::AlreadyConnected`], [`Error::InvalidAddress`] (also for
+    /// an address without a port), [`Error::Timeout`], [`Error::Io`] (refused), or the peer's
+    /// refusal.
+    pub async fn connect(&self, remote: &str, timeout: Duration) -> Result<Peer> {
+        if timeout.is_zero() {
+            return Err(Error::InvalidTimeout { millis: 0 });
+        }
+        let ra = EngineAddr::parse(remote)?;
+        let sa = ra.socket_addr().ok_or_else(|| Error::InvalidAddress {
+            addr: remote.to_string(),
+            reason: "a remote engine needs a port".into(),
+        })?;
+        if self.is_self(sa) {
+            return Err(Error::ConnectToSelf {
+                engine: remote.to_string(),
+            });
+        }
+        let key = engine_name(sa);
+        {
+            let mut links = self.inner.links.lock().map_err(|_| poisoned())?;
+            match links.get(&key) {
+                Some(LinkSlot::Up(l)) if !l.state.is_dead() => {
+                    return Err(Error::AlreadyConnected { peer: key })
+                }
+                Some(LinkSlot::Connecting) => return Err(Error::AlreadyConnected { peer: key }),
+                _ => {}
+            }
+            links.insert(key.clone(), LinkSlot::Connecting);
+        }
+        let params = LinkParams {
+            local_name: &self.inner.shared.name,
+            instance: self.inner.instance,
+            remote: &key,
+            addr: sa,
+            streams: self.inner.options.tcp_streams,
+            chunk: self.inner.options.tcp_chunk_bytes,
+        };
+        let r =
+            tokio::time::timeout(timeout, Link::establish(self.inner.shared.clone(), params)).await;
+        let r = match r {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                what: "connect",
+                peer: key.clone(),
+                after: timeout,
+            }),
+        };
+        let mut links = self.inner.links.lock().map_err(|_| poisoned())?;
+        match r {
+            Ok(link) => {
+                links.insert(key, LinkSlot::Up(link.clone()));
+                Ok(Peer {
+                    link,
+                    shared: self.inner.shared.clone(),
+                })
+            }
+            Err(e) => {
+                links.remove(&key);
+                if let Error::Remote {
+                    status: hixl_core::Status::ParamInvalid,
+                    message,
+                    ..
+                } = &e
+                {
+                    if message.contains("itself") {
+                        return Err(Error::ConnectToSelf {
+                            engine: remote.to_string(),
+                        });
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn is_self(&self, sa: SocketAddr) -> bool {
+        match self.inner.listen {
+            Some(l) if l.port() == sa.port() => {
+                l.ip() == sa.ip()
+                    || (l.ip().is_unspecified()
+                        && (sa.ip().is_loopback() || sa.ip() == self.inner.addr.ip))
+            }
+            _ => false,
+        }
+    }
+
+    /// Closes the link to `remote`. Its in-flight transfers fail.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`] if there is no link.
+    pub async fn disconnect(&self, remote: &str) -> Result<()> {
+        let key = self.key(remote)?;
+        let slot = self
+            .inner
+            .links
+            .lock()
+            .map_err(|_| poisoned())?
+            .remove(&key);
+        match slot {
+            Some(LinkSlot::Up(l)) => {
+                l.close("disconnect");
+                Ok(())
+            }
+            Some(LinkSlot::Connecting) | None => Err(Error::NotConnected { peer: key }),
+        }
+    }
+
+    fn key(&self, remote: &str) -> Result<String> {
+        let ra = EngineAddr::parse(remote)?;
+        Ok(match ra.socket_addr() {
+            Some(sa) => engine_name(sa),
+            None => remote.to_string(),
+        })
+    }
+
+    /// The peer `remote`, if connected.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`].
+    pub fn peer(&self, remote: &str) -> Result<Peer> {
+        let key = self.key(remote)?;
+        match self.inner.links.lock().map_err(|_| poisoned())?.get(&key) {
+            Some(LinkSlot::Up(l)) => Ok(Peer {
+                link: l.clone(),
+                shared: self.inner.shared.clone(),
+            }),
+            _ => Err(Error::NotConnected { peer: key }),
+        }
+    }
+
+    /// Names of connected peers.
+    pub fn peers(&self) -> Vec<String> {
+        self.inner
+            .links
+            .lock()
+            .map(|l| {
+                l.iter()
+                    .filter(|(_, v)| matches!(v, LinkSlot::Up(_)))
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Posts a transfer to `remote` by name (HIXL's `TransferAsync`); see [`Peer::transfer`].
+    pub fn transfer(&self, remote: &str, op: TransferOp, descs: &[OpDesc]) -> Transfer {
+        match self.peer(remote) {
+            Ok(p) => p.transfer(op, descs),
+            Err(e) => Transfer::failed(self.inner.shared.clone(), e, Arc::from(remote)),
+        }
+    }
+
+    /// Notifies received by this engine, as a stream.
+    pub fn notifications(&self) -> NotifyStream {
+        NotifyStream {
+            queue: self.inner.shared.notifies.clone(),
+        }
+    }
+
+    /// Returns and clears every received notify (HIXL `GetNotifies`).
+    pub fn take_notifies(&self) -> Vec<Notify> {
+        self.inner.shared.notifies.drain()
+    }
+
+    /// Ops not yet finished or reaped (in-flight and abandoned ones).
+    pub fn ops_in_flight(&self) -> usize {
+        self.inner.shared.ops.lock().map(|o| o.live()).unwrap_or(0)
+    }
+
+    /// Stops the engine (HIXL `Finalize`): closes every link (their in-flight ops fail), tells
+    /// connected initiators, stops listening and ends notify streams. Waits up to `grace` for
+    /// abandoned ops to drain.
+    pub async fn shutdown(&self, grace: Duration) {
+        let links: Vec<_> = self
+            .inner
+            .links
+            .lock()
+            .map(|mut l| l.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for l in links {
+            if let LinkSlot::Up(l) = l {
+                l.close("engine finalized");
+            }
+        }
+        if let Some(s) = &self.inner.server {
+            s.close_all("engine finalized");
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.ops_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.inner.shutdown.send_replace(true);
+        self.inner.shared.notifies.close();
+    }
+}

@@ -1,0 +1,74 @@
+//! Reading and writing whole control frames on a socket.
+
+use bytes::BytesMut;
+use hixl_core::wire::Message;
+use hixl_core::{Error, Result};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Reads one whole frame, keeping any bytes after it in `buf`.
+///
+/// # Errors
+/// [`Error::PeerLost`] on EOF or a socket error, [`Error::Protocol`] on a malformed frame.
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut BytesMut,
+    peer: &str,
+) -> Result<Message> {
+    loop {
+        match Message::decode(buf) {
+            Ok(Some(m)) => return Ok(m),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(Error::Protocol {
+                    peer: peer.to_string(),
+                    reason: e.to_string(),
+                })
+            }
+        }
+        buf.reserve(4096);
+        match r.read_buf(buf).await {
+            Ok(0) => {
+                return Err(Error::PeerLost {
+                    peer: peer.to_string(),
+                    cause: "connection closed".into(),
+                })
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Err(Error::PeerLost {
+                    peer: peer.to_string(),
+                    cause: e.to_string(),
+                })
+            }
+        }
+    }
+}
+
+/// Encodes and writes one frame.
+///
+/// # Errors
+/// [`Error::PeerLost`] on a socket error.
+pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    m: &Message,
+    peer: &str,
+) -> Result<()> {
+    let mut b = BytesMut::with_capacity(64);
+    m.encode(&mut b);
+    w.write_all(&b).await.map_err(|e| Error::PeerLost {
+        peer: peer.to_string(),
+        cause: e.to_string(),
+    })
+}
+
+/// Sets the socket options every hixl connection uses.
+pub(crate) fn tune(s: &tokio::net::TcpStream) {
+    let _ = s.set_nodelay(true);
+    let sock = socket2::SockRef::from(s);
+    let _ = sock.set_keepalive(true);
+}
+
+/// Shuts both directions of a socket down, so a task blocked reading it wakes with EOF.
+pub(crate) fn shutdown_both(s: &tokio::net::TcpStream) {
+    let _ = socket2::SockRef::from(s).shutdown(std::net::Shutdown::Both);
+}

@@ -1,0 +1,24 @@
+//! Async engine of hixl.
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod addr;
+mod completion;
+mod memory;
+mod notify;
+mod reactor;
+
+pub use memory::{HostBuffer, Region};
+pub use notify::NotifyStream;
+mod engine;
+mod frame_io;
+mod link;
+mod link_state;
+mod server;
+mod tcp;
+mod transfer;
+
+pub use addr::EngineAddr;
+pub use engine::{Engine, EngineBuilder};
+pub use link::Peer;
+pub use transfer::Transfer;

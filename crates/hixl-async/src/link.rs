@@ -1,0 +1,504 @@
+//! The initiator's side of a link to one peer: handshake, the peer's memory table, data
+//! connections, notifies, and the `Peer` handle users hold.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use hixl_core::wire::{Channel, DataReq, Message};
+use hixl_core::{
+    Access, Error, OpDesc, RemoteRegion, Result, Status, Token, TransferOp, NOTIFY_MAX_LEN,
+    NOTIFY_MAX_PENDING,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::Shared;
+use crate::frame_io::{read_frame, shutdown_both, tune, write_frame};
+use crate::link_state::LinkState;
+use crate::memory::{Lease, MemPtr};
+use crate::tcp::initiator::{fail_parts, DataConn, Part};
+use crate::transfer::Transfer;
+
+/// What the initiator keeps per connected peer.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) name: Arc<str>,
+    pub(crate) state: Arc<LinkState>,
+    table: RwLock<Vec<RemoteRegion>>,
+    conns: Vec<DataConn>,
+    next: AtomicUsize,
+    control: mpsc::UnboundedSender<BytesMut>,
+    notify_seq: AtomicU64,
+    notify_waiters: Mutex<HashMap<u64, oneshot::Sender<u32>>>,
+    chunk: u64,
+}
+
+fn refusal(peer: &str, status: u32, reason: String) -> Error {
+    Error::Remote {
+        peer: peer.to_string(),
+        status: Status::from_code(status).unwrap_or(Status::Failed),
+        message: reason,
+    }
+}
+
+fn unexpected(peer: &str, m: &Message, wanted: &str) -> Error {
+    Error::Protocol {
+        peer: peer.to_string(),
+        reason: format!("expected {wanted}, got {m:?}"),
+    }
+}
+
+fn sort_table(mut v: Vec<RemoteRegion>) -> Vec<RemoteRegion> {
+    v.sort_by_key(|r| r.addr);
+    v
+}
+
+/// Connection parameters of one link.
+pub(crate) struct LinkParams<'a> {
+    pub(crate) local_name: &'a str,
+    pub(crate) instance: u64,
+    pub(crate) remote: &'a str,
+    pub(crate) addr: SocketAddr,
+    pub(crate) streams: usize,
+    pub(crate) chunk: u64,
+}
+
+impl Link {
+    /// Connects the control channel, fetches the memory table and opens the data connections.
+    pub(crate) async fn establish(shared: Arc<Shared>, p: LinkParams<'_>) -> Result<Arc<Link>> {
+        let remote = p.remote;
+        let mut s = TcpStream::connect(p.addr)
+            .await
+            .map_err(|e| Error::io(format!("connecting to {remote}"), e))?;
+        tune(&s);
+        let hello = Message::Hello {
+            engine: p.local_name.to_string(),
+            channel: Channel::Control,
+            session: p.instance,
+        };
+        write_frame(&mut s, &hello, remote).await?;
+        let mut buf = BytesMut::with_capacity(4096);
+        let session = match read_frame(&mut s, &mut buf, remote).await? {
+            Message::Welcome { session, .. } => session,
+            Message::Refuse { status, reason } => return Err(refusal(remote, status, reason)),
+            m => return Err(unexpected(remote, &m, "welcome")),
+        };
+        let table = match read_frame(&mut s, &mut buf, remote).await? {
+            Message::MemTable(v) => sort_table(v),
+            m => return Err(unexpected(remote, &m, "memory table")),
+        };
+        let mut data = Vec::with_capacity(p.streams);
+        for _ in 0..p.streams.max(1) {
+            let mut d = TcpStream::connect(p.addr)
+                .await
+                .map_err(|e| Error::io(format!("opening data connection to {remote}"), e))?;
+            tune(&d);
+            let hello = Message::Hello {
+                engine: p.local_name.to_string(),
+                channel: Channel::Data,
+                session,
+            };
+            write_frame(&mut d, &hello, remote).await?;
+            let mut b = BytesMut::new();
+            match read_frame(&mut d, &mut b, remote).await? {
+                Message::Welcome { .. } if b.is_empty() => {}
+                Message::Refuse { status, reason } => return Err(refusal(remote, status, reason)),
+                m => return Err(unexpected(remote, &m, "welcome on a data connection")),
+            }
+            data.push(d);
+        }
+        let name: Arc<str> = Arc::from(remote);
+        let state = Arc::new(LinkState::new());
+        let conns = data
+            .into_iter()
+            .map(|d| DataConn::spawn(d, name.clone(), shared.clone(), state.clone()))
+            .collect();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let link = Arc::new(Link {
+            name,
+            state,
+            table: RwLock::new(table),
+            conns,
+            next: AtomicUsize::new(0),
+            control: tx,
+            notify_seq: AtomicU64::new(1),
+            notify_waiters: Mutex::new(HashMap::new()),
+            chunk: p.chunk.max(4096),
+        });
+        let (r, w) = s.into_split();
+        tokio::spawn(control_writer(w, rx, link.clone()));
+        tokio::spawn(control_reader(r, buf, link.clone()));
+        Ok(link)
+    }
+
+    /// The peer's remotely accessible regions, in address order.
+    pub(crate) fn regions(&self) -> Vec<RemoteRegion> {
+        self.table.read().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    fn remote_rkey(
+        table: &[RemoteRegion],
+        peer: &str,
+        index: usize,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<u64> {
+        hixl_core::region::check_range(hixl_core::Side::Remote, index, addr, len)?;
+        let i = table.partition_point(|r| r.addr <= addr);
+        let r = i
+            .checked_sub(1)
+            .and_then(|i| table.get(i))
+            .filter(|r| r.contains(addr, len))
+            .ok_or_else(|| Error::RemoteOutOfBounds {
+                peer: peer.to_string(),
+                addr,
+                len,
+                index,
+            })?;
+        if !r.access.contains(need) {
+            return Err(Error::AccessDenied {
+                addr,
+                len,
+                need: if need.contains(Access::REMOTE_WRITE) {
+                    "remote write"
+                } else {
+                    "remote read"
+                },
+            });
+        }
+        Ok(r.rkey)
+    }
+
+    /// Validates every descriptor, splits them into parts and posts them on the data
+    /// connections. Nothing is sent unless every descriptor is valid.
+    pub(crate) fn submit(
+        &self,
+        shared: &Arc<Shared>,
+        op: TransferOp,
+        descs: &[OpDesc],
+    ) -> Result<Token> {
+        if let Some(e) = self.state.error() {
+            return Err(e);
+        }
+        if descs.is_empty() {
+            return Err(Error::InvalidParam {
+                what: "a transfer needs at least one descriptor".into(),
+            });
+        }
+        let write = op == TransferOp::Write;
+        let need = Access::needed_by(op);
+        let n = self.conns.len();
+        let mut per: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
+        let mut k = self.next.fetch_add(1, Ordering::Relaxed);
+        let token = shared.ops.lock().map_err(|_| poisoned())?.insert();
+        let built = (|| -> Result<u32> {
+            let table = self.table.read().map_err(|_| poisoned())?;
+            let regions = shared.regions.lock().map_err(|_| poisoned())?;
+            let mut parts = 0u32;
+            for (i, d) in descs.iter().enumerate() {
+                let local = regions.lookup_local(i, d.local_addr, d.len)?;
+                let rkey = Self::remote_rkey(&table, &self.name, i, d.remote_addr, d.len, need)?;
+                let mut off = 0;
+                while off < d.len {
+                    let len = self.chunk.min(d.len - off);
+                    per[k % n].push(Part {
+                        token,
+                        write,
+                        local: MemPtr((d.local_addr + off) as *mut u8),
+                        req: DataReq {
+                            id: token.0,
+                            rkey,
+                            addr: d.remote_addr + off,
+                            len,
+                        },
+                        lease: Lease::new(&local.data),
+                    });
+                    k += 1;
+                    off += len;
+                    parts = parts
+                        .checked_add(1)
+                        .ok_or_else(|| Error::ResourceExhausted {
+                            what: "more than 2^32 parts in one transfer".into(),
+                        })?;
+                }
+            }
+            Ok(parts)
+        })();
+        let mut ops = shared.ops.lock().map_err(|_| poisoned())?;
+        let parts = match built {
+            Ok(p) => p,
+            Err(e) => {
+                ops.abandon(token);
+                return Err(e);
+            }
+        };
+        ops.post(token, parts).map_err(|e| Error::InvalidParam {
+            what: e.to_string(),
+        })?;
+        drop(ops);
+        for (i, batch) in per.into_iter().enumerate() {
+            if batch.is_empty() {
+                continue;
+            }
+            if let Err(batch) = self.conns[i].submit(batch) {
+                let e = self.state.error().unwrap_or_else(|| Error::PeerLost {
+                    peer: self.name.to_string(),
+                    cause: "data connection closed".into(),
+                });
+                fail_parts(shared, batch, &e);
+            }
+        }
+        Ok(token)
+    }
+
+    /// Sends a notify and waits for the peer's ack.
+    pub(crate) async fn notify(&self, name: &[u8], msg: &[u8], timeout: Duration) -> Result<()> {
+        for (field, v) in [("name", name), ("msg", msg)] {
+            if v.len() > NOTIFY_MAX_LEN {
+                return Err(Error::NotifyTooLong {
+                    field,
+                    len: v.len(),
+                    max: NOTIFY_MAX_LEN,
+                });
+            }
+        }
+        if let Some(e) = self.state.error() {
+            return Err(e);
+        }
+        let seq = self.notify_seq.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.notify_waiters
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(seq, tx);
+        let mut frame = BytesMut::with_capacity(32 + name.len() + msg.len());
+        Message::Notify {
+            seq,
+            name: name.to_vec(),
+            msg: msg.to_vec(),
+        }
+        .encode(&mut frame);
+        let forget = || {
+            if let Ok(mut w) = self.notify_waiters.lock() {
+                w.remove(&seq);
+            }
+        };
+        if self.control.send(frame).is_err() {
+            forget();
+            return Err(self.lost("control connection closed"));
+        }
+        let status = tokio::select! {
+            r = rx => r.map_err(|_| self.lost("control connection closed"))?,
+            _ = tokio::time::sleep(timeout) => {
+                forget();
+                return Err(Error::Timeout { what: "notify", peer: self.name.to_string(), after: timeout });
+            }
+            _ = self.state.dead() => {
+                forget();
+                return Err(self.lost("link closed"));
+            }
+        };
+        match Status::from_code(status) {
+            Some(Status::Success) => Ok(()),
+            Some(Status::ResourceExhausted) => Err(Error::NotifyQueueFull {
+                peer: self.name.to_string(),
+                limit: NOTIFY_MAX_PENDING,
+            }),
+            _ => Err(refusal(&self.name, status, "notify refused".into())),
+        }
+    }
+
+    fn lost(&self, cause: &str) -> Error {
+        self.state.error().unwrap_or_else(|| Error::PeerLost {
+            peer: self.name.to_string(),
+            cause: cause.into(),
+        })
+    }
+
+    /// Orderly close: tells the peer, then ends every task of the link. In-flight ops fail.
+    pub(crate) fn close(&self, reason: &str) {
+        let mut b = BytesMut::new();
+        Message::Disconnect {
+            reason: reason.into(),
+        }
+        .encode(&mut b);
+        let _ = self.control.send(b);
+        self.state.kill(Error::NotConnected {
+            peer: self.name.to_string(),
+        });
+    }
+}
+
+fn poisoned() -> Error {
+    Error::InvalidParam {
+        what: "engine lock poisoned by an earlier panic".into(),
+    }
+}
+
+async fn control_writer(
+    mut w: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<BytesMut>,
+    link: Arc<Link>,
+) {
+    let mut dead = link.state.subscribe();
+    loop {
+        tokio::select! {
+            biased;
+            f = rx.recv() => match f {
+                Some(f) => {
+                    if let Err(e) = w.write_all(&f).await {
+                        link.state.kill(Error::PeerLost { peer: link.name.to_string(), cause: e.to_string() });
+                        break;
+                    }
+                }
+                None => break,
+            },
+            _ = dead.changed() => {
+                // flush what is queued (a Disconnect, typically), then stop
+                while let Ok(f) = rx.try_recv() {
+                    if w.write_all(&f).await.is_err() { break; }
+                }
+                break;
+            }
+        }
+    }
+    shutdown_both(w.as_ref());
+}
+
+async fn control_reader(mut r: OwnedReadHalf, mut buf: BytesMut, link: Arc<Link>) {
+    let mut dead = link.state.subscribe();
+    let err = loop {
+        let m = tokio::select! {
+            m = read_frame(&mut r, &mut buf, &link.name) => m,
+            _ = dead.changed() => break None,
+        };
+        match m {
+            Ok(Message::NotifyAck { seq, status }) => {
+                let w = link
+                    .notify_waiters
+                    .lock()
+                    .ok()
+                    .and_then(|mut w| w.remove(&seq));
+                if let Some(w) = w {
+                    let _ = w.send(status);
+                }
+            }
+            Ok(Message::MemTable(v)) => {
+                if let Ok(mut t) = link.table.write() {
+                    *t = sort_table(v);
+                }
+            }
+            Ok(Message::Heartbeat { .. }) => {}
+            Ok(Message::Disconnect { reason }) => {
+                break Some(Error::PeerLost {
+                    peer: link.name.to_string(),
+                    cause: format!("peer disconnected: {reason}"),
+                })
+            }
+            Ok(m) => {
+                break Some(Error::Protocol {
+                    peer: link.name.to_string(),
+                    reason: format!("unexpected {m:?} on the control connection"),
+                })
+            }
+            Err(e) => break Some(e),
+        }
+    };
+    if let Some(e) = err {
+        if matches!(e, Error::Protocol { .. }) {
+            tracing::warn!(peer = %link.name, "closing link: {e}");
+        }
+        link.state.kill(e);
+    }
+    // Pending notifies learn of the death through LinkState::dead().
+}
+
+/// A connected peer (the initiator's view): its memory table, transfers and notifies.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub(crate) link: Arc<Link>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Peer {
+    /// The peer's engine address.
+    pub fn name(&self) -> &str {
+        &self.link.name
+    }
+
+    /// Whether the link is up.
+    pub fn is_connected(&self) -> bool {
+        !self.link.state.is_dead()
+    }
+
+    /// Why the link went down, if it did.
+    pub fn error(&self) -> Option<Error> {
+        self.link.state.error()
+    }
+
+    /// The regions the peer made remotely accessible, in address order. Kept current: the
+    /// peer pushes its table again whenever it registers or deregisters memory.
+    pub fn regions(&self) -> Vec<RemoteRegion> {
+        self.link.regions()
+    }
+
+    /// The peer's region registered under `name`.
+    pub fn region(&self, name: &str) -> Option<RemoteRegion> {
+        self.link
+            .regions()
+            .into_iter()
+            .find(|r| r.name.as_deref() == Some(name))
+    }
+
+    /// Posts a transfer. Every descriptor is checked first (local range registered, remote
+    /// range inside a region the peer exported with the needed access); if any fails, nothing
+    /// moves and the returned future resolves with that error.
+    pub fn transfer(&self, op: TransferOp, descs: &[OpDesc]) -> Transfer {
+        match self.link.submit(&self.shared, op, descs) {
+            Ok(t) => Transfer::posted(self.shared.clone(), t, self.link.name.clone()),
+            Err(e) => Transfer::failed(self.shared.clone(), e, self.link.name.clone()),
+        }
+    }
+
+    /// `transfer(TransferOp::Read, descs)`: remote → local.
+    pub fn read(&self, descs: &[OpDesc]) -> Transfer {
+        self.transfer(TransferOp::Read, descs)
+    }
+
+    /// `transfer(TransferOp::Write, descs)`: local → remote.
+    pub fn write(&self, descs: &[OpDesc]) -> Transfer {
+        self.transfer(TransferOp::Write, descs)
+    }
+
+    /// Sends a notify (name and msg ≤ 1024 bytes each) and waits up to 1 s for the ack.
+    ///
+    /// A notify sent after a transfer completed is observed by the peer after that transfer's
+    /// bytes are in its memory: a transfer completes only once the peer has placed the data.
+    ///
+    /// # Errors
+    /// [`Error::NotifyTooLong`], [`Error::NotifyQueueFull`] when the peer has 4096 of ours
+    /// undrained, [`Error::Timeout`], or the link's failure.
+    pub async fn notify(&self, name: impl AsRef<[u8]>, msg: impl AsRef<[u8]>) -> Result<()> {
+        self.notify_timeout(name, msg, Duration::from_secs(1)).await
+    }
+
+    /// [`Peer::notify`] with an explicit timeout.
+    ///
+    /// # Errors
+    /// As [`Peer::notify`].
+    pub async fn notify_timeout(
+        &self,
+        name: impl AsRef<[u8]>,
+        msg: impl AsRef<[u8]>,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.link.notify(name.as_ref(), msg.as_ref(), timeout).await
+    }
+}

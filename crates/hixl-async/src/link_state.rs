@@ -1,0 +1,54 @@
+//! Liveness of one link: the first fatal cause wins and every task of the link sees it.
+
+use std::sync::OnceLock;
+
+use hixl_core::Error;
+use tokio::sync::watch;
+
+/// Shared by the tasks of one link (control and data connections).
+#[derive(Debug)]
+pub(crate) struct LinkState {
+    cause: OnceLock<Error>,
+    tx: watch::Sender<bool>,
+}
+
+impl LinkState {
+    pub(crate) fn new() -> LinkState {
+        LinkState {
+            cause: OnceLock::new(),
+            tx: watch::channel(false).0,
+        }
+    }
+
+    /// Marks the link dead with `cause` (ignored if it is already dead) and wakes its tasks.
+    pub(crate) fn kill(&self, cause: Error) {
+        if self.cause.set(cause).is_ok() {
+            tracing::debug!(cause = %self.cause.get().map(|e| e.to_string()).unwrap_or_default(), "link closed");
+        }
+        self.tx.send_replace(true);
+    }
+
+    /// Why the link died, if it did.
+    pub(crate) fn error(&self) -> Option<Error> {
+        self.cause.get().cloned()
+    }
+
+    pub(crate) fn is_dead(&self) -> bool {
+        self.cause.get().is_some()
+    }
+
+    /// A receiver that changes when the link dies.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
+        self.tx.subscribe()
+    }
+
+    /// Resolves once the link is dead.
+    pub(crate) async fn dead(&self) {
+        let mut rx = self.subscribe();
+        while !*rx.borrow_and_update() {
+            if rx.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,151 @@
+//! Received notifies: a bounded queue per sending peer, consumed as a `Stream` or drained at
+//! once (HIXL `GetNotifies`).
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+
+use futures::Stream;
+use hixl_core::{Notify, NOTIFY_MAX_PENDING};
+
+#[derive(Debug, Default)]
+struct Inner {
+    queue: VecDeque<Notify>,
+    pending: HashMap<String, usize>,
+    wakers: Vec<Waker>,
+    closed: bool,
+}
+
+/// The engine's inbox of notifies from all peers.
+#[derive(Debug, Default)]
+pub(crate) struct NotifyQueue {
+    inner: Mutex<Inner>,
+}
+
+impl NotifyQueue {
+    /// Queues a notify; `false` if its sender already has the maximum pending.
+    pub(crate) fn offer(&self, n: Notify) -> bool {
+        let wakers = {
+            let Ok(mut g) = self.inner.lock() else {
+                return false;
+            };
+            let c = g.pending.entry(n.from.clone()).or_insert(0);
+            if *c >= NOTIFY_MAX_PENDING {
+                return false;
+            }
+            *c += 1;
+            g.queue.push_back(n);
+            std::mem::take(&mut g.wakers)
+        };
+        for w in wakers {
+            w.wake();
+        }
+        true
+    }
+
+    fn pop_locked(g: &mut Inner) -> Option<Notify> {
+        let n = g.queue.pop_front()?;
+        if let Some(c) = g.pending.get_mut(&n.from) {
+            *c -= 1;
+            if *c == 0 {
+                g.pending.remove(&n.from);
+            }
+        }
+        Some(n)
+    }
+
+    /// Returns and clears every queued notify.
+    pub(crate) fn drain(&self) -> Vec<Notify> {
+        let Ok(mut g) = self.inner.lock() else {
+            return Vec::new();
+        };
+        g.pending.clear();
+        g.queue.drain(..).collect()
+    }
+
+    fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Notify>> {
+        let Ok(mut g) = self.inner.lock() else {
+            return Poll::Ready(None);
+        };
+        if let Some(n) = Self::pop_locked(&mut g) {
+            return Poll::Ready(Some(n));
+        }
+        if g.closed {
+            return Poll::Ready(None);
+        }
+        if !g.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            g.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+
+    /// Ends every stream (engine shutdown).
+    pub(crate) fn close(&self) {
+        let wakers = match self.inner.lock() {
+            Ok(mut g) => {
+                g.closed = true;
+                std::mem::take(&mut g.wakers)
+            }
+            Err(_) => Vec::new(),
+        };
+        for w in wakers {
+            w.wake();
+        }
+    }
+}
+
+/// A `Stream` of notifies received by this engine, in arrival order. Several streams share one
+/// inbox: each notify goes to exactly one of them.
+#[derive(Debug, Clone)]
+pub struct NotifyStream {
+    pub(crate) queue: Arc<NotifyQueue>,
+}
+
+impl Stream for NotifyStream {
+    type Item = Notify;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Notify>> {
+        self.queue.poll_next(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    fn n(from: &str, i: usize) -> Notify {
+        Notify {
+            from: from.into(),
+            name: b"n".to_vec(),
+            msg: i.to_string().into_bytes(),
+        }
+    }
+
+    #[test]
+    fn per_peer_limit_and_drain() {
+        let q = NotifyQueue::default();
+        for i in 0..NOTIFY_MAX_PENDING {
+            assert!(q.offer(n("a", i)));
+        }
+        assert!(!q.offer(n("a", 0)));
+        assert!(q.offer(n("b", 0)), "another peer has its own budget");
+        assert_eq!(q.drain().len(), NOTIFY_MAX_PENDING + 1);
+        assert!(q.offer(n("a", 0)));
+    }
+
+    #[tokio::test]
+    async fn stream_in_order_and_ends_on_close() {
+        let q = Arc::new(NotifyQueue::default());
+        let mut s = NotifyStream { queue: q.clone() };
+        q.offer(n("a", 1));
+        q.offer(n("a", 2));
+        assert_eq!(s.next().await.unwrap().msg, b"1");
+        assert_eq!(s.next().await.unwrap().msg, b"2");
+        let q2 = q.clone();
+        tokio::spawn(async move { q2.offer(n("a", 3)) });
+        assert_eq!(s.next().await.unwrap().msg, b"3");
+        q.close();
+        assert!(s.next().await.is_none());
+    }
+}

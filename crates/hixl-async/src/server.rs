@@ -1,0 +1,310 @@
+//! The target's side: accepting connections, sessions for connected initiators, their control
+//! channel (notifies, memory-table updates) and their data connections.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use hixl_core::wire::{Channel, Message};
+use hixl_core::{Error, Notify, Status};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+
+use crate::engine::Shared;
+use crate::frame_io::{read_frame, shutdown_both, tune, write_frame};
+use crate::link_state::LinkState;
+
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One connected initiator.
+#[derive(Debug)]
+pub(crate) struct Session {
+    peer: Arc<str>,
+    state: Arc<LinkState>,
+    control: mpsc::UnboundedSender<BytesMut>,
+}
+
+/// The listening side of an engine.
+#[derive(Debug)]
+pub(crate) struct Server {
+    shared: Arc<Shared>,
+    instance: u64,
+    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+}
+
+impl Server {
+    pub(crate) fn new(shared: Arc<Shared>, instance: u64) -> Arc<Server> {
+        Arc::new(Server {
+            shared,
+            instance,
+            sessions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Accepts connections until shutdown.
+    pub(crate) async fn accept_loop(
+        self: Arc<Self>,
+        l: TcpListener,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                r = l.accept() => match r {
+                    Ok((s, from)) => {
+                        let me = self.clone();
+                        let sd = shutdown.clone();
+                        tokio::spawn(async move {
+                            let mut sd = sd;
+                            tokio::select! {
+                                _ = me.handle(s, from.to_string()) => {}
+                                _ = sd.changed() => {}
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                _ = shutdown.changed() => break,
+            }
+        }
+        self.close_all("engine finalized");
+    }
+
+    /// Tells every connected initiator that we are going away.
+    pub(crate) fn close_all(&self, reason: &str) {
+        let sessions: Vec<_> = self
+            .sessions
+            .lock()
+            .map(|mut s| s.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for s in sessions {
+            let mut b = BytesMut::new();
+            Message::Disconnect {
+                reason: reason.into(),
+            }
+            .encode(&mut b);
+            let _ = s.control.send(b);
+            s.state.kill(Error::NotConnected {
+                peer: s.peer.to_string(),
+            });
+        }
+    }
+
+    /// Sends the current memory table to every connected initiator.
+    pub(crate) fn broadcast_table(&self) {
+        let table = match self.shared.regions.lock() {
+            Ok(r) => r.exported(),
+            Err(_) => return,
+        };
+        let mut b = BytesMut::new();
+        Message::MemTable(table).encode(&mut b);
+        if let Ok(s) = self.sessions.lock() {
+            for s in s.values() {
+                let _ = s.control.send(b.clone());
+            }
+        }
+    }
+
+    async fn refuse(s: &mut TcpStream, status: Status, reason: String, peer: &str) {
+        tracing::info!(peer, "refusing connection: {reason}");
+        let _ = write_frame(
+            s,
+            &Message::Refuse {
+                status: status.code(),
+                reason,
+            },
+            peer,
+        )
+        .await;
+    }
+
+    async fn handle(self: Arc<Self>, mut s: TcpStream, from: String) {
+        tune(&s);
+        let mut buf = BytesMut::with_capacity(4096);
+        let hello = match tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut s, &mut buf, &from))
+            .await
+        {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                tracing::warn!(peer = %from, "closing connection before hello: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(peer = %from, "closing connection: no hello within {HELLO_TIMEOUT:?}");
+                return;
+            }
+        };
+        match hello {
+            Message::Hello {
+                engine,
+                channel: Channel::Control,
+                session: nonce,
+            } => {
+                if nonce == self.instance {
+                    let reason = format!("engine {engine} cannot connect to itself");
+                    return Self::refuse(&mut s, Status::ParamInvalid, reason, &from).await;
+                }
+                self.serve_control(s, buf, Arc::from(engine.as_str())).await
+            }
+            Message::Hello {
+                engine,
+                channel: Channel::Data,
+                session,
+            } => {
+                let sess = self
+                    .sessions
+                    .lock()
+                    .ok()
+                    .and_then(|m| m.get(&session).cloned());
+                let sess = match sess {
+                    Some(x) if *x.peer == *engine && buf.is_empty() => x,
+                    _ => {
+                        let reason = format!("no session {session:#x} for engine {engine}");
+                        return Self::refuse(&mut s, Status::NotConnected, reason, &from).await;
+                    }
+                };
+                let welcome = Message::Welcome {
+                    engine: self.shared.name.clone(),
+                    session,
+                };
+                if write_frame(&mut s, &welcome, &from).await.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    _ = crate::tcp::target::serve(s, sess.peer.clone(), self.shared.clone()) => {}
+                    _ = sess.state.dead() => {}
+                }
+            }
+            m => {
+                tracing::warn!(peer = %from, "closing connection: expected hello, got {m:?}");
+            }
+        }
+    }
+
+    async fn serve_control(self: Arc<Self>, mut s: TcpStream, mut buf: BytesMut, peer: Arc<str>) {
+        let id = loop {
+            let id = crate::engine::random_u64();
+            if id != 0
+                && !self
+                    .sessions
+                    .lock()
+                    .map(|m| m.contains_key(&id))
+                    .unwrap_or(true)
+            {
+                break id;
+            }
+        };
+        let welcome = Message::Welcome {
+            engine: self.shared.name.clone(),
+            session: id,
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<BytesMut>();
+        let sess = Arc::new(Session {
+            peer: peer.clone(),
+            state: Arc::new(LinkState::new()),
+            control: tx,
+        });
+        // Insert before sending the table so a concurrent registration's broadcast reaches
+        // this peer too.
+        if let Ok(mut m) = self.sessions.lock() {
+            m.insert(id, sess.clone());
+        }
+        let table = self
+            .shared
+            .regions
+            .lock()
+            .map(|r| r.exported())
+            .unwrap_or_default();
+        if write_frame(&mut s, &welcome, &peer).await.is_err()
+            || write_frame(&mut s, &Message::MemTable(table), &peer)
+                .await
+                .is_err()
+        {
+            self.drop_session(id, &sess, "handshake failed");
+            return;
+        }
+        tracing::debug!(peer = %peer, session = id, "initiator connected");
+        let (mut r, mut w) = s.into_split();
+        let state = sess.state.clone();
+        let writer = tokio::spawn(async move {
+            let mut dead = state.subscribe();
+            loop {
+                tokio::select! {
+                    biased;
+                    f = rx.recv() => match f {
+                        Some(f) => if w.write_all(&f).await.is_err() { break },
+                        None => break,
+                    },
+                    _ = dead.changed() => {
+                        while let Ok(f) = rx.try_recv() {
+                            if w.write_all(&f).await.is_err() { break; }
+                        }
+                        break;
+                    }
+                }
+            }
+            shutdown_both(w.as_ref());
+        });
+        let reason = loop {
+            let m = tokio::select! {
+                m = read_frame(&mut r, &mut buf, &peer) => m,
+                _ = sess.state.dead() => break "closed".to_string(),
+            };
+            match m {
+                Ok(Message::Notify { seq, name, msg }) => {
+                    let ok = self.shared.notifies.offer(Notify {
+                        from: peer.to_string(),
+                        name,
+                        msg,
+                    });
+                    let status = if ok {
+                        Status::Success
+                    } else {
+                        Status::ResourceExhausted
+                    };
+                    let mut b = BytesMut::new();
+                    Message::NotifyAck {
+                        seq,
+                        status: status.code(),
+                    }
+                    .encode(&mut b);
+                    let _ = sess.control.send(b);
+                }
+                Ok(Message::Heartbeat { seq }) => {
+                    let mut b = BytesMut::new();
+                    Message::Heartbeat { seq }.encode(&mut b);
+                    let _ = sess.control.send(b);
+                }
+                Ok(Message::Disconnect { reason }) => break format!("peer disconnected: {reason}"),
+                Ok(m) => {
+                    let e = format!("unexpected {m:?} on the control connection");
+                    tracing::warn!(peer = %peer, "closing session: {e}");
+                    break e;
+                }
+                Err(e) => {
+                    if matches!(e, Error::Protocol { .. }) {
+                        tracing::warn!(peer = %peer, "closing session: {e}");
+                    }
+                    break e.to_string();
+                }
+            }
+        };
+        self.drop_session(id, &sess, &reason);
+        let _ = writer.await;
+    }
+
+    fn drop_session(&self, id: u64, sess: &Session, reason: &str) {
+        if let Ok(mut m) = self.sessions.lock() {
+            m.remove(&id);
+        }
+        sess.state.kill(Error::PeerLost {
+            peer: sess.peer.to_string(),
+            cause: reason.to_string(),
+        });
+    }
+}

@@ -1,0 +1,444 @@
+//! Initiator side of one TCP data connection: a writer task posts parts (request headers, and
+//! for WRITE the payload straight from registered memory) and a reader task matches answers in
+//! FIFO order, landing READ payloads straight into registered memory.
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::sync::{Arc, Mutex};
+
+use hixl_core::wire::{
+    encode_data_req, DataReq, FrameHeader, Message, ACK_FRAME, DATA_REQ_FRAME, HEADER_LEN,
+    READ_RESP_FRAME,
+};
+use hixl_core::{Error, Status, Token};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+
+use crate::completion::Completion;
+use crate::engine::Shared;
+use crate::frame_io::shutdown_both;
+use crate::link_state::LinkState;
+use crate::memory::{Lease, MemPtr};
+
+/// One piece of a transfer on one connection.
+#[derive(Debug)]
+pub(crate) struct Part {
+    pub(crate) token: Token,
+    pub(crate) write: bool,
+    pub(crate) local: MemPtr,
+    pub(crate) req: DataReq,
+    pub(crate) lease: Lease,
+}
+
+/// Parts whose answer has not arrived, in the order they were sent; `None` once the reader
+/// has stopped (then pushing fails the part instead).
+type Inflight = Arc<Mutex<Option<VecDeque<Part>>>>;
+
+/// Acks read per syscall at most.
+const ACK_BATCH: usize = 64;
+/// Read headers coalesced into one write.
+const READ_REQ_BATCH: usize = 64;
+
+/// Handle to a running data connection.
+#[derive(Debug, Clone)]
+pub(crate) struct DataConn {
+    tx: mpsc::UnboundedSender<Vec<Part>>,
+}
+
+impl DataConn {
+    /// Starts the writer and reader tasks of an established data connection.
+    pub(crate) fn spawn(
+        stream: TcpStream,
+        peer: Arc<str>,
+        shared: Arc<Shared>,
+        state: Arc<LinkState>,
+    ) -> DataConn {
+        let (r, w) = stream.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let inflight: Inflight = Arc::new(Mutex::new(Some(VecDeque::new())));
+        tokio::spawn(writer(
+            w,
+            rx,
+            inflight.clone(),
+            shared.clone(),
+            state.clone(),
+            peer.clone(),
+        ));
+        tokio::spawn(reader(r, inflight, shared, state, peer));
+        DataConn { tx }
+    }
+
+    /// Queues parts of one op. On a dead connection they come back to be failed.
+    pub(crate) fn submit(&self, parts: Vec<Part>) -> Result<(), Vec<Part>> {
+        self.tx.send(parts).map_err(|e| e.0)
+    }
+}
+
+pub(crate) fn fail_parts(shared: &Shared, parts: impl IntoIterator<Item = Part>, err: &Error) {
+    shared.cq.push_all(parts.into_iter().map(|p| Completion {
+        token: p.token,
+        result: Err(err.clone()),
+    }));
+}
+
+fn lost(peer: &str, cause: impl std::fmt::Display) -> Error {
+    Error::PeerLost {
+        peer: peer.to_string(),
+        cause: cause.to_string(),
+    }
+}
+
+async fn writer(
+    mut w: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Vec<Part>>,
+    inflight: Inflight,
+    shared: Arc<Shared>,
+    state: Arc<LinkState>,
+    peer: Arc<str>,
+) {
+    let mut dead = state.subscribe();
+    let mut hdrs: Vec<u8> = Vec::with_capacity(READ_REQ_BATCH * DATA_REQ_FRAME);
+    loop {
+        let batch = tokio::select! {
+            biased;
+            _ = dead.changed() => break,
+            b = rx.recv() => match b { Some(b) => b, None => break },
+        };
+        if let Err(e) = send_batch(&mut w, batch, &inflight, &shared, &peer, &mut hdrs).await {
+            state.kill(e);
+            break;
+        }
+    }
+    shutdown_both(w.as_ref());
+    rx.close();
+    let err = state.error().unwrap_or_else(|| lost(&peer, "link closed"));
+    while let Ok(batch) = rx.try_recv() {
+        fail_parts(&shared, batch, &err);
+    }
+}
+
+/// Sends one op's parts. Returns an error only when the connection is unusable; parts not
+/// yet handed to the reader's queue are failed here.
+async fn send_batch(
+    w: &mut OwnedWriteHalf,
+    batch: Vec<Part>,
+    inflight: &Inflight,
+    shared: &Shared,
+    peer: &str,
+    hdrs: &mut Vec<u8>,
+) -> Result<(), Error> {
+    let Some(first) = batch.first() else {
+        return Ok(());
+    };
+    // A dropped or timed-out transfer moves no further bytes: its queued parts complete as
+    // cancelled so the abandoned op can be reaped.
+    let wanted = shared
+        .ops
+        .lock()
+        .map(|o| o.is_wanted(first.token))
+        .unwrap_or(false);
+    if !wanted {
+        let e = Error::InvalidParam {
+            what: "transfer was dropped or timed out before this part was sent".into(),
+        };
+        fail_parts(shared, batch, &e);
+        return Ok(());
+    }
+    let mut it = batch.into_iter();
+    while let Some(part) = it.next() {
+        let hdr = encode_data_req(part.write, &part.req);
+        if part.write {
+            let ptr = part.local;
+            let len = part.req.len as usize;
+            // Keeps the source memory live while the socket reads it, even if the reader
+            // fails this part (and drops its lease) concurrently.
+            let hold = part.lease.clone();
+            if let Err(p) = push(inflight, part) {
+                flush(w, hdrs, peer).await?;
+                return Err(fail_rest(shared, peer, p, it));
+            }
+            // SAFETY: ptr..ptr+len lies in a registered region (checked at submit) on which
+            // `hold` keeps a lease, so the memory stays valid until this write returns.
+            let payload = unsafe { std::slice::from_raw_parts(ptr.0 as *const u8, len) };
+            let r = if hdrs.is_empty() {
+                write_two(w, &hdr, payload).await
+            } else {
+                hdrs.extend_from_slice(&hdr);
+                let r = write_two(w, hdrs, payload).await;
+                hdrs.clear();
+                r
+            };
+            drop(hold);
+            r.map_err(|e| lost(peer, e))?;
+        } else {
+            if let Err(p) = push(inflight, part) {
+                flush(w, hdrs, peer).await?;
+                return Err(fail_rest(shared, peer, p, it));
+            }
+            hdrs.extend_from_slice(&hdr);
+            if hdrs.len() >= READ_REQ_BATCH * DATA_REQ_FRAME {
+                flush(w, hdrs, peer).await?;
+            }
+        }
+    }
+    flush(w, hdrs, peer).await
+}
+
+fn push(inflight: &Inflight, part: Part) -> Result<(), Part> {
+    match inflight.lock() {
+        Ok(mut g) => match g.as_mut() {
+            Some(q) => {
+                q.push_back(part);
+                Ok(())
+            }
+            None => Err(part),
+        },
+        Err(_) => Err(part),
+    }
+}
+
+fn fail_rest(shared: &Shared, peer: &str, p: Part, rest: impl Iterator<Item = Part>) -> Error {
+    let e = lost(peer, "data connection closed");
+    fail_parts(shared, std::iter::once(p).chain(rest), &e);
+    e
+}
+
+async fn flush(w: &mut OwnedWriteHalf, hdrs: &mut Vec<u8>, peer: &str) -> Result<(), Error> {
+    if hdrs.is_empty() {
+        return Ok(());
+    }
+    let r = w.write_all(hdrs).await;
+    hdrs.clear();
+    r.map_err(|e| lost(peer, e))
+}
+
+/// Writes `a` then `b` with as few syscalls as the kernel allows.
+pub(crate) async fn write_two(
+    w: &mut (impl tokio::io::AsyncWrite + Unpin),
+    a: &[u8],
+    b: &[u8],
+) -> std::io::Result<()> {
+    let total = a.len() + b.len();
+    let mut off = 0;
+    while off < total {
+        let n = if off < a.len() {
+            w.write_vectored(&[IoSlice::new(&a[off..]), IoSlice::new(b)])
+                .await?
+        } else {
+            w.write(&b[off - a.len()..]).await?
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        off += n;
+    }
+    Ok(())
+}
+
+async fn reader(
+    mut r: OwnedReadHalf,
+    inflight: Inflight,
+    shared: Arc<Shared>,
+    state: Arc<LinkState>,
+    peer: Arc<str>,
+) {
+    // No select on link death here: a read cancelled half-way would lose the part it popped.
+    // The writer shuts the socket down on death, which ends any read in progress with an error.
+    if let Err(e) = read_loop(&mut r, &inflight, &shared, &peer).await {
+        if !state.is_dead() {
+            tracing::warn!(peer = %peer, "data connection failed: {e}");
+        }
+        state.kill(e);
+    }
+    let parts = inflight
+        .lock()
+        .ok()
+        .and_then(|mut g| g.take())
+        .unwrap_or_default();
+    let err = state.error().unwrap_or_else(|| lost(&peer, "link closed"));
+    fail_parts(&shared, parts, &err);
+}
+
+enum Next {
+    Idle,
+    Acks(usize),
+    ReadResp,
+}
+
+fn next_expected(inflight: &Inflight) -> Option<Next> {
+    let g = inflight.lock().ok()?;
+    let q = g.as_ref()?;
+    Some(match q.front() {
+        None => Next::Idle,
+        Some(p) if p.write => Next::Acks(q.iter().take(ACK_BATCH).take_while(|p| p.write).count()),
+        Some(_) => Next::ReadResp,
+    })
+}
+
+fn pop(inflight: &Inflight) -> Option<Part> {
+    inflight.lock().ok()?.as_mut()?.pop_front()
+}
+
+fn protocol(peer: &str, reason: impl Into<String>) -> Error {
+    Error::Protocol {
+        peer: peer.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn refused(peer: &str, p: &Part, status: u32) -> Error {
+    Error::Remote {
+        peer: peer.to_string(),
+        status: Status::from_code(status).unwrap_or(Status::Failed),
+        message: format!(
+            "{} of {} bytes at {:#x} (rkey {:#x})",
+            if p.write { "write" } else { "read" },
+            p.req.len,
+            p.req.addr,
+            p.req.rkey
+        ),
+    }
+}
+
+fn decode_answer(frame: &[u8], peer: &str) -> Result<Message, Error> {
+    let h = FrameHeader::decode(frame).map_err(|e| protocol(peer, e.to_string()))?;
+    let body = frame
+        .get(HEADER_LEN..HEADER_LEN + h.body_len as usize)
+        .ok_or_else(|| protocol(peer, "answer frame of unexpected size"))?;
+    Message::decode_body(h.ty, body).map_err(|e| protocol(peer, e.to_string()))
+}
+
+fn take_acks(
+    frames: &[u8],
+    inflight: &Inflight,
+    shared: &Shared,
+    peer: &str,
+    done: &mut Vec<Completion>,
+) -> Result<(), Error> {
+    for frame in frames.chunks_exact(ACK_FRAME) {
+        let Message::Ack { id, status } = decode_answer(frame, peer)? else {
+            return Err(protocol(peer, "expected an ack for a write"));
+        };
+        let p = pop(inflight).ok_or_else(|| protocol(peer, "ack with no write outstanding"))?;
+        if id != p.req.id || !p.write {
+            let e = protocol(
+                peer,
+                format!("ack for request {id:#x}, expected {:#x}", p.req.id),
+            );
+            fail_parts(shared, [p], &e);
+            return Err(e);
+        }
+        let result = if status == 0 {
+            Ok(())
+        } else {
+            Err(refused(peer, &p, status))
+        };
+        done.push(Completion {
+            token: p.token,
+            result,
+        });
+    }
+    Ok(())
+}
+
+async fn read_loop(
+    r: &mut OwnedReadHalf,
+    inflight: &Inflight,
+    shared: &Shared,
+    peer: &str,
+) -> Result<(), Error> {
+    let mut buf = [0u8; ACK_FRAME * ACK_BATCH];
+    let mut have = 0usize;
+    let mut done: Vec<Completion> = Vec::with_capacity(ACK_BATCH);
+    loop {
+        match next_expected(inflight) {
+            None => return Ok(()),
+            Some(Next::Idle) => {
+                // Answers only follow requests, and requests are queued before they are sent,
+                // so bytes arriving now are either EOF or a misbehaving peer.
+                r.readable().await.map_err(|e| lost(peer, e))?;
+                if matches!(next_expected(inflight), Some(Next::Idle)) {
+                    let mut one = [0u8; 1];
+                    match r.peek(&mut one).await {
+                        Ok(0) => return Err(lost(peer, "connection closed by peer")),
+                        Ok(_) if matches!(next_expected(inflight), Some(Next::Idle)) => {
+                            return Err(protocol(peer, "answer with no request outstanding"))
+                        }
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                        Err(e) => return Err(lost(peer, e)),
+                    }
+                }
+            }
+            Some(Next::Acks(n)) => {
+                let want = n * ACK_FRAME;
+                let got = r
+                    .read(&mut buf[have..want])
+                    .await
+                    .map_err(|e| lost(peer, e))?;
+                if got == 0 {
+                    return Err(lost(peer, "connection closed by peer"));
+                }
+                have += got;
+                let whole = have / ACK_FRAME;
+                let res = take_acks(&buf[..whole * ACK_FRAME], inflight, shared, peer, &mut done);
+                // Completions already matched are delivered even if a later frame was bad.
+                shared.cq.push_all(done.drain(..));
+                res?;
+                buf.copy_within(whole * ACK_FRAME..have, 0);
+                have -= whole * ACK_FRAME;
+            }
+            Some(Next::ReadResp) => {
+                let mut frame = [0u8; READ_RESP_FRAME];
+                r.read_exact(&mut frame).await.map_err(|e| lost(peer, e))?;
+                let m = decode_answer(&frame, peer)?;
+                let Message::ReadResp { id, status, len } = m else {
+                    return Err(protocol(peer, "expected a read response"));
+                };
+                let p = pop(inflight)
+                    .ok_or_else(|| protocol(peer, "read response with no read outstanding"))?;
+                if id != p.req.id || p.write {
+                    let e = protocol(
+                        peer,
+                        format!("read response for {id:#x}, expected {:#x}", p.req.id),
+                    );
+                    fail_parts(shared, [p], &e);
+                    return Err(e);
+                }
+                if status != 0 {
+                    if len != 0 {
+                        return Err(protocol(peer, "refused read carries a payload"));
+                    }
+                    let e = refused(peer, &p, status);
+                    shared.cq.push(Completion {
+                        token: p.token,
+                        result: Err(e),
+                    });
+                    continue;
+                }
+                if len != p.req.len {
+                    let e = protocol(
+                        peer,
+                        format!("read response of {len} bytes, asked {}", p.req.len),
+                    );
+                    fail_parts(shared, [p], &e);
+                    return Err(e);
+                }
+                // SAFETY: p.local..+len lies in a registered local region (checked at submit)
+                // on which p.lease is held until after this read completes.
+                let dst = unsafe { std::slice::from_raw_parts_mut(p.local.0, len as usize) };
+                if let Err(e) = r.read_exact(dst).await {
+                    let e = lost(peer, e);
+                    fail_parts(shared, [p], &e);
+                    return Err(e);
+                }
+                shared.cq.push(Completion {
+                    token: p.token,
+                    result: Ok(()),
+                });
+            }
+        }
+    }
+}

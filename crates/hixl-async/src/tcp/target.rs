@@ -1,0 +1,193 @@
+//! Target side of one TCP data connection: validates each request against the region table
+//! (rkey, bounds, access) before a byte moves, then moves bytes directly between the socket
+//! and registered memory.
+
+use std::sync::Arc;
+
+use hixl_core::wire::{
+    encode_ack, encode_read_resp, DataReq, FrameHeader, Message, ACK_FRAME, DATA_REQ_FRAME,
+    HEADER_LEN,
+};
+use hixl_core::{Access, Error};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use crate::engine::Shared;
+use crate::memory::Lease;
+use crate::tcp::initiator::write_two;
+
+/// Acks buffered before a forced flush.
+const ACK_FLUSH: usize = 64 * ACK_FRAME;
+
+/// Serves one data connection until the peer closes it or sends something invalid.
+pub(crate) async fn serve(stream: TcpStream, peer: Arc<str>, shared: Arc<Shared>) {
+    let (mut rd, mut wr) = stream.into_split();
+    match serve_loop(&mut rd, &mut wr, &peer, &shared).await {
+        Ok(()) => tracing::debug!(peer = %peer, "data connection closed"),
+        Err(e) => tracing::warn!(peer = %peer, "closing data connection: {e}"),
+    }
+}
+
+fn validate(shared: &Shared, req: &DataReq, need: Access) -> Result<Lease, Error> {
+    let regions = shared.regions.lock().map_err(|_| Error::InvalidParam {
+        what: "region table lock poisoned".into(),
+    })?;
+    let e = regions.check_remote(req.rkey, req.addr, req.len, need)?;
+    Ok(Lease::new(&e.data))
+}
+
+/// Reads one request frame, flushing buffered acks before blocking for it. `Ok(None)` on a
+/// clean close between requests.
+async fn read_request(
+    rd: &mut OwnedReadHalf,
+    wr: &mut OwnedWriteHalf,
+    acks: &mut Vec<u8>,
+    hdr: &mut [u8; DATA_REQ_FRAME],
+) -> std::io::Result<Option<()>> {
+    let mut have = 0;
+    while have < DATA_REQ_FRAME {
+        if !acks.is_empty() {
+            match rd.try_read(&mut hdr[have..]) {
+                Ok(0) => return closed(have),
+                Ok(n) => {
+                    have += n;
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    wr.write_all(acks).await?;
+                    acks.clear();
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let n = rd.read(&mut hdr[have..]).await?;
+        if n == 0 {
+            return closed(have);
+        }
+        have += n;
+    }
+    Ok(Some(()))
+}
+
+fn closed(have: usize) -> std::io::Result<Option<()>> {
+    if have == 0 {
+        Ok(None)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed inside a request header",
+        ))
+    }
+}
+
+fn io(context: &str, e: std::io::Error) -> Error {
+    Error::io(context.to_string(), e)
+}
+
+async fn serve_loop(
+    rd: &mut OwnedReadHalf,
+    wr: &mut OwnedWriteHalf,
+    peer: &str,
+    shared: &Shared,
+) -> Result<(), Error> {
+    let mut hdr = [0u8; DATA_REQ_FRAME];
+    let mut acks: Vec<u8> = Vec::with_capacity(ACK_FLUSH);
+    let mut scratch: Vec<u8> = Vec::new();
+    loop {
+        if read_request(rd, wr, &mut acks, &mut hdr)
+            .await
+            .map_err(|e| io("reading request", e))?
+            .is_none()
+        {
+            return Ok(());
+        }
+        let proto = |reason: String| Error::Protocol {
+            peer: peer.to_string(),
+            reason,
+        };
+        let h = FrameHeader::decode(&hdr).map_err(|e| proto(e.to_string()))?;
+        if h.body_len as usize != DATA_REQ_FRAME - HEADER_LEN {
+            return Err(proto(format!(
+                "data request frame type {} with body of {} bytes",
+                h.ty, h.body_len
+            )));
+        }
+        match Message::decode_body(h.ty, &hdr[HEADER_LEN..]).map_err(|e| proto(e.to_string()))? {
+            Message::WriteReq(req) => {
+                let status = match validate(shared, &req, Access::REMOTE_WRITE) {
+                    Ok(lease) => {
+                        let addr = lease.region().addr;
+                        debug_assert!(req.addr >= addr);
+                        // SAFETY: validate checked req.addr..+len lies inside a live registered
+                        // region that grants remote write; `lease` keeps it registered (and
+                        // its memory alive) until the payload is in.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(req.addr as *mut u8, req.len as usize)
+                        };
+                        rd.read_exact(dst)
+                            .await
+                            .map_err(|e| io("reading write payload", e))?;
+                        drop(lease);
+                        0
+                    }
+                    Err(e) => {
+                        tracing::info!(peer, "refused write {:#x}+{}: {e}", req.addr, req.len);
+                        drain(rd, req.len, &mut scratch)
+                            .await
+                            .map_err(|e| io("draining refused payload", e))?;
+                        e.status().code()
+                    }
+                };
+                acks.extend_from_slice(&encode_ack(req.id, status));
+                if acks.len() >= ACK_FLUSH {
+                    wr.write_all(&acks)
+                        .await
+                        .map_err(|e| io("writing acks", e))?;
+                    acks.clear();
+                }
+            }
+            Message::ReadReq(req) => {
+                if !acks.is_empty() {
+                    wr.write_all(&acks)
+                        .await
+                        .map_err(|e| io("writing acks", e))?;
+                    acks.clear();
+                }
+                match validate(shared, &req, Access::REMOTE_READ) {
+                    Ok(lease) => {
+                        // SAFETY: as for writes, with remote read granted; the lease holds the
+                        // region until the payload is handed to the socket.
+                        let src = unsafe {
+                            std::slice::from_raw_parts(req.addr as *const u8, req.len as usize)
+                        };
+                        write_two(wr, &encode_read_resp(req.id, 0, req.len), src)
+                            .await
+                            .map_err(|e| io("writing read payload", e))?;
+                        drop(lease);
+                    }
+                    Err(e) => {
+                        tracing::info!(peer, "refused read {:#x}+{}: {e}", req.addr, req.len);
+                        wr.write_all(&encode_read_resp(req.id, e.status().code(), 0))
+                            .await
+                            .map_err(|e| io("writing refusal", e))?;
+                    }
+                }
+            }
+            other => return Err(proto(format!("unexpected {other:?} on a data connection"))),
+        }
+    }
+}
+
+/// Reads and discards a refused write's payload, keeping the stream in sync.
+async fn drain(rd: &mut OwnedReadHalf, mut len: u64, scratch: &mut Vec<u8>) -> std::io::Result<()> {
+    if scratch.is_empty() {
+        scratch.resize(64 << 10, 0);
+    }
+    while len > 0 {
+        let n = (len as usize).min(scratch.len());
+        rd.read_exact(&mut scratch[..n]).await?;
+        len -= n as u64;
+    }
+    Ok(())
+}

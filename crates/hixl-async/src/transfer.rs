@@ -1,0 +1,143 @@
+//! The `Transfer` future: an op already posted to the device, awaited for its result.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hixl_core::{Error, Result, Token, TransferStatus};
+use tokio::time::Sleep;
+
+use crate::engine::Shared;
+
+/// A transfer in flight (HIXL `TransferReq`). `.await` it for the result, or ask
+/// [`Transfer::status`] without waiting.
+///
+/// The transfer was posted when it was created. Dropping it before it finishes does not free
+/// anything the device may still touch: the op is parked until every part it posted is done,
+/// and parts not yet sent are not sent.
+#[must_use = "a transfer is posted already; await it to learn its result"]
+pub struct Transfer {
+    shared: Arc<Shared>,
+    state: State,
+    deadline: Option<(Pin<Box<Sleep>>, Duration)>,
+    peer: Arc<str>,
+}
+
+enum State {
+    Posted(Token),
+    Failed(Option<Error>),
+    Done(TransferStatus),
+}
+
+impl std::fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfer")
+            .field("peer", &self.peer)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl Transfer {
+    pub(crate) fn posted(shared: Arc<Shared>, token: Token, peer: Arc<str>) -> Transfer {
+        Transfer {
+            shared,
+            state: State::Posted(token),
+            deadline: None,
+            peer,
+        }
+    }
+
+    pub(crate) fn failed(shared: Arc<Shared>, e: Error, peer: Arc<str>) -> Transfer {
+        Transfer {
+            shared,
+            state: State::Failed(Some(e)),
+            deadline: None,
+            peer,
+        }
+    }
+
+    /// Bounds the wait: past `after` the future resolves with [`Error::Timeout`] (HIXL
+    /// `TIMEOUT`) and the op is abandoned as on drop.
+    pub fn timeout(mut self, after: Duration) -> Transfer {
+        self.deadline = Some((Box::pin(tokio::time::sleep(after)), after));
+        self
+    }
+
+    /// The op's state without waiting (HIXL `GetTransferStatus`).
+    pub fn status(&self) -> TransferStatus {
+        match &self.state {
+            State::Posted(t) => self
+                .shared
+                .ops
+                .lock()
+                .ok()
+                .and_then(|o| o.status(*t))
+                .unwrap_or(TransferStatus::Failed),
+            State::Failed(_) => TransferStatus::Failed,
+            State::Done(s) => *s,
+        }
+    }
+}
+
+impl Future for Transfer {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = &mut *self;
+        let token = match &mut this.state {
+            State::Posted(t) => *t,
+            State::Failed(e) => {
+                let e = e.take().unwrap_or(Error::UnknownRequest { req: 0 });
+                this.state = State::Done(TransferStatus::Failed);
+                return Poll::Ready(Err(e));
+            }
+            State::Done(_) => {
+                return Poll::Ready(Err(Error::InvalidParam {
+                    what: "transfer polled after it finished".into(),
+                }))
+            }
+        };
+        let r = match this.shared.ops.lock() {
+            Ok(mut ops) => ops.poll_result(token, cx.waker().clone()),
+            Err(_) => Some(Err(Error::InvalidParam {
+                what: "op table lock poisoned".into(),
+            })),
+        };
+        if let Some(r) = r {
+            this.state = State::Done(if r.is_ok() {
+                TransferStatus::Completed
+            } else {
+                TransferStatus::Failed
+            });
+            return Poll::Ready(r);
+        }
+        if let Some((sleep, after)) = &mut this.deadline {
+            if sleep.as_mut().poll(cx).is_ready() {
+                let after = *after;
+                if let Ok(mut ops) = this.shared.ops.lock() {
+                    ops.abandon(token);
+                }
+                this.state = State::Done(TransferStatus::TimedOut);
+                return Poll::Ready(Err(Error::Timeout {
+                    what: "transfer",
+                    peer: this.peer.to_string(),
+                    after,
+                }));
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Transfer {
+    fn drop(&mut self) {
+        if let State::Posted(t) = self.state {
+            if let Ok(mut ops) = self.shared.ops.lock() {
+                ops.abandon(t);
+            }
+        }
+    }
+}

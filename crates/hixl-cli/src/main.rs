@@ -1,0 +1,2 @@
+//! The `hixl` command.
+fn main() {}

@@ -1,0 +1,338 @@
+//! The typed error of every hixl call; each variant maps onto exactly one HIXL [`Status`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::status::Status;
+
+/// Result alias used across hixl.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Which side of a transfer descriptor an address belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// The initiator's own memory.
+    Local,
+    /// The peer's memory.
+    Remote,
+}
+
+impl std::fmt::Display for Side {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Side::Local => "local",
+            Side::Remote => "remote",
+        })
+    }
+}
+
+/// Everything that can go wrong in hixl. Each variant names the offending value.
+///
+/// `Error` is `Clone` so that one failure (a dead peer, say) can resolve many pending transfers.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A call was made before `initialize` (blocking facade) or after `finalize`.
+    #[error("engine is not initialized (call initialize first, and not after finalize)")]
+    NotInitialized,
+    /// An option key that HIXL and hixl do not know.
+    #[error("unknown option key {key:?}")]
+    UnknownOption {
+        /// The key as given.
+        key: String,
+    },
+    /// An option value outside its range or of the wrong form.
+    #[error("option {key:?} has invalid value {value:?}: {reason}")]
+    InvalidOption {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The engine address is not `ip`, `ip:port`, `[ipv6]` or `[ipv6]:port`.
+    #[error("invalid engine address {addr:?}: {reason}")]
+    InvalidAddress {
+        /// The address as given.
+        addr: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A timeout of zero or less (HIXL: PARAM_INVALID).
+    #[error("timeout must be > 0 ms, got {millis} ms")]
+    InvalidTimeout {
+        /// The timeout as given, in milliseconds.
+        millis: i64,
+    },
+    /// A memory descriptor or transfer descriptor with a null address.
+    #[error("{side} address of descriptor {index} is null")]
+    NullAddress {
+        /// Which address.
+        side: Side,
+        /// Index of the descriptor in the call (0 for a registration).
+        index: usize,
+    },
+    /// A memory descriptor or transfer descriptor of zero length.
+    #[error("descriptor {index} has zero length")]
+    ZeroLength {
+        /// Index of the descriptor in the call (0 for a registration).
+        index: usize,
+    },
+    /// `addr + len` overflows the address space.
+    #[error("range {addr:#x}+{len} overflows the address space")]
+    RangeOverflow {
+        /// Start address.
+        addr: u64,
+        /// Length in bytes.
+        len: u64,
+    },
+    /// A registration partially overlaps an existing region of the same kind.
+    #[error(
+        "region {addr:#x}+{len} partially overlaps registered region {existing_addr:#x}+{existing_len}"
+    )]
+    Overlap {
+        /// Start of the new region.
+        addr: u64,
+        /// Length of the new region.
+        len: u64,
+        /// Start of the region it overlaps.
+        existing_addr: u64,
+        /// Length of the region it overlaps.
+        existing_len: u64,
+    },
+    /// A local range of a transfer is not inside one registered region.
+    #[error("local range {addr:#x}+{len} of descriptor {index} is not inside a registered region")]
+    LocalUnregistered {
+        /// Start address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// Descriptor index.
+        index: usize,
+    },
+    /// A remote range of a transfer is not inside a region the peer made remotely accessible.
+    #[error(
+        "remote range {addr:#x}+{len} of descriptor {index} is outside the regions {peer} exported"
+    )]
+    RemoteOutOfBounds {
+        /// The peer.
+        peer: String,
+        /// Start address.
+        addr: u64,
+        /// Length.
+        len: u64,
+        /// Descriptor index.
+        index: usize,
+    },
+    /// The region does not grant the access an operation needs.
+    #[error("region {addr:#x}+{len} does not allow {need}")]
+    AccessDenied {
+        /// Start of the range.
+        addr: u64,
+        /// Length of the range.
+        len: u64,
+        /// The access that was needed (`remote read`, `remote write`).
+        need: &'static str,
+    },
+    /// A memory kind this build cannot register (device memory without a device runtime).
+    #[error("unsupported: {what}")]
+    Unsupported {
+        /// What is not supported, and why.
+        what: String,
+    },
+    /// Connecting an engine to its own address.
+    #[error("cannot connect engine {engine} to itself")]
+    ConnectToSelf {
+        /// The engine address.
+        engine: String,
+    },
+    /// No link to this peer.
+    #[error("not connected to {peer}")]
+    NotConnected {
+        /// The peer.
+        peer: String,
+    },
+    /// A link to this peer already exists.
+    #[error("already connected to {peer}")]
+    AlreadyConnected {
+        /// The peer.
+        peer: String,
+    },
+    /// An operation did not finish within its timeout.
+    #[error("{what} with {peer} timed out after {after:?}")]
+    Timeout {
+        /// The operation (`connect`, `transfer`, `notify`...).
+        what: &'static str,
+        /// The peer.
+        peer: String,
+        /// The timeout that expired.
+        after: Duration,
+    },
+    /// A notify name or message longer than 1024 bytes.
+    #[error("notify {field} is {len} bytes, the limit is {max}")]
+    NotifyTooLong {
+        /// `name` or `msg`.
+        field: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The peer already holds the maximum number of undrained notifies from us.
+    #[error("{peer} has {limit} notifies pending; it must drain them before more are accepted")]
+    NotifyQueueFull {
+        /// The peer.
+        peer: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// Some bounded resource is exhausted.
+    #[error("resource exhausted: {what}")]
+    ResourceExhausted {
+        /// Which resource.
+        what: String,
+    },
+    /// The link to a peer broke (the peer died, the socket was reset, a disconnect raced).
+    #[error("link to {peer} lost: {cause}")]
+    PeerLost {
+        /// The peer.
+        peer: String,
+        /// Why.
+        cause: String,
+    },
+    /// The peer refused a request with a status.
+    #[error("{peer} refused the request: {status}: {message}")]
+    Remote {
+        /// The peer.
+        peer: String,
+        /// The status it answered.
+        status: Status,
+        /// Its explanation.
+        message: String,
+    },
+    /// The peer sent bytes that are not a valid frame.
+    #[error("protocol error from {peer}: {reason}")]
+    Protocol {
+        /// The peer.
+        peer: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// An operating-system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        source: Arc<std::io::Error>,
+    },
+    /// A transfer request handle that is unknown or was already reaped.
+    #[error("unknown transfer request {req}")]
+    UnknownRequest {
+        /// The handle.
+        req: u64,
+    },
+    /// Any other invalid parameter.
+    #[error("invalid parameter: {what}")]
+    InvalidParam {
+        /// What is invalid.
+        what: String,
+    },
+}
+
+impl Error {
+    /// The HIXL status this error maps onto.
+    pub fn status(&self) -> Status {
+        match self {
+            Error::NotInitialized => Status::Failed,
+            Error::UnknownOption { .. }
+            | Error::InvalidOption { .. }
+            | Error::InvalidAddress { .. }
+            | Error::InvalidTimeout { .. }
+            | Error::NullAddress { .. }
+            | Error::ZeroLength { .. }
+            | Error::RangeOverflow { .. }
+            | Error::Overlap { .. }
+            | Error::LocalUnregistered { .. }
+            | Error::RemoteOutOfBounds { .. }
+            | Error::AccessDenied { .. }
+            | Error::ConnectToSelf { .. }
+            | Error::NotifyTooLong { .. }
+            | Error::UnknownRequest { .. }
+            | Error::InvalidParam { .. } => Status::ParamInvalid,
+            Error::Unsupported { .. } => Status::Unsupported,
+            Error::NotConnected { .. } => Status::NotConnected,
+            Error::AlreadyConnected { .. } => Status::AlreadyConnected,
+            Error::Timeout { .. } => Status::Timeout,
+            Error::NotifyQueueFull { .. } | Error::ResourceExhausted { .. } => {
+                Status::ResourceExhausted
+            }
+            Error::PeerLost { .. } | Error::Protocol { .. } | Error::Io { .. } => Status::Failed,
+            Error::Remote { status, .. } => *status,
+        }
+    }
+
+    /// Wraps an OS error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source: Arc::new(source),
+        }
+    }
+
+    /// Checks a HIXL-style millisecond timeout (`> 0`) and converts it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTimeout`] for zero or negative values.
+    pub fn check_timeout_ms(millis: i64) -> Result<Duration> {
+        if millis <= 0 {
+            return Err(Error::InvalidTimeout { millis });
+        }
+        Ok(Duration::from_millis(millis as u64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_maps_to_one_status() {
+        assert_eq!(Error::NotInitialized.status(), Status::Failed);
+        assert_eq!(
+            Error::InvalidTimeout { millis: 0 }.status(),
+            Status::ParamInvalid
+        );
+        assert_eq!(
+            Error::NotConnected { peer: "a".into() }.status(),
+            Status::NotConnected
+        );
+        assert_eq!(
+            Error::NotifyQueueFull {
+                peer: "a".into(),
+                limit: 4096
+            }
+            .status(),
+            Status::ResourceExhausted
+        );
+        let remote = Error::Remote {
+            peer: "p".into(),
+            status: Status::Unsupported,
+            message: "x".into(),
+        };
+        assert_eq!(remote.status(), Status::Unsupported);
+    }
+
+    #[test]
+    fn timeout_check() {
+        assert!(Error::check_timeout_ms(0).is_err());
+        assert!(Error::check_timeout_ms(-5).is_err());
+        assert_eq!(
+            Error::check_timeout_ms(1000).ok(),
+            Some(Duration::from_secs(1))
+        );
+        let e = Error::check_timeout_ms(-5).unwrap_err();
+        assert!(e.to_string().contains("-5"));
+    }
+}

@@ -1,0 +1,22 @@
+//! Sans-io core of hixl: HIXL's status codes and types, options, the region and op tables and
+//! the wire format. No runtime, clock or socket lives here.
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod error;
+pub mod op_table;
+pub mod options;
+pub mod region;
+pub mod status;
+pub mod types;
+pub mod wire;
+
+pub use error::{Error, Result, Side};
+pub use op_table::{Completed, OpTable, Phase, Token};
+pub use options::Options;
+pub use region::{RegionEntry, RegionId, RegionTable, Registered};
+pub use status::Status;
+pub use types::{
+    Access, MemDesc, MemKind, Notify, OpDesc, RemoteRegion, TransferOp, TransferStatus,
+    NOTIFY_MAX_LEN, NOTIFY_MAX_PENDING,
+};

@@ -1,0 +1,674 @@
+//! Initialize options: HIXL's string key/value options, parsed into typed, validated values.
+//!
+//! [`Options`] accepts every key HIXL's `Initialize` accepts (`EnableUseFabricMem`, `BufferPool`,
+//! `RdmaTrafficClass`, `RdmaServiceLevel`, `GlobalResourceConfig`, `AutoConnect`,
+//! `LocalCommRes`), the ADXL spellings of four of them (`adxl.BufferPool`,
+//! `adxl.RdmaTrafficClass`, `adxl.RdmaServiceLevel`, `adxl.LocalCommRes`), and hixl's own
+//! extensions under the `hixl.` prefix. Ranges and defaults are HIXL's. Keys are case-sensitive,
+//! as in HIXL; values have surrounding whitespace trimmed.
+//!
+//! Where hixl is stricter than HIXL:
+//! - an unknown key, even inside `GlobalResourceConfig`, is an error (HIXL ignores it);
+//! - [`Options::from_pairs`] refuses a key given twice (HIXL keeps one silently);
+//! - environment fallbacks (`HCCL_RDMA_TC`, `HCCL_RDMA_SL`) are not read by this sans-io module;
+//!   an empty RDMA value means "the default", as it does in HIXL when the variable is unset.
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+mod global;
+
+pub use global::{
+    ChannelPool, CommResourceConfig, ConnectPool, FabricMemory, GlobalResourceConfig,
+    PROTOCOL_DESCS,
+};
+
+const DEFAULT_TRAFFIC_CLASS: u64 = 132;
+const DEFAULT_SERVICE_LEVEL: u64 = 4;
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+/// Typed, validated initialize options. `Default` gives HIXL's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Options {
+    /// `EnableUseFabricMem` (`"0"`/`"1"`, default off): FabricMem mode (HIXL: A3 only). Cannot be
+    /// combined with an explicitly enabled `BufferPool`. An empty value means off, as in HIXL.
+    pub enable_use_fabric_mem: bool,
+    /// `BufferPool` / `adxl.BufferPool`: relay buffer pool, default `4:8`. Validated, not used.
+    pub buffer_pool: BufferPool,
+    /// `RdmaTrafficClass` / `adxl.RdmaTrafficClass`: 0–255, a multiple of 4, default 132.
+    pub rdma_traffic_class: u8,
+    /// `RdmaServiceLevel` / `adxl.RdmaServiceLevel`: 0–7, default 4.
+    pub rdma_service_level: u8,
+    /// `GlobalResourceConfig`: JSON object of dotted keys; see [`GlobalResourceConfig`].
+    pub global: GlobalResourceConfig,
+    /// `AutoConnect` (`"0"`/`"1"`, default off): transfers connect lazily; broken links are
+    /// cleaned up automatically.
+    pub auto_connect: bool,
+    /// `LocalCommRes` / `adxl.LocalCommRes`: the raw JSON string (an object with a string
+    /// `"version"`), or `None` when empty or unset.
+    pub local_comm_res: Option<String>,
+    /// `hixl.Transport` (hixl extension): which data transport to use, default `auto`.
+    pub transport: TransportChoice,
+    /// `hixl.TcpStreams` (hixl extension): data connections per peer, 1–16, default 4.
+    pub tcp_streams: usize,
+    /// `hixl.TcpChunkBytes` (hixl extension): TCP chunk size, 4 KiB–1 GiB, default 4 MiB. Accepts
+    /// sizes such as `"512K"`, `"2M"`, `"1048576"` (see [`parse_size`]).
+    pub tcp_chunk_bytes: u64,
+    /// `hixl.HeartbeatIntervalMs` (hixl extension): 10–600000 ms, default 1000.
+    pub heartbeat_interval_ms: u64,
+    /// `hixl.HeartbeatMissLimit` (hixl extension): missed heartbeats before a peer is declared
+    /// dead, 1–100, default 5.
+    pub heartbeat_miss_limit: u32,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            enable_use_fabric_mem: false,
+            buffer_pool: BufferPool::default(),
+            rdma_traffic_class: DEFAULT_TRAFFIC_CLASS as u8,
+            rdma_service_level: DEFAULT_SERVICE_LEVEL as u8,
+            global: GlobalResourceConfig::default(),
+            auto_connect: false,
+            local_comm_res: None,
+            transport: TransportChoice::Auto,
+            tcp_streams: 4,
+            tcp_chunk_bytes: 4 * MIB,
+            heartbeat_interval_ms: 1000,
+            heartbeat_miss_limit: 5,
+        }
+    }
+}
+
+/// An integer-valued top-level key: its range, how it is parsed and where the value goes.
+struct UintKey {
+    key: &'static str,
+    min: u64,
+    max: u64,
+    multiple_of: u64,
+    /// Accepts `K`/`M`/`G` suffixes ([`parse_size`]).
+    size: bool,
+    /// What an empty value means (HIXL treats an empty RDMA value as unset).
+    empty: Option<u64>,
+    store: fn(&mut Options, u64),
+}
+
+#[rustfmt::skip]
+const UINT_KEYS: &[UintKey] = &[
+    UintKey { key: "RdmaTrafficClass", min: 0, max: 255, multiple_of: 4, size: false,
+        empty: Some(DEFAULT_TRAFFIC_CLASS), store: |o, v| o.rdma_traffic_class = v as u8 },
+    UintKey { key: "RdmaServiceLevel", min: 0, max: 7, multiple_of: 1, size: false,
+        empty: Some(DEFAULT_SERVICE_LEVEL), store: |o, v| o.rdma_service_level = v as u8 },
+    UintKey { key: "hixl.TcpStreams", min: 1, max: 16, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.tcp_streams = v as usize },
+    UintKey { key: "hixl.TcpChunkBytes", min: 4096, max: GIB, multiple_of: 1, size: true,
+        empty: None, store: |o, v| o.tcp_chunk_bytes = v },
+    UintKey { key: "hixl.HeartbeatIntervalMs", min: 10, max: 600_000, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.heartbeat_interval_ms = v },
+    UintKey { key: "hixl.HeartbeatMissLimit", min: 1, max: 100, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.heartbeat_miss_limit = v as u32 },
+];
+
+/// ADXL spellings and the HIXL key each one stands for.
+const ALIASES: &[(&str, &str)] = &[
+    ("adxl.BufferPool", "BufferPool"),
+    ("adxl.RdmaTrafficClass", "RdmaTrafficClass"),
+    ("adxl.RdmaServiceLevel", "RdmaServiceLevel"),
+    ("adxl.LocalCommRes", "LocalCommRes"),
+];
+
+/// The key `key` stands for (itself, or the HIXL key of an ADXL alias); `None` if unknown.
+fn canonical(key: &str) -> Option<&'static str> {
+    if let Some(&(_, hixl)) = ALIASES.iter().find(|(alias, _)| *alias == key) {
+        return Some(hixl);
+    }
+    Options::KEYS
+        .iter()
+        .copied()
+        .find(|k| *k == key && !k.starts_with("adxl."))
+}
+
+fn invalid(key: &str, value: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidOption {
+        key: key.to_owned(),
+        value: value.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+impl Options {
+    /// Every key [`Options::set`] accepts: HIXL's, the ADXL aliases, and hixl's `hixl.` keys.
+    #[rustfmt::skip]
+    pub const KEYS: &'static [&'static str] = &[
+        "EnableUseFabricMem", "BufferPool", "RdmaTrafficClass", "RdmaServiceLevel",
+        "GlobalResourceConfig", "AutoConnect", "LocalCommRes",
+        "adxl.BufferPool", "adxl.RdmaTrafficClass", "adxl.RdmaServiceLevel", "adxl.LocalCommRes",
+        "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.HeartbeatIntervalMs",
+        "hixl.HeartbeatMissLimit",
+    ];
+
+    /// Parses and stores one option. Only this key's own value is checked; the cross-key check
+    /// (`EnableUseFabricMem` vs `BufferPool`) is done by [`Options::from_pairs`].
+    ///
+    /// # Errors
+    /// [`Error::UnknownOption`] for a key not in [`Options::KEYS`]; [`Error::InvalidOption`]
+    /// naming the key, the value and the reason for a bad value. `self` is unchanged on error.
+    pub fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        let canon = canonical(key).ok_or_else(|| Error::UnknownOption {
+            key: key.to_owned(),
+        })?;
+        let v = value.trim();
+        let err = |reason: String| invalid(key, value, reason);
+        if let Some(spec) = UINT_KEYS.iter().find(|s| s.key == canon) {
+            let n = match spec.empty {
+                Some(default) if v.is_empty() => default,
+                _ => check_uint(spec, v).map_err(err)?,
+            };
+            (spec.store)(self, n);
+            return Ok(());
+        }
+        match canon {
+            "EnableUseFabricMem" => {
+                self.enable_use_fabric_mem = !v.is_empty() && parse_flag(v).map_err(err)?;
+            }
+            "AutoConnect" => self.auto_connect = parse_flag(v).map_err(err)?,
+            "BufferPool" => self.buffer_pool = BufferPool::parse(v).map_err(err)?,
+            "GlobalResourceConfig" => {
+                self.global = GlobalResourceConfig::parse_str(v).map_err(err)?
+            }
+            "LocalCommRes" => self.local_comm_res = parse_local_comm_res(v).map_err(err)?,
+            "hixl.Transport" => {
+                self.transport = TransportChoice::from_name(v)
+                    .ok_or_else(|| err("expected one of auto, tcp, fabric, verbs".to_owned()))?;
+            }
+            _ => {
+                return Err(Error::UnknownOption {
+                    key: key.to_owned(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds options from HIXL-style key/value pairs, starting from the defaults.
+    ///
+    /// Unlike HIXL, which silently keeps one value, a key given twice (or given both as a HIXL key
+    /// and as its `adxl.` alias) is refused. After all pairs are applied, `EnableUseFabricMem=1`
+    /// together with an explicitly given, enabled `BufferPool` is refused: HIXL documents that
+    /// the two cannot be combined.
+    ///
+    /// # Errors
+    /// Those of [`Options::set`], and [`Error::InvalidOption`] with reason "given more than once"
+    /// for a repeated key, or naming both keys for the FabricMem/BufferPool conflict.
+    pub fn from_pairs<I, K, V>(pairs: I) -> Result<Options>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut opts = Options::default();
+        let mut seen: Vec<(&'static str, String)> = Vec::new();
+        let (mut fabric, mut pool) = (None, None);
+        for (k, v) in pairs {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            let canon = canonical(k).ok_or_else(|| Error::UnknownOption { key: k.to_owned() })?;
+            if let Some((_, first)) = seen.iter().find(|(c, _)| *c == canon) {
+                let reason = if first == k {
+                    "given more than once".to_owned()
+                } else {
+                    format!("given more than once (also as {first:?})")
+                };
+                return Err(invalid(k, v, reason));
+            }
+            seen.push((canon, k.to_owned()));
+            opts.set(k, v)?;
+            match canon {
+                "EnableUseFabricMem" => fabric = Some(v.to_owned()),
+                "BufferPool" => pool = Some((k.to_owned(), v.to_owned())),
+                _ => {}
+            }
+        }
+        if let (true, Some(fabric), Some((pk, pv))) = (opts.enable_use_fabric_mem, fabric, pool) {
+            if opts.buffer_pool.is_enabled() {
+                let reason = format!(
+                    "cannot be combined with {pk}={pv:?}; set {pk} to \"0:0\" or leave it unset"
+                );
+                return Err(invalid("EnableUseFabricMem", &fabric, reason));
+            }
+        }
+        Ok(opts)
+    }
+}
+
+/// A non-empty run of ASCII digits as a `u64` (no sign, no whitespace); `None` on overflow.
+fn parse_uint(s: &str) -> Option<u64> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+/// Parses a byte size: digits with an optional `K`, `M` or `G` suffix (powers of 1024; `Ki`,
+/// `KiB`, `KB` and a bare `B` are accepted too, case-insensitively), e.g. `"512K"`, `"2MiB"`,
+/// `"1048576"`. Returns `None` for anything else, or if the size overflows `u64`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, suffix) = s.split_at_checked(end)?;
+    let mult: u64 = match suffix.trim_start().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "ki" | "kb" | "kib" => 1 << 10,
+        "m" | "mi" | "mb" | "mib" => 1 << 20,
+        "g" | "gi" | "gb" | "gib" => 1 << 30,
+        _ => return None,
+    };
+    parse_uint(num)?.checked_mul(mult)
+}
+
+fn check_uint(spec: &UintKey, v: &str) -> Result<u64, String> {
+    let (min, max) = (spec.min, spec.max);
+    let parsed = if spec.size {
+        parse_size(v)
+    } else {
+        parse_uint(v)
+    };
+    let what = if spec.size {
+        "a size such as 4M"
+    } else {
+        "an integer"
+    };
+    let n = parsed.ok_or_else(|| format!("expected {what} in [{min}, {max}]"))?;
+    if n < min || n > max {
+        return Err(format!("{n} is out of range [{min}, {max}]"));
+    }
+    if n % spec.multiple_of != 0 {
+        return Err(format!("must be a multiple of {}", spec.multiple_of));
+    }
+    Ok(n)
+}
+
+fn parse_flag(v: &str) -> Result<bool, String> {
+    match v {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => Err("expected \"0\" or \"1\"".to_owned()),
+    }
+}
+
+fn parse_local_comm_res(v: &str) -> Result<Option<String>, String> {
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let json: Value = serde_json::from_str(v).map_err(|e| format!("not valid JSON: {e}"))?;
+    match json.get("version") {
+        Some(Value::String(_)) => Ok(Some(v.to_owned())),
+        Some(other) => Err(format!("\"version\" must be a string, got {other}")),
+        None => Err("must be a JSON object with a string \"version\" field".to_owned()),
+    }
+}
+
+/// The relay buffer pool (`BufferPool`, written `"N:SIZE_MB"`). `"0:0"` disables it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BufferPool {
+    /// Number of buffers.
+    pub count: u32,
+    /// Size of each buffer in MiB.
+    pub size_mb: u32,
+}
+
+impl Default for BufferPool {
+    /// HIXL's default, `4:8`.
+    fn default() -> Self {
+        BufferPool {
+            count: 4,
+            size_mb: 8,
+        }
+    }
+}
+
+impl BufferPool {
+    /// The disabled pool, `0:0` (Mooncake always sets this).
+    pub const DISABLED: BufferPool = BufferPool {
+        count: 0,
+        size_mb: 0,
+    };
+
+    /// Whether the pool is enabled (anything but `0:0`).
+    pub fn is_enabled(&self) -> bool {
+        self.count != 0
+    }
+
+    fn parse(v: &str) -> Result<Self, String> {
+        let (n, m) = v
+            .split_once(':')
+            .ok_or("expected \"N:SIZE_MB\", e.g. \"4:8\"")?;
+        let num = |s: &str, what: &str| {
+            parse_uint(s.trim())
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| format!("{what} {s:?} is not an integer in [0, {}]", u32::MAX))
+        };
+        let pool = BufferPool {
+            count: num(n, "count")?,
+            size_mb: num(m, "size")?,
+        };
+        if (pool.count == 0) != (pool.size_mb == 0) {
+            return Err("count and size must both be 0 (disabled) or both be non-zero".to_owned());
+        }
+        Ok(pool)
+    }
+}
+
+impl std::fmt::Display for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.count, self.size_mb)
+    }
+}
+
+/// Which data transport hixl uses (`hixl.Transport`, a hixl extension).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TransportChoice {
+    /// Pick the best transport available to both peers (`auto`).
+    #[default]
+    Auto,
+    /// Host TCP streams (`tcp`).
+    Tcp,
+    /// The fabric transport (`fabric`).
+    Fabric,
+    /// RDMA verbs (`verbs`).
+    Verbs,
+}
+
+impl TransportChoice {
+    /// Parses `auto`, `tcp`, `fabric` or `verbs`, ignoring ASCII case.
+    pub fn from_name(s: &str) -> Option<Self> {
+        [Self::Auto, Self::Tcp, Self::Fabric, Self::Verbs]
+            .into_iter()
+            .find(|t| t.as_str().eq_ignore_ascii_case(s))
+    }
+
+    /// The lower-case name, as accepted by [`TransportChoice::from_name`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Tcp => "tcp",
+            Self::Fabric => "fabric",
+            Self::Verbs => "verbs",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn opts(pairs: &[(&str, &str)]) -> Result<Options> {
+        Options::from_pairs(pairs.iter().copied())
+    }
+
+    /// The fields of an `InvalidOption`; panics on any other error.
+    pub(super) fn invalid_parts(e: Error) -> (String, String, String) {
+        match e {
+            Error::InvalidOption { key, value, reason } => (key, value, reason),
+            other => panic!("expected InvalidOption, got {other:?}"),
+        }
+    }
+
+    /// `set(key, value)` fails with `InvalidOption` naming `key` and `value`; returns the reason.
+    fn set_err(key: &str, value: &str) -> String {
+        let err = Options::default().set(key, value).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains(key) && msg.contains(&format!("{value:?}")),
+            "{msg}"
+        );
+        let (k, v, reason) = invalid_parts(err);
+        assert_eq!((k.as_str(), v.as_str()), (key, value));
+        reason
+    }
+
+    #[test]
+    fn defaults_match_hixl() {
+        let o = Options::default();
+        assert!(!o.enable_use_fabric_mem && !o.auto_connect);
+        assert_eq!(
+            o.buffer_pool,
+            BufferPool {
+                count: 4,
+                size_mb: 8
+            }
+        );
+        assert!(o.buffer_pool.is_enabled() && !BufferPool::DISABLED.is_enabled());
+        assert_eq!((o.rdma_traffic_class, o.rdma_service_level), (132, 4));
+        assert_eq!(
+            (o.local_comm_res.as_deref(), o.transport),
+            (None, TransportChoice::Auto)
+        );
+        assert_eq!((o.tcp_streams, o.tcp_chunk_bytes), (4, 4 * MIB));
+        assert_eq!((o.heartbeat_interval_ms, o.heartbeat_miss_limit), (1000, 5));
+        assert_eq!(o.global, GlobalResourceConfig::default());
+        assert_eq!(opts(&[]).unwrap(), o);
+    }
+
+    #[test]
+    fn keys_are_exact() {
+        for key in Options::KEYS {
+            assert!(canonical(key).is_some(), "{key}");
+        }
+        for key in [
+            "bufferpool",
+            "adxl.AutoConnect",
+            "hixl.transport",
+            "",
+            " BufferPool",
+        ] {
+            let e = Options::default().set(key, "0:0").unwrap_err();
+            assert!(
+                matches!(e, Error::UnknownOption { key: ref k } if k == key),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn integer_keys() {
+        #[rustfmt::skip]
+        let o = opts(&[("RdmaTrafficClass", " 0 "), ("RdmaServiceLevel", "7"),
+            ("hixl.TcpStreams", "16"), ("hixl.HeartbeatIntervalMs", "10"),
+            ("hixl.HeartbeatMissLimit", "100"), ("hixl.TcpChunkBytes", "512K")]).unwrap();
+        assert_eq!(
+            (o.rdma_traffic_class, o.rdma_service_level, o.tcp_streams),
+            (0, 7, 16)
+        );
+        assert_eq!((o.heartbeat_interval_ms, o.heartbeat_miss_limit), (10, 100));
+        assert_eq!(o.tcp_chunk_bytes, 512 << 10);
+        assert_eq!(
+            opts(&[("RdmaTrafficClass", "252")])
+                .unwrap()
+                .rdma_traffic_class,
+            252
+        );
+        assert_eq!(
+            opts(&[("hixl.TcpChunkBytes", "1G")])
+                .unwrap()
+                .tcp_chunk_bytes,
+            GIB
+        );
+        let mut o = opts(&[("RdmaTrafficClass", "8")]).unwrap();
+        o.set("RdmaTrafficClass", "").unwrap();
+        assert_eq!(o.rdma_traffic_class, 132, "empty means the HIXL default");
+        #[rustfmt::skip]
+        let bad = [
+            ("RdmaTrafficClass", "130", "multiple of 4"), ("RdmaTrafficClass", "256", "range"),
+            ("RdmaTrafficClass", "-4", "integer"), ("RdmaServiceLevel", "8", "out of range"),
+            ("RdmaServiceLevel", "x", "integer"), ("RdmaServiceLevel", "+1", "integer"),
+            ("hixl.TcpStreams", "0", "out of range"), ("hixl.TcpStreams", "17", "out of range"),
+            ("hixl.TcpStreams", "", "integer"), ("hixl.HeartbeatIntervalMs", "9", "out of range"),
+            ("hixl.HeartbeatIntervalMs", "600001", "range"), ("hixl.HeartbeatMissLimit", "101", "range"),
+            ("hixl.HeartbeatMissLimit", "99999999999999999999999", "integer"),
+            ("hixl.TcpChunkBytes", "4095", "range"), ("hixl.TcpChunkBytes", "2G", "range"),
+            ("hixl.TcpChunkBytes", "2X", "size"),
+        ];
+        for (k, v, why) in bad {
+            let reason = set_err(k, v);
+            assert!(reason.contains(why), "{k}={v}: {reason}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        #[rustfmt::skip]
+        let good = [("1048576", MIB), ("512K", 512 << 10), ("2M", 2 * MIB), ("2mib", 2 * MIB),
+            ("1 GiB", GIB), ("4KB", 4096), ("4096b", 4096), (" 3Mi ", 3 * MIB)];
+        for (s, n) in good {
+            assert_eq!(parse_size(s), Some(n), "{s}");
+        }
+        #[rustfmt::skip]
+        let bad = ["", "M", "-1", "1.5M", "1T", "4 K B", "1MM", "99999999999999999999",
+            "18014398509481984K"];
+        for s in bad {
+            assert_eq!(parse_size(s), None, "{s}");
+        }
+    }
+
+    #[test]
+    fn flags_transport_and_local_comm_res() {
+        let pairs = [
+            ("EnableUseFabricMem", "1"),
+            ("AutoConnect", " 1"),
+            ("hixl.Transport", "TCP"),
+        ];
+        let o = opts(&pairs).unwrap();
+        assert!(o.enable_use_fabric_mem && o.auto_connect);
+        assert_eq!(o.transport, TransportChoice::Tcp);
+        assert!(
+            !opts(&[("EnableUseFabricMem", "")])
+                .unwrap()
+                .enable_use_fabric_mem
+        );
+        assert!(set_err("EnableUseFabricMem", "2").contains("\"0\" or \"1\""));
+        assert!(set_err("AutoConnect", "").contains("\"0\" or \"1\""));
+        assert!(set_err("AutoConnect", "true").contains("\"0\" or \"1\""));
+        assert!(set_err("hixl.Transport", "udp").contains("auto, tcp, fabric, verbs"));
+        use TransportChoice::*;
+        for t in [Auto, Tcp, Fabric, Verbs] {
+            assert_eq!(
+                TransportChoice::from_name(&t.as_str().to_uppercase()),
+                Some(t)
+            );
+        }
+        let lcr = r#"{"version":"1.3","endpoint_list":[]}"#;
+        assert_eq!(
+            opts(&[("LocalCommRes", lcr)])
+                .unwrap()
+                .local_comm_res
+                .as_deref(),
+            Some(lcr)
+        );
+        assert_eq!(
+            opts(&[("LocalCommRes", "  ")]).unwrap().local_comm_res,
+            None
+        );
+        assert!(set_err("LocalCommRes", "{").contains("not valid JSON"));
+        assert!(set_err("LocalCommRes", r#"{"version":1.3}"#).contains("must be a string"));
+        for v in ["[]", r#"{"net":"x"}"#, "\"1.3\""] {
+            assert!(
+                set_err("LocalCommRes", v).contains("\"version\" field"),
+                "{v}"
+            );
+        }
+    }
+
+    #[test]
+    fn buffer_pool_values() {
+        assert_eq!(
+            opts(&[("BufferPool", "0:0")]).unwrap().buffer_pool,
+            BufferPool::DISABLED
+        );
+        let pool = opts(&[("BufferPool", " 16 : 2 ")]).unwrap().buffer_pool;
+        assert_eq!(
+            pool,
+            BufferPool {
+                count: 16,
+                size_mb: 2
+            }
+        );
+        assert_eq!(pool.to_string(), "16:2");
+        for v in ["4:0", "0:8"] {
+            assert!(set_err("BufferPool", v).contains("both be 0"), "{v}");
+        }
+        for v in ["4", "4:8:1", "-1:8", "a:b", "4294967296:1", "", ":"] {
+            set_err("BufferPool", v);
+        }
+    }
+
+    #[test]
+    fn adxl_aliases_and_duplicates() {
+        #[rustfmt::skip]
+        let o = opts(&[("adxl.BufferPool", "0:0"), ("adxl.RdmaTrafficClass", "4"),
+            ("adxl.RdmaServiceLevel", "1"), ("adxl.LocalCommRes", r#"{"version":"1.0"}"#)]);
+        let o = o.unwrap();
+        assert_eq!(o.buffer_pool, BufferPool::DISABLED);
+        assert_eq!((o.rdma_traffic_class, o.rdma_service_level), (4, 1));
+        assert!(o.local_comm_res.is_some());
+        let e = opts(&[("AutoConnect", "1"), ("AutoConnect", "0")]).unwrap_err();
+        let (key, value, reason) = invalid_parts(e);
+        assert_eq!((key.as_str(), value.as_str()), ("AutoConnect", "0"));
+        assert_eq!(reason, "given more than once");
+        let e = opts(&[("BufferPool", "0:0"), ("adxl.BufferPool", "0:0")]).unwrap_err();
+        let (key, _, reason) = invalid_parts(e);
+        assert_eq!(key, "adxl.BufferPool");
+        assert!(reason.contains("given more than once") && reason.contains("\"BufferPool\""));
+        assert!(matches!(
+            opts(&[("Nope", "1")]),
+            Err(Error::UnknownOption { .. })
+        ));
+    }
+
+    #[test]
+    fn fabric_mem_conflicts_with_explicit_buffer_pool() {
+        for pool in ["4:8", "2:16"] {
+            let e = opts(&[("EnableUseFabricMem", "1"), ("adxl.BufferPool", pool)]).unwrap_err();
+            let (key, value, reason) = invalid_parts(e);
+            assert_eq!((key.as_str(), value.as_str()), ("EnableUseFabricMem", "1"));
+            assert!(
+                reason.contains("adxl.BufferPool") && reason.contains(pool),
+                "{reason}"
+            );
+        }
+        assert!(opts(&[("BufferPool", "0:0"), ("EnableUseFabricMem", "1")]).is_ok());
+        assert!(
+            opts(&[("EnableUseFabricMem", "1")]).is_ok(),
+            "the default pool is no conflict"
+        );
+        assert!(opts(&[("EnableUseFabricMem", "0"), ("BufferPool", "4:8")]).is_ok());
+    }
+
+    #[test]
+    fn global_resource_config_through_set() {
+        let o = opts(&[("GlobalResourceConfig", r#"{"connect_pool.thread_num": 3}"#)]).unwrap();
+        assert_eq!(o.global.connect_pool.thread_num, 3);
+        assert_eq!(
+            set_err("GlobalResourceConfig", r#"{"x":1}"#),
+            "unknown key \"x\""
+        );
+        assert_eq!(
+            opts(&[("GlobalResourceConfig", " ")]).unwrap(),
+            Options::default()
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn set_never_panics(key in "\\PC{0,24}", value in "\\PC{0,64}") {
+            let _ = Options::default().set(&key, &value);
+        }
+
+        #[test]
+        fn set_known_key_never_panics(idx in 0..Options::KEYS.len(), value in any::<String>()) {
+            let _ = Options::default().set(Options::KEYS[idx], &value);
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Plain data types of the HIXL model: memory kinds and descriptors, transfer ops and statuses.
+
+use std::fmt;
+
+/// Where registered memory lives (HIXL `MemType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemKind {
+    /// Accelerator memory (HIXL `MEM_DEVICE = 0`). Needs a device runtime.
+    Device,
+    /// Host DRAM (HIXL `MEM_HOST = 1`).
+    Host,
+}
+
+impl MemKind {
+    /// HIXL's numeric value.
+    pub const fn code(self) -> u8 {
+        match self {
+            MemKind::Device => 0,
+            MemKind::Host => 1,
+        }
+    }
+
+    /// The kind for HIXL's numeric value.
+    pub fn from_code(code: u8) -> Option<MemKind> {
+        match code {
+            0 => Some(MemKind::Device),
+            1 => Some(MemKind::Host),
+            _ => None,
+        }
+    }
+}
+
+/// A memory range by address (HIXL `MemDesc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemDesc {
+    /// Start address in the registering process.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl MemDesc {
+    /// A descriptor for `len` bytes at `addr`.
+    pub const fn new(addr: u64, len: u64) -> MemDesc {
+        MemDesc { addr, len }
+    }
+
+    /// One past the last byte, or `None` on overflow.
+    pub fn end(&self) -> Option<u64> {
+        self.addr.checked_add(self.len)
+    }
+}
+
+/// Direction of a one-sided transfer, named from the initiator (HIXL `TransferOp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransferOp {
+    /// Copy remote memory into local memory (HIXL `READ = 0`).
+    Read,
+    /// Copy local memory into remote memory (HIXL `WRITE = 1`).
+    Write,
+}
+
+impl TransferOp {
+    /// HIXL's numeric value.
+    pub const fn code(self) -> u8 {
+        match self {
+            TransferOp::Read => 0,
+            TransferOp::Write => 1,
+        }
+    }
+}
+
+impl fmt::Display for TransferOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransferOp::Read => "read",
+            TransferOp::Write => "write",
+        })
+    }
+}
+
+/// One piece of a transfer (HIXL `TransferOpDesc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpDesc {
+    /// Address in the initiator's registered memory.
+    pub local_addr: u64,
+    /// Address in the peer's remotely accessible memory.
+    pub remote_addr: u64,
+    /// Bytes to move.
+    pub len: u64,
+}
+
+impl OpDesc {
+    /// A descriptor moving `len` bytes between `local_addr` and `remote_addr`.
+    pub const fn new(local_addr: u64, remote_addr: u64, len: u64) -> OpDesc {
+        OpDesc {
+            local_addr,
+            remote_addr,
+            len,
+        }
+    }
+}
+
+/// State of an asynchronous transfer (HIXL `TransferStatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransferStatus {
+    /// Still in flight.
+    Waiting,
+    /// Every byte landed.
+    Completed,
+    /// The deadline passed. (HIXL declares but never returns this; hixl does.)
+    TimedOut,
+    /// It failed.
+    Failed,
+}
+
+impl TransferStatus {
+    /// HIXL's numeric value (`WAITING=0, COMPLETED=1, TIMEOUT=2, FAILED=3`).
+    pub const fn code(self) -> u8 {
+        match self {
+            TransferStatus::Waiting => 0,
+            TransferStatus::Completed => 1,
+            TransferStatus::TimedOut => 2,
+            TransferStatus::Failed => 3,
+        }
+    }
+
+    /// Whether the transfer has ended.
+    pub const fn is_terminal(self) -> bool {
+        !matches!(self, TransferStatus::Waiting)
+    }
+}
+
+/// Which accesses a region grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Access(u8);
+
+impl Access {
+    /// Local use only: the region is not exported to peers.
+    pub const LOCAL: Access = Access(0);
+    /// Peers may READ from the region.
+    pub const REMOTE_READ: Access = Access(1);
+    /// Peers may WRITE into the region.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// Peers may READ and WRITE (HIXL's only mode).
+    pub const REMOTE_RW: Access = Access(3);
+
+    /// Raw bits (wire form).
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// From wire bits; unknown bits are dropped.
+    pub const fn from_bits(bits: u8) -> Access {
+        Access(bits & 3)
+    }
+
+    /// Whether every access in `other` is granted.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Whether peers may touch the region at all.
+    pub const fn is_remote(self) -> bool {
+        self.0 != 0
+    }
+
+    /// The access a transfer op needs on the *target's* region.
+    pub const fn needed_by(op: TransferOp) -> Access {
+        match op {
+            TransferOp::Read => Access::REMOTE_READ,
+            TransferOp::Write => Access::REMOTE_WRITE,
+        }
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            0 => "local",
+            1 => "remote-read",
+            2 => "remote-write",
+            _ => "remote-read-write",
+        })
+    }
+}
+
+/// A region a peer exported, as seen by the initiator after connect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteRegion {
+    /// Start address in the peer's address space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Key the peer checks on every access.
+    pub rkey: u64,
+    /// Accesses granted.
+    pub access: Access,
+    /// Memory kind.
+    pub kind: MemKind,
+    /// Optional name given at registration.
+    pub name: Option<String>,
+}
+
+impl RemoteRegion {
+    /// Whether `[addr, addr+len)` lies inside this region.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        match (addr.checked_add(len), self.addr.checked_add(self.len)) {
+            (Some(end), Some(rend)) => addr >= self.addr && end <= rend,
+            _ => false,
+        }
+    }
+}
+
+/// A notify message (HIXL `NotifyDesc`), with the engine it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notify {
+    /// Engine address of the sender.
+    pub from: String,
+    /// Name, at most [`NOTIFY_MAX_LEN`] bytes.
+    pub name: Vec<u8>,
+    /// Message, at most [`NOTIFY_MAX_LEN`] bytes.
+    pub msg: Vec<u8>,
+}
+
+/// HIXL's limit on a notify's name and message, each.
+pub const NOTIFY_MAX_LEN: usize = 1024;
+/// HIXL's limit on undrained notifies per sending peer.
+pub const NOTIFY_MAX_PENDING: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn access_bits() {
+        assert!(Access::REMOTE_RW.contains(Access::REMOTE_READ));
+        assert!(Access::REMOTE_RW.contains(Access::REMOTE_WRITE));
+        assert!(!Access::REMOTE_READ.contains(Access::REMOTE_WRITE));
+        assert!(!Access::LOCAL.is_remote());
+        assert_eq!(Access::from_bits(0xff), Access::REMOTE_RW);
+    }
+
+    #[test]
+    fn remote_region_contains_is_overflow_safe() {
+        let r = RemoteRegion {
+            addr: u64::MAX - 10,
+            len: 10,
+            rkey: 1,
+            access: Access::REMOTE_RW,
+            kind: MemKind::Host,
+            name: None,
+        };
+        assert!(r.contains(u64::MAX - 10, 10));
+        assert!(!r.contains(u64::MAX - 5, 10));
+        assert!(!r.contains(0, 1));
+    }
+}

@@ -1,0 +1,12 @@
+//! hixl: an async-first, one-sided, zero-copy transfer engine for KV cache and any registered
+//! memory, with Huawei HIXL's calls, status codes and option keys.
+//!
+//! Depend on this crate; it re-exports the API of `hixl-core` and `hixl-async`.
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub use hixl_async::*;
+pub use hixl_core::{
+    options, wire, Access, Error, MemDesc, MemKind, Notify, OpDesc, Options, RegionId,
+    RemoteRegion, Result, Status, TransferOp, TransferStatus, NOTIFY_MAX_LEN, NOTIFY_MAX_PENDING,
+};
