@@ -22,3 +22,4 @@ pub use addr::EngineAddr;
 pub use engine::{Engine, EngineBuilder};
 pub use link::Peer;
 pub use transfer::Transfer;
+pub mod blocking;

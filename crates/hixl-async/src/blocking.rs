@@ -1,0 +1,1 @@
+//! Blocking facade with HIXL's method set, for callers without a tokio runtime.
