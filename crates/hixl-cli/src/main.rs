@@ -1,2 +1,64 @@
-//! The `hixl` command.
-fn main() {}
+//! The `hixl` command: a loopback demo, a target server, benchmarks and machine info.
+
+mod bench;
+mod demo;
+mod info;
+mod serve;
+
+use hixl_cli::util;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "hixl", version, about = "One-sided zero-copy transfers (HIXL for Rust)")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a target and an initiator on loopback, move a KV-cache-sized payload both ways,
+    /// verify it, show a notify arriving, print GB/s.
+    Demo(demo::Args),
+    /// Run a target: register memory and serve peers until stopped.
+    Serve(serve::Args),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::Bench),
+    /// Version, and which transports this machine can use and why.
+    Info,
+}
+
+fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HIXL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hixl: cannot start the runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let r = rt.block_on(async move {
+        match cli.cmd {
+            Cmd::Demo(a) => demo::run(a).await,
+            Cmd::Serve(a) => serve::run(a).await,
+            Cmd::Bench(b) => bench::run(b).await,
+            Cmd::Info => info::run(),
+        }
+    });
+    if let Err(e) = r {
+        eprintln!("hixl: {e}");
+        std::process::exit(1);
+    }
+}

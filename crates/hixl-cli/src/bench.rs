@@ -1,0 +1,278 @@
+//! `hixl bench`: HIXL's comm benchmark (each call moves `--total` split into `--blocks`), with
+//! a plain-TCP baseline measured between the same two processes in the same run.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hixl::{Engine, HostBuffer, OpDesc, TransferOp};
+use hixl_cli::child::Target;
+use serde::Serialize;
+
+use crate::util::{human, parse_size, peak_rss, CliError, CliResult};
+
+/// `hixl bench ...`
+#[derive(clap::Subcommand, Debug)]
+pub enum Bench {
+    /// Bandwidth and latency of READ/WRITE calls (HIXL's comm benchmark method).
+    Comm(CommArgs),
+}
+
+/// Arguments of `hixl bench comm`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CommArgs {
+    /// `write`, `read` or `both`.
+    #[arg(long, default_value = "write")]
+    pub op: String,
+    /// Block sizes, comma-separated (e.g. 16K,128K,2M).
+    #[arg(long, default_value = "16K,128K,2M", value_delimiter = ',', value_parser = parse_size)]
+    pub blocks: Vec<u64>,
+    /// Bytes each call moves, split into blocks (HIXL uses 128M).
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
+    pub total: u64,
+    /// Instead of --total: N descriptors of one block per call, at fixed offsets.
+    #[arg(long)]
+    pub batch: Option<u64>,
+    /// Seconds to measure each case (and again its baseline).
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// Transport: `tcp` (fabric and verbs arrive with their backends).
+    #[arg(long, default_value = "tcp")]
+    pub transport: String,
+    /// An existing target (`ip:port`) instead of starting one; no baseline then.
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Data connections per peer (hixl.TcpStreams).
+    #[arg(long)]
+    pub streams: Option<usize>,
+    /// Largest piece one request carries (hixl.TcpChunkBytes).
+    #[arg(long, value_parser = parse_size)]
+    pub chunk: Option<u64>,
+    /// Skip the baseline measurement.
+    #[arg(long)]
+    pub no_baseline: bool,
+    /// One JSON object per case instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One measured case.
+#[derive(Serialize, Debug, Clone)]
+pub struct CaseResult {
+    bench: &'static str,
+    transport: String,
+    op: String,
+    block_bytes: u64,
+    batch: u64,
+    bytes_per_call: u64,
+    calls: u64,
+    gbps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    baseline: &'static str,
+    baseline_gbps: Option<f64>,
+    ratio_to_baseline: Option<f64>,
+    initiator_peak_rss_mib: Option<f64>,
+    target_peak_rss_mib: Option<f64>,
+    registered_mib_each_side: f64,
+}
+
+/// Runs a benchmark.
+pub async fn run(b: Bench) -> CliResult {
+    match b {
+        Bench::Comm(a) => comm(a).await.map(|_| ()),
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Runs `hixl bench comm` and returns its cases (also printed).
+pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
+    if a.transport != "tcp" {
+        return Err(CliError(format!(
+            "transport {:?} is not available in this build (this build has: tcp; see `hixl info`)",
+            a.transport
+        )));
+    }
+    let ops: Vec<TransferOp> = match a.op.as_str() {
+        "write" => vec![TransferOp::Write],
+        "read" => vec![TransferOp::Read],
+        "both" => vec![TransferOp::Write, TransferOp::Read],
+        o => return Err(CliError(format!("--op must be write, read or both, not {o:?}"))),
+    };
+    if a.blocks.iter().any(|&b| b == 0) || a.total == 0 || a.batch == Some(0) {
+        return Err(CliError("block sizes, --total and --batch must be > 0".into()));
+    }
+    if !(a.duration > 0.0) {
+        return Err(CliError(format!("--duration must be > 0, got {}", a.duration)));
+    }
+    let per_call = |block: u64| match a.batch {
+        Some(n) => n * block,
+        None => (a.total / block).max(1) * block,
+    };
+    let mem = a.blocks.iter().map(|&b| per_call(b)).max().unwrap_or(a.total);
+    let exe: PathBuf = std::env::current_exe()?;
+    let mut target = match &a.target {
+        Some(_) => None,
+        None => Some(Target::spawn(&exe, mem, &["--baseline"])?),
+    };
+    let remote = match (&a.target, &target) {
+        (Some(t), _) => t.clone(),
+        (None, t) => t.as_ref().map(|t| t.engine.clone()).unwrap_or_default(),
+    };
+    let mut builder = Engine::builder("127.0.0.1");
+    if let Some(s) = a.streams {
+        builder = builder.option("hixl.TcpStreams", s.to_string());
+    }
+    if let Some(c) = a.chunk {
+        builder = builder.option("hixl.TcpChunkBytes", c.to_string());
+    }
+    let engine = builder.build().await?;
+    let local = engine.register(HostBuffer::zeroed(mem as usize)?)?;
+    let peer = engine.connect(&remote, Duration::from_secs(5)).await?;
+    let rr = peer
+        .regions()
+        .into_iter()
+        .max_by_key(|r| r.len)
+        .ok_or_else(|| CliError(format!("{remote} exported no region")))?;
+    if rr.len < mem {
+        return Err(CliError(format!(
+            "{remote} exported {} but the cases need {}",
+            human(rr.len),
+            human(mem)
+        )));
+    }
+    let dur = Duration::from_secs_f64(a.duration);
+    let mut results = Vec::new();
+    if !a.json {
+        println!(
+            "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8} {:>9} {:>9} {:>13} {:>6}",
+            "transport", "op", "block", "batch", "calls", "GB/s", "p50 us", "p99 us", "baseline GB/s", "ratio"
+        );
+    }
+    for &op in &ops {
+        for &block in &a.blocks {
+            let pc = per_call(block);
+            let n = pc / block;
+            let descs: Vec<OpDesc> = (0..n)
+                .map(|i| OpDesc::new(local.addr() + i * block, rr.addr + i * block, block))
+                .collect();
+            peer.transfer(op, &descs).await?; // warm-up
+            let mut lat = Vec::new();
+            let start = Instant::now();
+            while start.elapsed() < dur || lat.len() < 3 {
+                let t = Instant::now();
+                peer.transfer(op, &descs).await?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            let secs = start.elapsed().as_secs_f64();
+            let calls = lat.len() as u64;
+            lat.sort_by(f64::total_cmp);
+            let gbps = (calls * pc) as f64 / secs / 1e9;
+            let baseline_gbps = match (&target, a.no_baseline) {
+                (Some(t), false) => match &t.baseline {
+                    Some(addr) => Some(baseline(addr, op, pc, block, dur).await?),
+                    None => None,
+                },
+                _ => None,
+            };
+            let r = CaseResult {
+                bench: "comm",
+                transport: a.transport.clone(),
+                op: op.to_string(),
+                block_bytes: block,
+                batch: n,
+                bytes_per_call: pc,
+                calls,
+                gbps,
+                p50_us: percentile(&lat, 0.5),
+                p99_us: percentile(&lat, 0.99),
+                baseline: "plain TCP stream, same processes, blocking sockets, ack per call",
+                baseline_gbps,
+                ratio_to_baseline: baseline_gbps.map(|b| gbps / b),
+                initiator_peak_rss_mib: peak_rss(std::process::id()).map(|b| b as f64 / 1048576.0),
+                target_peak_rss_mib: target.as_ref().and_then(|t| t.peak_rss()).map(|b| b as f64 / 1048576.0),
+                registered_mib_each_side: mem as f64 / 1048576.0,
+            };
+            if a.json {
+                println!("{}", serde_json::to_string(&r).map_err(|e| CliError(e.to_string()))?);
+            } else {
+                println!(
+                    "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8.2} {:>9.1} {:>9.1} {:>13} {:>6}",
+                    r.transport,
+                    r.op,
+                    human(block),
+                    n,
+                    calls,
+                    gbps,
+                    r.p50_us,
+                    r.p99_us,
+                    baseline_gbps.map(|b| format!("{b:.2}")).unwrap_or_else(|| "-".into()),
+                    r.ratio_to_baseline.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
+                );
+            }
+            results.push(r);
+        }
+    }
+    if !a.json {
+        let me = peak_rss(std::process::id()).unwrap_or(0);
+        let tgt = target.as_ref().and_then(|t| t.peak_rss()).unwrap_or(0);
+        println!(
+            "peak RSS: initiator {}, target {} (each registers {})",
+            human(me),
+            human(tgt),
+            human(mem)
+        );
+    }
+    engine.shutdown(Duration::from_secs(1)).await;
+    if let Some(t) = target.take() {
+        t.stop();
+    }
+    Ok(results)
+}
+
+/// Plain TCP between the same two processes: the same bytes per call, in block-sized writes,
+/// one byte of ack (write) or request (read) per call.
+async fn baseline(addr: &str, op: TransferOp, per_call: u64, block: u64, dur: Duration) -> CliResult<f64> {
+    let addr = addr.to_string();
+    tokio::task::spawn_blocking(move || -> CliResult<f64> {
+        let mut s = TcpStream::connect(&addr)?;
+        s.set_nodelay(true)?;
+        let mut h = [0u8; 17];
+        h[0] = if op == TransferOp::Write { b'W' } else { b'R' };
+        h[1..9].copy_from_slice(&per_call.to_le_bytes());
+        h[9..17].copy_from_slice(&block.to_le_bytes());
+        s.write_all(&h)?;
+        let mut buf = vec![0u8; per_call as usize];
+        crate::util::fill_pattern(&mut buf, 1);
+        let mut one = [0u8; 1];
+        let mut call = |s: &mut TcpStream| -> std::io::Result<()> {
+            if op == TransferOp::Write {
+                for c in buf.chunks(block as usize) {
+                    s.write_all(c)?;
+                }
+                s.read_exact(&mut one)
+            } else {
+                s.write_all(&[1])?;
+                s.read_exact(&mut buf)
+            }
+        };
+        call(&mut s)?;
+        let start = Instant::now();
+        let mut calls = 0u64;
+        while start.elapsed() < dur || calls < 3 {
+            call(&mut s)?;
+            calls += 1;
+        }
+        Ok((calls * per_call) as f64 / start.elapsed().as_secs_f64() / 1e9)
+    })
+    .await
+    .map_err(|e| CliError(format!("baseline thread failed: {e}")))?
+}

@@ -1,0 +1,160 @@
+//! `hixl serve`: a target that registers memory and serves peers, printing what it receives.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+
+use futures::StreamExt;
+use hixl::{Access, Engine, HostBuffer};
+
+use crate::util::{checksum, parse_size, CliResult};
+
+/// Arguments of `hixl serve`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Engine address to listen on (`ip:port`; port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:26000")]
+    pub listen: String,
+    /// Bytes of host memory to register (e.g. 256M).
+    #[arg(long, default_value = "256M", value_parser = parse_size)]
+    pub mem: u64,
+    /// Name under which the region is exported to peers.
+    #[arg(long, default_value = "kv")]
+    pub name: String,
+    /// Also serve a plain-TCP baseline (for `hixl bench comm`).
+    #[arg(long)]
+    pub baseline: bool,
+    /// Exit when standard input closes (for a parent process that owns this target).
+    #[arg(long)]
+    pub stdin_control: bool,
+    /// An engine option `KEY=VALUE` (HIXL keys such as `BufferPool=0:0`); repeatable.
+    #[arg(long = "option", value_parser = parse_kv)]
+    pub options: Vec<(String, String)>,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
+/// Splits `ip:0` into a builder that picks a free port.
+pub fn builder_for(listen: &str) -> hixl::EngineBuilder {
+    match listen.strip_suffix(":0") {
+        Some(ip) => Engine::builder(ip.trim_start_matches('[').trim_end_matches(']')).ephemeral_port(),
+        None => Engine::builder(listen),
+    }
+}
+
+fn say(line: String) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Runs the target until stopped.
+pub async fn run(a: Args) -> CliResult {
+    let mut b = builder_for(&a.listen);
+    for (k, v) in &a.options {
+        b = b.option(k, v);
+    }
+    let engine = b.build().await?;
+    let region = engine.register_with(
+        HostBuffer::zeroed(a.mem as usize)?,
+        Access::REMOTE_RW,
+        Some(&a.name),
+    )?;
+    let baseline = if a.baseline {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let addr = l.local_addr()?;
+        std::thread::spawn(move || baseline_server(l));
+        format!(" baseline={addr}")
+    } else {
+        String::new()
+    };
+    say(format!(
+        "READY engine={} region={:#x}:{} pid={}{baseline}",
+        engine.local_engine(),
+        region.addr(),
+        region.len(),
+        std::process::id()
+    ));
+    let (quit_tx, mut quit) = tokio::sync::mpsc::channel::<()>(1);
+    if a.stdin_control {
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = std::io::stdin().read_to_end(&mut sink);
+            let _ = quit_tx.blocking_send(());
+        });
+    }
+    let mut notes = engine.notifications();
+    loop {
+        tokio::select! {
+            n = notes.next() => {
+                let Some(n) = n else { break };
+                let name = String::from_utf8_lossy(&n.name).to_string();
+                let msg = String::from_utf8_lossy(&n.msg).to_string();
+                say(format!("NOTIFY from={} name={name} msg={msg}", n.from));
+                if name == "hixl.verify" {
+                    say(verify(&region, &msg));
+                }
+            }
+            _ = quit.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    engine.shutdown(std::time::Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Handles `hixl.verify` with msg `OFFSET LEN CHECKSUM`: checks the region's bytes.
+fn verify(region: &hixl::Region, msg: &str) -> String {
+    let f: Vec<u64> = msg.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    let [off, len, want] = f[..] else {
+        return format!("VERIFY bad-request msg={msg:?}");
+    };
+    let mut buf = vec![0u8; len as usize];
+    if let Err(e) = region.read_at(off, &mut buf) {
+        return format!("VERIFY bad-request {e}");
+    }
+    let got = checksum(&buf);
+    let verdict = if got == want { "ok" } else { "mismatch" };
+    format!("VERIFY {verdict} offset={off} len={len} expected={want:#x} got={got:#x}")
+}
+
+/// Plain TCP baseline: per connection, a 17-byte header (op `W`/`R`, bytes per call, block),
+/// then for each call either sink the bytes and ack one byte, or on a one-byte request send
+/// the bytes in block-sized writes.
+fn baseline_server(l: TcpListener) {
+    for s in l.incoming().flatten() {
+        std::thread::spawn(move || {
+            let _ = baseline_conn(s);
+        });
+    }
+}
+
+fn baseline_conn(mut s: TcpStream) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    let mut h = [0u8; 17];
+    s.read_exact(&mut h)?;
+    let op = h[0];
+    let per_call = u64::from_le_bytes(h[1..9].try_into().unwrap_or_default()) as usize;
+    let block = (u64::from_le_bytes(h[9..17].try_into().unwrap_or_default()) as usize).max(1);
+    if per_call == 0 || per_call > (4 << 30) {
+        return Ok(());
+    }
+    let mut buf = vec![0u8; per_call];
+    let mut one = [0u8; 1];
+    loop {
+        if op == b'W' {
+            s.read_exact(&mut buf)?;
+            s.write_all(&[1])?;
+        } else {
+            if s.read(&mut one)? == 0 {
+                return Ok(());
+            }
+            for c in buf.chunks(block) {
+                s.write_all(c)?;
+            }
+        }
+    }
+}
