@@ -105,19 +105,33 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
         "write" => vec![TransferOp::Write],
         "read" => vec![TransferOp::Read],
         "both" => vec![TransferOp::Write, TransferOp::Read],
-        o => return Err(CliError(format!("--op must be write, read or both, not {o:?}"))),
+        o => {
+            return Err(CliError(format!(
+                "--op must be write, read or both, not {o:?}"
+            )))
+        }
     };
     if a.blocks.iter().any(|&b| b == 0) || a.total == 0 || a.batch == Some(0) {
-        return Err(CliError("block sizes, --total and --batch must be > 0".into()));
+        return Err(CliError(
+            "block sizes, --total and --batch must be > 0".into(),
+        ));
     }
     if !(a.duration > 0.0) {
-        return Err(CliError(format!("--duration must be > 0, got {}", a.duration)));
+        return Err(CliError(format!(
+            "--duration must be > 0, got {}",
+            a.duration
+        )));
     }
     let per_call = |block: u64| match a.batch {
         Some(n) => n * block,
         None => (a.total / block).max(1) * block,
     };
-    let mem = a.blocks.iter().map(|&b| per_call(b)).max().unwrap_or(a.total);
+    let mem = a
+        .blocks
+        .iter()
+        .map(|&b| per_call(b))
+        .max()
+        .unwrap_or(a.total);
     let exe: PathBuf = std::env::current_exe()?;
     let mut target = match &a.target {
         Some(_) => None,
@@ -154,7 +168,16 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
     if !a.json {
         println!(
             "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8} {:>9} {:>9} {:>13} {:>6}",
-            "transport", "op", "block", "batch", "calls", "GB/s", "p50 us", "p99 us", "baseline GB/s", "ratio"
+            "transport",
+            "op",
+            "block",
+            "batch",
+            "calls",
+            "GB/s",
+            "p50 us",
+            "p99 us",
+            "baseline GB/s",
+            "ratio"
         );
     }
     for &op in &ops {
@@ -198,11 +221,17 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
                 baseline_gbps,
                 ratio_to_baseline: baseline_gbps.map(|b| gbps / b),
                 initiator_peak_rss_mib: peak_rss(std::process::id()).map(|b| b as f64 / 1048576.0),
-                target_peak_rss_mib: target.as_ref().and_then(|t| t.peak_rss()).map(|b| b as f64 / 1048576.0),
+                target_peak_rss_mib: target
+                    .as_ref()
+                    .and_then(|t| t.peak_rss())
+                    .map(|b| b as f64 / 1048576.0),
                 registered_mib_each_side: mem as f64 / 1048576.0,
             };
             if a.json {
-                println!("{}", serde_json::to_string(&r).map_err(|e| CliError(e.to_string()))?);
+                println!(
+                    "{}",
+                    serde_json::to_string(&r).map_err(|e| CliError(e.to_string()))?
+                );
             } else {
                 println!(
                     "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8.2} {:>9.1} {:>9.1} {:>13} {:>6}",
@@ -214,8 +243,12 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
                     gbps,
                     r.p50_us,
                     r.p99_us,
-                    baseline_gbps.map(|b| format!("{b:.2}")).unwrap_or_else(|| "-".into()),
-                    r.ratio_to_baseline.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into()),
+                    baseline_gbps
+                        .map(|b| format!("{b:.2}"))
+                        .unwrap_or_else(|| "-".into()),
+                    r.ratio_to_baseline
+                        .map(|x| format!("{x:.2}"))
+                        .unwrap_or_else(|| "-".into()),
                 );
             }
             results.push(r);
@@ -240,7 +273,13 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
 
 /// Plain TCP between the same two processes: the same bytes per call, in block-sized writes,
 /// one byte of ack (write) or request (read) per call.
-async fn baseline(addr: &str, op: TransferOp, per_call: u64, block: u64, dur: Duration) -> CliResult<f64> {
+async fn baseline(
+    addr: &str,
+    op: TransferOp,
+    per_call: u64,
+    block: u64,
+    dur: Duration,
+) -> CliResult<f64> {
     let addr = addr.to_string();
     tokio::task::spawn_blocking(move || -> CliResult<f64> {
         let mut s = TcpStream::connect(&addr)?;
@@ -250,18 +289,27 @@ async fn baseline(addr: &str, op: TransferOp, per_call: u64, block: u64, dur: Du
         h[1..9].copy_from_slice(&per_call.to_le_bytes());
         h[9..17].copy_from_slice(&block.to_le_bytes());
         s.write_all(&h)?;
-        let mut buf = vec![0u8; per_call as usize];
+        // One block-sized buffer, reused: the baseline measures the stream, not memory.
+        let mut buf = vec![0u8; block.min(per_call) as usize];
         crate::util::fill_pattern(&mut buf, 1);
         let mut one = [0u8; 1];
         let mut call = |s: &mut TcpStream| -> std::io::Result<()> {
+            let mut left = per_call as usize;
             if op == TransferOp::Write {
-                for c in buf.chunks(block as usize) {
-                    s.write_all(c)?;
+                while left > 0 {
+                    let n = left.min(buf.len());
+                    s.write_all(&buf[..n])?;
+                    left -= n;
                 }
                 s.read_exact(&mut one)
             } else {
                 s.write_all(&[1])?;
-                s.read_exact(&mut buf)
+                while left > 0 {
+                    let n = left.min(buf.len());
+                    s.read_exact(&mut buf[..n])?;
+                    left -= n;
+                }
+                Ok(())
             }
         };
         call(&mut s)?;

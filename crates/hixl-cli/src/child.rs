@@ -30,7 +30,13 @@ impl Target {
     /// When the process cannot start or does not become ready in 30 s.
     pub fn spawn(exe: &Path, mem: u64, extra: &[&str]) -> CliResult<Target> {
         let mut child = Command::new(exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--stdin-control", "--mem"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--stdin-control",
+                "--mem",
+            ])
             .arg(mem.to_string())
             .args(extra)
             .stdin(Stdio::piped())
@@ -71,7 +77,9 @@ impl Target {
             }
         }
         if t.engine.is_empty() {
-            return Err(CliError(format!("target printed no engine address: {ready}")));
+            return Err(CliError(format!(
+                "target printed no engine address: {ready}"
+            )));
         }
         Ok(t)
     }
@@ -88,11 +96,15 @@ impl Target {
                 Ok(l) if l.starts_with(prefix) => return Ok(l),
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => {
-                    return Err(CliError(format!("target printed no {prefix} line within {timeout:?}")))
+                    return Err(CliError(format!(
+                        "target printed no {prefix} line within {timeout:?}"
+                    )))
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let st = self.child.try_wait().ok().flatten();
-                    return Err(CliError(format!("target exited before printing {prefix} (status {st:?})")));
+                    return Err(CliError(format!(
+                        "target exited before printing {prefix} (status {st:?})"
+                    )));
                 }
             }
         }

@@ -29,7 +29,10 @@ fn gbps(bytes: u64, t: Duration) -> f64 {
 /// Runs the demo.
 pub async fn run(a: Args) -> CliResult {
     if a.tokens == 0 || a.tokens > 65536 {
-        return Err(CliError(format!("--tokens must be 1..=65536, got {}", a.tokens)));
+        return Err(CliError(format!(
+            "--tokens must be 1..=65536, got {}",
+            a.tokens
+        )));
     }
     let layer = a.tokens * BYTES_PER_TOKEN_PER_LAYER;
     let total = LAYERS * layer;
@@ -41,14 +44,19 @@ pub async fn run(a: Args) -> CliResult {
     );
     let exe: PathBuf = std::env::current_exe()?;
     let mut target = Target::spawn(&exe, total, &[])?;
-    println!("  target process {} serving at {}", target.pid, target.engine);
+    println!(
+        "  target process {} serving at {}",
+        target.pid, target.engine
+    );
 
     let engine = Engine::builder("127.0.0.1").build().await?;
     let mut buf = HostBuffer::zeroed(total as usize)?;
     fill_pattern(buf.as_mut_slice(), 0x5eed);
     let sum = checksum(buf.as_slice());
     let local = engine.register(buf)?;
-    let peer = engine.connect(&target.engine, Duration::from_secs(5)).await?;
+    let peer = engine
+        .connect(&target.engine, Duration::from_secs(5))
+        .await?;
     let kv = peer
         .region("kv")
         .ok_or_else(|| CliError("target exported no region named kv".into()))?;
@@ -65,15 +73,29 @@ pub async fn run(a: Args) -> CliResult {
     let t = Instant::now();
     peer.write(&descs).timeout(Duration::from_secs(60)).await?;
     let wt = t.elapsed();
-    println!("  WRITE {} in {:.1} ms: {:.2} GB/s", human(total), wt.as_secs_f64() * 1e3, gbps(total, wt));
+    println!(
+        "  WRITE {} in {:.1} ms: {:.2} GB/s",
+        human(total),
+        wt.as_secs_f64() * 1e3,
+        gbps(total, wt)
+    );
 
-    peer.notify("hixl.verify", format!("0 {total} {sum}")).await?;
+    peer.notify("hixl.verify", format!("0 {total} {sum}"))
+        .await?;
     let n = target.wait_line("NOTIFY", Duration::from_secs(10))?;
-    println!("  target received notify: {}", n.trim_start_matches("NOTIFY "));
+    println!(
+        "  target received notify: {}",
+        n.trim_start_matches("NOTIFY ")
+    );
     let v = target.wait_line("VERIFY", Duration::from_secs(30))?;
-    println!("  target checked its memory on that notify: {}", v.trim_start_matches("VERIFY "));
+    println!(
+        "  target checked its memory on that notify: {}",
+        v.trim_start_matches("VERIFY ")
+    );
     if !v.starts_with("VERIFY ok") {
-        return Err(CliError(format!("target memory does not match what was written: {v}")));
+        return Err(CliError(format!(
+            "target memory does not match what was written: {v}"
+        )));
     }
 
     local.write_at(0, &vec![0u8; total as usize])?;
@@ -91,7 +113,9 @@ pub async fn run(a: Args) -> CliResult {
         if ok { "matches" } else { "MISMATCH" }
     );
     if !ok {
-        return Err(CliError("data read back differs from what was written".into()));
+        return Err(CliError(
+            "data read back differs from what was written".into(),
+        ));
     }
     engine.disconnect(&target.engine).await?;
     engine.shutdown(Duration::from_secs(1)).await;

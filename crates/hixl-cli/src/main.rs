@@ -10,7 +10,11 @@ use hixl_cli::util;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hixl", version, about = "One-sided zero-copy transfers (HIXL for Rust)")]
+#[command(
+    name = "hixl",
+    version,
+    about = "One-sided zero-copy transfers (HIXL for Rust)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -35,7 +35,8 @@ macro_rules! fail {
 
 /// Parses `16K`, `2M`, `1G`, `4096` (binary units).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    hixl::options::parse_size(s).ok_or_else(|| format!("invalid size {s:?} (use e.g. 4096, 16K, 2M, 1G)"))
+    hixl::options::parse_size(s)
+        .ok_or_else(|| format!("invalid size {s:?} (use e.g. 4096, 16K, 2M, 1G)"))
 }
 
 /// Formats a byte count with a binary unit.
@@ -61,7 +62,9 @@ pub fn checksum(b: &[u8]) -> u64 {
     for c in &mut chunks {
         let mut w = [0u8; 8];
         w.copy_from_slice(c);
-        h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0x100_0000_01B3).rotate_left(29);
+        h = (h ^ u64::from_le_bytes(w))
+            .wrapping_mul(0x100_0000_01B3)
+            .rotate_left(29);
     }
     for &x in chunks.remainder() {
         h = (h ^ u64::from(x)).wrapping_mul(0x100_0000_01B3);

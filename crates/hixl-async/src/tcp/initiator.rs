@@ -156,8 +156,9 @@ async fn send_batch(
             // fails this part (and drops its lease) concurrently.
             let hold = part.lease.clone();
             if let Err(p) = push(inflight, part) {
-                flush(w, hdrs, peer).await?;
-                return Err(fail_rest(shared, peer, p, it));
+                let e = fail_rest(shared, peer, p, it);
+                let _ = flush(w, hdrs, peer).await;
+                return Err(e);
             }
             // SAFETY: ptr..ptr+len lies in a registered region (checked at submit) on which
             // `hold` keeps a lease, so the memory stays valid until this write returns.
@@ -171,15 +172,24 @@ async fn send_batch(
                 r
             };
             drop(hold);
-            r.map_err(|e| lost(peer, e))?;
+            if let Err(e) = r {
+                // The parts not yet queued for the reader would never complete otherwise.
+                let e = lost(peer, e);
+                fail_parts(shared, it, &e);
+                return Err(e);
+            }
         } else {
             if let Err(p) = push(inflight, part) {
-                flush(w, hdrs, peer).await?;
-                return Err(fail_rest(shared, peer, p, it));
+                let e = fail_rest(shared, peer, p, it);
+                let _ = flush(w, hdrs, peer).await;
+                return Err(e);
             }
             hdrs.extend_from_slice(&hdr);
             if hdrs.len() >= READ_REQ_BATCH * DATA_REQ_FRAME {
-                flush(w, hdrs, peer).await?;
+                if let Err(e) = flush(w, hdrs, peer).await {
+                    fail_parts(shared, it, &e);
+                    return Err(e);
+                }
             }
         }
     }

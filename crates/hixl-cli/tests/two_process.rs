@@ -1,0 +1,367 @@
+//! Two real OS processes over 127.0.0.1: a `hixl serve` target and an initiator engine here.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use hixl::wire::{Channel, DataReq, Message};
+use hixl::{Engine, HostBuffer, OpDesc, Peer, Region, Status};
+use hixl_cli::child::Target;
+use hixl_cli::util::{checksum, fill_pattern};
+
+const T: Duration = Duration::from_secs(10);
+
+fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_hixl"))
+}
+
+async fn initiator(len: usize) -> (Engine, Region) {
+    let e = Engine::builder("127.0.0.1").build().await.unwrap();
+    let r = e.register(HostBuffer::zeroed(len).unwrap()).unwrap();
+    (e, r)
+}
+
+fn blocks(local: &Region, remote: u64, len: u64, block: u64) -> Vec<OpDesc> {
+    (0..len / block)
+        .map(|i| OpDesc::new(local.addr() + i * block, remote + i * block, block))
+        .collect()
+}
+
+/// Asks the target to checksum its region and says whether it matched.
+async fn target_has(peer: &Peer, target: &mut Target, off: u64, len: u64, sum: u64) -> String {
+    peer.notify("hixl.verify", format!("{off} {len} {sum}"))
+        .await
+        .unwrap();
+    target.wait_line("VERIFY", T).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_then_read_128mib_in_16k_128k_2m_blocks_verified() {
+    const LEN: u64 = 128 << 20;
+    let mut target = Target::spawn(exe(), LEN, &[]).unwrap();
+    let (e, local) = initiator(LEN as usize).await;
+    let peer = e.connect(&target.engine, T).await.unwrap();
+    let kv = peer.region("kv").unwrap();
+    let mut data = vec![0u8; LEN as usize];
+    for block in [16 << 10, 128 << 10, 2 << 20] {
+        fill_pattern(&mut data, block);
+        let sum = checksum(&data);
+        local.write_at(0, &data).unwrap();
+        let descs = blocks(&local, kv.addr, LEN, block);
+        peer.write(&descs)
+            .timeout(Duration::from_secs(120))
+            .await
+            .unwrap();
+        let v = target_has(&peer, &mut target, 0, LEN, sum).await;
+        assert!(v.starts_with("VERIFY ok"), "block {block}: {v}");
+        local.write_at(0, &vec![0u8; LEN as usize]).unwrap();
+        peer.read(&descs)
+            .timeout(Duration::from_secs(120))
+            .await
+            .unwrap();
+        local.read_at(0, &mut data).unwrap();
+        assert_eq!(
+            checksum(&data),
+            sum,
+            "read back with {block}-byte blocks differs"
+        );
+    }
+    target.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_transfers() {
+    let mut target = Target::spawn(exe(), 4 << 20, &[]).unwrap();
+    let (e, local) = initiator(4 << 20).await;
+    let mut data = vec![0u8; 4 << 20];
+    fill_pattern(&mut data, 99);
+    local.write_at(0, &data).unwrap();
+    let peer = e.connect(&target.engine, T).await.unwrap();
+    let kv = peer.region("kv").unwrap();
+    let futs: Vec<_> = (0..1000u64)
+        .map(|i| {
+            let off = (i % 1024) * 4096;
+            peer.write(&[OpDesc::new(local.addr() + off, kv.addr + off, 4096)])
+        })
+        .collect();
+    for r in futures::future::join_all(futs).await {
+        r.unwrap();
+    }
+    let v = target_has(
+        &peer,
+        &mut target,
+        0,
+        1000 * 4096,
+        checksum(&data[..1000 * 4096]),
+    )
+    .await;
+    assert!(v.starts_with("VERIFY ok"), "{v}");
+    assert_eq!(e.ops_in_flight(), 0);
+    target.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_after_completion_never_overtakes_the_data() {
+    let mut target = Target::spawn(exe(), 8 << 20, &[]).unwrap();
+    let (e, local) = initiator(8 << 20).await;
+    let peer = e.connect(&target.engine, T).await.unwrap();
+    let kv = peer.region("kv").unwrap();
+    let mut data = vec![0u8; 8 << 20];
+    for round in 0..20u64 {
+        fill_pattern(&mut data, round + 1);
+        local.write_at(0, &data).unwrap();
+        peer.write(&blocks(&local, kv.addr, 8 << 20, 256 << 10))
+            .await
+            .unwrap();
+        // The target checks its memory when the notify arrives.
+        let v = target_has(&peer, &mut target, 0, 8 << 20, checksum(&data)).await;
+        assert!(v.starts_with("VERIFY ok"), "round {round}: {v}");
+    }
+    target.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_reads_never_land_in_returned_memory() {
+    let target = Target::spawn(exe(), 64 << 20, &[]).unwrap();
+    let (e, local) = initiator(64 << 20).await;
+    let peer = e.connect(&target.engine, T).await.unwrap();
+    let kv = peer.region("kv").unwrap();
+    for _ in 0..8 {
+        drop(peer.read(&blocks(&local, kv.addr, 64 << 20, 64 << 10)));
+    }
+    // Deregistering waits until no op can touch the region, then hands the buffer back.
+    let mut buf = e
+        .deregister(&local)
+        .await
+        .unwrap()
+        .expect("owned buffer comes back");
+    buf.as_mut_slice().fill(0xAB);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        buf.as_slice().iter().all(|&b| b == 0xAB),
+        "a late read landed in returned memory"
+    );
+    // abandoned ops are reaped, and the engine keeps working
+    for _ in 0..100 {
+        if e.ops_in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(e.ops_in_flight(), 0, "abandoned ops leaked");
+    let local = e.register(buf).unwrap();
+    peer.write(&[OpDesc::new(local.addr(), kv.addr, 1 << 20)])
+        .await
+        .unwrap();
+    target.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_killed_mid_transfer_fails_every_pending_op_and_engine_survives() {
+    let mut target = Target::spawn(exe(), 256 << 20, &[]).unwrap();
+    let (e, local) = initiator(256 << 20).await;
+    let peer = e.connect(&target.engine, T).await.unwrap();
+    let kv = peer.region("kv").unwrap();
+    let futs: Vec<_> = (0..8u64)
+        .map(|i| {
+            let off = i * (32 << 20);
+            let d: Vec<OpDesc> = (0..2048u64)
+                .map(|k| {
+                    OpDesc::new(
+                        local.addr() + off + k * 16384,
+                        kv.addr + off + k * 16384,
+                        16384,
+                    )
+                })
+                .collect();
+            peer.write(&d)
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    target.kill();
+    let results = tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(futs))
+        .await
+        .expect("pending transfers hung after the peer died");
+    let failed = results.iter().filter(|r| r.is_err()).count();
+    assert!(failed > 0, "no transfer noticed the peer's death");
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            r.to_string().contains(&target.engine),
+            "error does not name the peer: {r}"
+        );
+    }
+    assert!(!peer.is_connected());
+    let e2 = peer
+        .write(&[OpDesc::new(local.addr(), kv.addr, 4096)])
+        .await
+        .unwrap_err();
+    assert!(e2.to_string().contains(&target.engine), "{e2}");
+    // the engine is still usable: reconnect to a fresh target
+    let target2 = Target::spawn(exe(), 1 << 20, &[]).unwrap();
+    let p2 = e.connect(&target2.engine, T).await.unwrap();
+    let kv2 = p2.region("kv").unwrap();
+    p2.write(&[OpDesc::new(local.addr(), kv2.addr, 1 << 20)])
+        .await
+        .unwrap();
+    e.disconnect(&target.engine).await.unwrap();
+    target2.stop();
+}
+
+fn frame(m: &Message) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    m.encode(&mut b);
+    b.to_vec()
+}
+
+/// Reads one message; bytes after it stay in `buf` for the next call.
+fn read_msg(s: &mut TcpStream, buf: &mut BytesMut) -> Message {
+    loop {
+        if let Some(m) = Message::decode(buf).unwrap() {
+            return m;
+        }
+        let mut tmp = [0u8; 4096];
+        let n = s.read(&mut tmp).unwrap();
+        assert!(n > 0, "connection closed");
+        buf.extend_from_slice(&tmp[..n]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_close_only_that_connection() {
+    let target = Target::spawn(exe(), 1 << 20, &[]).unwrap();
+    let (e, local) = initiator(1 << 20).await;
+    let peer = e.connect(&target.engine, T).await.unwrap();
+    let kv = peer.region("kv").unwrap();
+    let engine = target.engine.clone();
+    tokio::task::spawn_blocking(move || {
+        // garbage instead of a hello
+        let mut s = TcpStream::connect(&engine).unwrap();
+        s.set_read_timeout(Some(T)).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(
+            s.read(&mut b).unwrap_or(0),
+            0,
+            "target should close a garbage connection"
+        );
+        // a data connection for a session that does not exist
+        let mut s = TcpStream::connect(&engine).unwrap();
+        s.write_all(&frame(&Message::Hello {
+            engine: "127.0.0.1".into(),
+            channel: Channel::Data,
+            session: 42,
+        }))
+        .unwrap();
+        match read_msg(&mut s, &mut BytesMut::new()) {
+            Message::Refuse { status, .. } => assert_eq!(status, Status::NotConnected.code()),
+            m => panic!("expected a refusal, got {m:?}"),
+        }
+    })
+    .await
+    .unwrap();
+    // the real link is unaffected
+    peer.write(&[OpDesc::new(local.addr(), kv.addr, 1 << 20)])
+        .await
+        .unwrap();
+    target.stop();
+}
+
+/// Speaks the protocol by hand to send what a correct initiator never would: requests outside
+/// the exported region or with a wrong rkey. The target must refuse them before a byte moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn target_refuses_out_of_bounds_and_wrong_rkey_before_a_byte_moves() {
+    let mut target = Target::spawn(exe(), 1 << 20, &[]).unwrap();
+    let engine = target.engine.clone();
+    let (table, statuses) = tokio::task::spawn_blocking(move || {
+        let mut c = TcpStream::connect(&engine).unwrap();
+        c.write_all(&frame(&Message::Hello {
+            engine: "127.0.0.1".into(),
+            channel: Channel::Control,
+            session: 7,
+        }))
+        .unwrap();
+        let mut cb = BytesMut::new();
+        let Message::Welcome { session, .. } = read_msg(&mut c, &mut cb) else {
+            panic!("no welcome")
+        };
+        let Message::MemTable(table) = read_msg(&mut c, &mut cb) else {
+            panic!("no table")
+        };
+        let r = table[0].clone();
+        let mut d = TcpStream::connect(&engine).unwrap();
+        d.write_all(&frame(&Message::Hello {
+            engine: "127.0.0.1".into(),
+            channel: Channel::Data,
+            session,
+        }))
+        .unwrap();
+        let mut db = BytesMut::new();
+        assert!(matches!(read_msg(&mut d, &mut db), Message::Welcome { .. }));
+        let payload = vec![0xEEu8; 8192];
+        let bad = [
+            DataReq {
+                id: 1,
+                rkey: r.rkey,
+                addr: r.addr + r.len - 4096,
+                len: 8192,
+            }, // past the end
+            DataReq {
+                id: 2,
+                rkey: r.rkey ^ 0x55,
+                addr: r.addr,
+                len: 8192,
+            }, // wrong rkey
+            DataReq {
+                id: 3,
+                rkey: r.rkey,
+                addr: r.addr - 4096,
+                len: 8192,
+            }, // before the start
+        ];
+        let mut statuses = Vec::new();
+        for q in bad {
+            d.write_all(&frame(&Message::WriteReq(q))).unwrap();
+            d.write_all(&payload).unwrap();
+            match read_msg(&mut d, &mut db) {
+                Message::Ack { id, status } => {
+                    assert_eq!(id, q.id);
+                    statuses.push(status);
+                }
+                m => panic!("expected an ack, got {m:?}"),
+            }
+        }
+        d.write_all(&frame(&Message::ReadReq(DataReq {
+            id: 4,
+            rkey: r.rkey,
+            addr: r.addr + r.len,
+            len: 1,
+        })))
+        .unwrap();
+        match read_msg(&mut d, &mut db) {
+            Message::ReadResp { status, len, .. } => {
+                assert_eq!(len, 0);
+                statuses.push(status)
+            }
+            m => panic!("expected a read response, got {m:?}"),
+        }
+        (table, statuses)
+    })
+    .await
+    .unwrap();
+    assert!(
+        statuses.iter().all(|&s| s == Status::ParamInvalid.code()),
+        "{statuses:?}"
+    );
+    // nothing landed: the region is still all zeroes
+    let (e, _local) = initiator(4096).await;
+    let peer = e.connect(&target.engine, T).await.unwrap();
+    let zeros = vec![0u8; table[0].len as usize];
+    let v = target_has(&peer, &mut target, 0, table[0].len, checksum(&zeros)).await;
+    assert!(
+        v.starts_with("VERIFY ok"),
+        "refused writes changed target memory: {v}"
+    );
+    target.stop();
+}
