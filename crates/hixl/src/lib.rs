@@ -1,7 +1,9 @@
 //! hixl: an async-first, one-sided, zero-copy transfer engine for KV cache and any registered
 //! memory, with Huawei HIXL's calls, status codes and option keys.
 //!
-//! Depend on this crate; it re-exports the API of `hixl-core` and `hixl-async`.
+//! Depend on this crate; it re-exports the API of `hixl-core` and `hixl-async`. The README
+//! follows; its examples are compiled as doctests.
+#![doc = include_str!("../../../README.md")]
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
