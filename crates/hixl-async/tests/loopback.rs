@@ -147,3 +147,202 @@ async fn many_concurrent_transfers_and_status() {
         r.unwrap();
     }
 }
+
+/// A peer that completes the handshake and then never answers a data request.
+async fn stalled_peer() -> String {
+    use bytes::BytesMut;
+    use hixl_core::wire::Message;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut keep = Vec::new();
+        while let Ok((mut s, _)) = l.accept().await {
+            let mut b = [0u8; 512];
+            let n = s.read(&mut b).await.unwrap_or(0);
+            let data = matches!(
+                Message::decode(&mut BytesMut::from(&b[..n])),
+                Ok(Some(Message::Hello {
+                    channel: hixl_core::wire::Channel::Data,
+                    ..
+                }))
+            );
+            let mut out = BytesMut::new();
+            Message::Welcome {
+                engine: "stalled".into(),
+                session: 1,
+            }
+            .encode(&mut out);
+            if !data {
+                Message::MemTable(vec![hixl_core::RemoteRegion {
+                    addr: 0x10000,
+                    len: 1 << 20,
+                    rkey: 1,
+                    access: hixl_core::Access::REMOTE_RW,
+                    kind: hixl_core::MemKind::Host,
+                    name: Some("kv".into()),
+                }])
+                .encode(&mut out);
+            }
+            let _ = s.write_all(&out).await;
+            keep.push(s); // never read again, never answer
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_is_honoured_and_the_abandoned_op_is_reaped_when_the_link_goes() {
+    let addr = stalled_peer().await;
+    let init = Engine::builder("127.0.0.1").build().await.unwrap();
+    let local = init.register(HostBuffer::zeroed(1 << 20).unwrap()).unwrap();
+    let peer = init.connect(&addr, T).await.unwrap();
+    let t = peer
+        .read(&[OpDesc::new(local.addr(), 0x10000, 4096)])
+        .timeout(Duration::from_millis(200));
+    let e = t.await.unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e}");
+    assert_eq!(e.status(), Status::Timeout);
+    // The read may still land: the op keeps its lease on `local` until the link proves
+    // otherwise, so deregistering must wait for it.
+    assert_eq!(init.ops_in_flight(), 1);
+    let dereg = tokio::spawn({
+        let init = init.clone();
+        let local = local.clone();
+        async move { init.deregister(&local).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !dereg.is_finished(),
+        "deregister returned while a read could still land"
+    );
+    init.disconnect(&addr).await.unwrap();
+    let buf = tokio::time::timeout(T, dereg)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(buf.is_some());
+    assert_eq!(init.ops_in_flight(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_queue_full_is_resource_exhausted_until_drained() {
+    let (t, _i, _remote, _local, peer) = pair(4096).await;
+    for k in 0..hixl_core::NOTIFY_MAX_PENDING {
+        peer.notify("n", k.to_string()).await.unwrap();
+    }
+    let e = peer.notify("n", "one too many").await.unwrap_err();
+    assert!(matches!(e, Error::NotifyQueueFull { .. }), "{e}");
+    assert_eq!(e.status(), Status::ResourceExhausted);
+    let got = t.take_notifies();
+    assert_eq!(got.len(), hixl_core::NOTIFY_MAX_PENDING);
+    assert_eq!(got[17].msg, b"17");
+    peer.notify("n", "room again").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn use_after_shutdown_and_registration_rules() {
+    let (t, i, _remote, local, peer) = pair(1 << 20).await;
+    // same range again: same handle; partial overlap: refused, naming both ranges
+    let raw = vec![0u8; 8192];
+    let a = raw.as_ptr() as u64;
+    // SAFETY: `raw` outlives the engine's use of it (deregistered below).
+    let r1 = unsafe {
+        i.register_raw(
+            hixl_core::MemDesc::new(a, 8192),
+            hixl_core::MemKind::Host,
+            hixl_core::Access::LOCAL,
+            None,
+        )
+    }
+    .unwrap();
+    // SAFETY: as above.
+    let r2 = unsafe {
+        i.register_raw(
+            hixl_core::MemDesc::new(a, 8192),
+            hixl_core::MemKind::Host,
+            hixl_core::Access::LOCAL,
+            None,
+        )
+    }
+    .unwrap();
+    assert_eq!(r1.id(), r2.id());
+    // SAFETY: refused before any use.
+    let e = unsafe {
+        i.register_raw(
+            hixl_core::MemDesc::new(a + 4096, 8192),
+            hixl_core::MemKind::Host,
+            hixl_core::Access::LOCAL,
+            None,
+        )
+    }
+    .unwrap_err();
+    assert!(matches!(e, Error::Overlap { .. }), "{e}");
+    // SAFETY: refused before any use.
+    let e = unsafe {
+        i.register_raw(
+            hixl_core::MemDesc::new(a, 8192),
+            hixl_core::MemKind::Device,
+            hixl_core::Access::LOCAL,
+            None,
+        )
+    }
+    .unwrap_err();
+    assert_eq!(e.status(), Status::Unsupported);
+    assert!(i.deregister(&r1).await.unwrap().is_none());
+    assert!(
+        i.deregister(&r1).await.unwrap().is_none(),
+        "second deregister is a no-op"
+    );
+    drop(raw);
+    // the target goes away: the initiator's link reports it, the engine stays usable
+    t.shutdown(Duration::from_secs(1)).await;
+    let rr = peer.regions()[0].clone();
+    let e = peer
+        .write(&[OpDesc::new(local.addr(), rr.addr, 16)])
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains(peer.name()), "{e}");
+    i.shutdown(Duration::from_secs(1)).await;
+    let e = i
+        .transfer(
+            peer.name(),
+            hixl_core::TransferOp::Write,
+            &[OpDesc::new(local.addr(), rr.addr, 16)],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Status::NotConnected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_registered_after_connect_become_visible() {
+    let (t, _i, _remote, _local, peer) = pair(4096).await;
+    assert_eq!(peer.regions().len(), 1);
+    let r = t
+        .register_with(
+            HostBuffer::zeroed(8192).unwrap(),
+            hixl_core::Access::REMOTE_READ,
+            Some("late"),
+        )
+        .unwrap();
+    for _ in 0..100 {
+        if peer.region("late").is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(peer.region("late").map(|x| x.len), Some(8192));
+    t.deregister(&r).await.unwrap();
+    for _ in 0..100 {
+        if peer.region("late").is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        peer.region("late").is_none(),
+        "deregistered region still advertised"
+    );
+}
