@@ -111,12 +111,12 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
             )))
         }
     };
-    if a.blocks.iter().any(|&b| b == 0) || a.total == 0 || a.batch == Some(0) {
+    if a.blocks.contains(&0) || a.total == 0 || a.batch == Some(0) {
         return Err(CliError(
             "block sizes, --total and --batch must be > 0".into(),
         ));
     }
-    if !(a.duration > 0.0) {
+    if a.duration.is_nan() || a.duration <= 0.0 {
         return Err(CliError(format!(
             "--duration must be > 0, got {}",
             a.duration
