@@ -1,9 +1,15 @@
 //! Reading and writing whole control frames on a socket.
 
+use std::sync::Arc;
+
 use bytes::BytesMut;
 use hixl_core::wire::Message;
 use hixl_core::{Error, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::mpsc;
+
+use crate::link_state::LinkState;
 
 /// Reads one whole frame, keeping any bytes after it in `buf`.
 ///
@@ -71,4 +77,38 @@ pub(crate) fn tune(s: &tokio::net::TcpStream) {
 /// Shuts both directions of a socket down, so a task blocked reading it wakes with EOF.
 pub(crate) fn shutdown_both(s: &tokio::net::TcpStream) {
     let _ = socket2::SockRef::from(s).shutdown(std::net::Shutdown::Both);
+}
+
+/// Writes queued control frames until the link dies (then flushes what is queued, typically a
+/// `Disconnect`) or every sender is gone; a write error kills the link.
+pub(crate) async fn write_frames(
+    mut w: OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<BytesMut>,
+    state: Arc<LinkState>,
+    peer: Arc<str>,
+) {
+    let mut dead = state.subscribe();
+    loop {
+        tokio::select! {
+            biased;
+            f = rx.recv() => match f {
+                Some(f) => {
+                    if let Err(e) = w.write_all(&f).await {
+                        state.kill(Error::PeerLost { peer: peer.to_string(), cause: e.to_string() });
+                        break;
+                    }
+                }
+                None => break,
+            },
+            _ = dead.changed() => {
+                while let Ok(f) = rx.try_recv() {
+                    if w.write_all(&f).await.is_err() {
+                        break;
+                    }
+                }
+                break;
+            }
+        }
+    }
+    shutdown_both(w.as_ref());
 }

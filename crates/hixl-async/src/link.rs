@@ -13,13 +13,12 @@ use hixl_core::{
     Access, Error, OpDesc, RemoteRegion, Result, Status, Token, TransferOp, NOTIFY_MAX_LEN,
     NOTIFY_MAX_PENDING,
 };
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::Shared;
-use crate::frame_io::{read_frame, shutdown_both, tune, write_frame};
+use crate::frame_io::{read_frame, tune, write_frame, write_frames};
 use crate::link_state::LinkState;
 use crate::memory::{Lease, MemPtr};
 use crate::tcp::initiator::{fail_parts, DataConn, Part};
@@ -132,7 +131,7 @@ impl Link {
             chunk: p.chunk.max(4096),
         });
         let (r, w) = s.into_split();
-        tokio::spawn(control_writer(w, rx, link.clone()));
+        tokio::spawn(write_frames(w, rx, link.state.clone(), link.name.clone()));
         tokio::spawn(control_reader(r, buf, link.clone()));
         Ok(link)
     }
@@ -166,11 +165,7 @@ impl Link {
             return Err(Error::AccessDenied {
                 addr,
                 len,
-                need: if need.contains(Access::REMOTE_WRITE) {
-                    "remote write"
-                } else {
-                    "remote read"
-                },
+                need: need.describe(),
             });
         }
         Ok(r.rkey)
@@ -340,36 +335,6 @@ fn poisoned() -> Error {
     Error::InvalidParam {
         what: "engine lock poisoned by an earlier panic".into(),
     }
-}
-
-async fn control_writer(
-    mut w: OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<BytesMut>,
-    link: Arc<Link>,
-) {
-    let mut dead = link.state.subscribe();
-    loop {
-        tokio::select! {
-            biased;
-            f = rx.recv() => match f {
-                Some(f) => {
-                    if let Err(e) = w.write_all(&f).await {
-                        link.state.kill(Error::PeerLost { peer: link.name.to_string(), cause: e.to_string() });
-                        break;
-                    }
-                }
-                None => break,
-            },
-            _ = dead.changed() => {
-                // flush what is queued (a Disconnect, typically), then stop
-                while let Ok(f) = rx.try_recv() {
-                    if w.write_all(&f).await.is_err() { break; }
-                }
-                break;
-            }
-        }
-    }
-    shutdown_both(w.as_ref());
 }
 
 async fn control_reader(mut r: OwnedReadHalf, mut buf: BytesMut, link: Arc<Link>) {

@@ -8,12 +8,11 @@ use std::time::Duration;
 use bytes::BytesMut;
 use hixl_core::wire::{Channel, Message};
 use hixl_core::{Error, Notify, Status};
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::engine::Shared;
-use crate::frame_io::{read_frame, shutdown_both, tune, write_frame};
+use crate::frame_io::{read_frame, tune, write_frame, write_frames};
 use crate::link_state::LinkState;
 
 /// How long a new connection may take to say hello.
@@ -203,7 +202,7 @@ impl Server {
             engine: self.shared.name.clone(),
             session: id,
         };
-        let (tx, mut rx) = mpsc::unbounded_channel::<BytesMut>();
+        let (tx, rx) = mpsc::unbounded_channel::<BytesMut>();
         let sess = Arc::new(Session {
             peer: peer.clone(),
             state: Arc::new(LinkState::new()),
@@ -229,27 +228,8 @@ impl Server {
             return;
         }
         tracing::debug!(peer = %peer, session = id, "initiator connected");
-        let (mut r, mut w) = s.into_split();
-        let state = sess.state.clone();
-        let writer = tokio::spawn(async move {
-            let mut dead = state.subscribe();
-            loop {
-                tokio::select! {
-                    biased;
-                    f = rx.recv() => match f {
-                        Some(f) => if w.write_all(&f).await.is_err() { break },
-                        None => break,
-                    },
-                    _ = dead.changed() => {
-                        while let Ok(f) = rx.try_recv() {
-                            if w.write_all(&f).await.is_err() { break; }
-                        }
-                        break;
-                    }
-                }
-            }
-            shutdown_both(w.as_ref());
-        });
+        let (mut r, w) = s.into_split();
+        let writer = tokio::spawn(write_frames(w, rx, sess.state.clone(), peer.clone()));
         let reason = loop {
             let m = tokio::select! {
                 m = read_frame(&mut r, &mut buf, &peer) => m,

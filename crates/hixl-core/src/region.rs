@@ -283,11 +283,7 @@ impl<T> RegionTable<T> {
             return Err(Error::AccessDenied {
                 addr,
                 len,
-                need: if need.contains(Access::REMOTE_WRITE) {
-                    "remote write"
-                } else {
-                    "remote read"
-                },
+                need: need.describe(),
             });
         }
         Ok(e)

@@ -165,6 +165,15 @@ impl Access {
         self.0 != 0
     }
 
+    /// What an op needing this access is called in errors (`remote write`, `remote read`).
+    pub const fn describe(self) -> &'static str {
+        if self.contains(Access::REMOTE_WRITE) {
+            "remote write"
+        } else {
+            "remote read"
+        }
+    }
+
     /// The access a transfer op needs on the *target's* region.
     pub const fn needed_by(op: TransferOp) -> Access {
         match op {
