@@ -38,6 +38,8 @@ type Inflight = Arc<Mutex<Option<VecDeque<Part>>>>;
 
 /// Acks read per syscall at most.
 const ACK_BATCH: usize = 64;
+/// Parts sent between two checks that their transfer is still wanted.
+const RECHECK: usize = 256;
 /// Read headers coalesced into one write.
 const READ_REQ_BATCH: usize = 64;
 
@@ -129,25 +131,36 @@ async fn send_batch(
     peer: &str,
     hdrs: &mut Vec<u8>,
 ) -> Result<(), Error> {
-    let Some(first) = batch.first() else {
+    let Some(token) = batch.first().map(|p| p.token) else {
         return Ok(());
     };
-    // A dropped or timed-out transfer moves no further bytes: its queued parts complete as
-    // cancelled so the abandoned op can be reaped.
-    let wanted = shared
-        .ops
-        .lock()
-        .map(|o| o.is_wanted(first.token))
-        .unwrap_or(false);
-    if !wanted {
-        let e = Error::InvalidParam {
-            what: "transfer was dropped or timed out before this part was sent".into(),
-        };
-        fail_parts(shared, batch, &e);
+    let wanted = || {
+        shared
+            .ops
+            .lock()
+            .map(|o| o.is_wanted(token))
+            .unwrap_or(false)
+    };
+    // A dropped or timed-out transfer moves no further bytes: its unsent parts complete as
+    // cancelled (checked again every RECHECK parts) so the abandoned op can be reaped.
+    let cancelled = || Error::InvalidParam {
+        what: "transfer was dropped or timed out before this part was sent".into(),
+    };
+    if !wanted() {
+        fail_parts(shared, batch, &cancelled());
         return Ok(());
     }
-    let mut it = batch.into_iter();
-    while let Some(part) = it.next() {
+    let mut it = batch.into_iter().enumerate();
+    while let Some((i, part)) = it.next() {
+        if i > 0 && i % RECHECK == 0 && !wanted() {
+            flush(w, hdrs, peer).await?;
+            fail_parts(
+                shared,
+                std::iter::once(part).chain(it.map(|(_, p)| p)),
+                &cancelled(),
+            );
+            return Ok(());
+        }
         let hdr = encode_data_req(part.write, &part.req);
         if part.write {
             let ptr = part.local;
@@ -156,7 +169,7 @@ async fn send_batch(
             // fails this part (and drops its lease) concurrently.
             let hold = part.lease.clone();
             if let Err(p) = push(inflight, part) {
-                let e = fail_rest(shared, peer, p, it);
+                let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
                 let _ = flush(w, hdrs, peer).await;
                 return Err(e);
             }
@@ -175,19 +188,19 @@ async fn send_batch(
             if let Err(e) = r {
                 // The parts not yet queued for the reader would never complete otherwise.
                 let e = lost(peer, e);
-                fail_parts(shared, it, &e);
+                fail_parts(shared, it.map(|(_, p)| p), &e);
                 return Err(e);
             }
         } else {
             if let Err(p) = push(inflight, part) {
-                let e = fail_rest(shared, peer, p, it);
+                let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
                 let _ = flush(w, hdrs, peer).await;
                 return Err(e);
             }
             hdrs.extend_from_slice(&hdr);
             if hdrs.len() >= READ_REQ_BATCH * DATA_REQ_FRAME {
                 if let Err(e) = flush(w, hdrs, peer).await {
-                    fail_parts(shared, it, &e);
+                    fail_parts(shared, it.map(|(_, p)| p), &e);
                     return Err(e);
                 }
             }
