@@ -99,7 +99,9 @@ fn main() -> std::io::Result<()> {
                 },
                 Message::Heartbeat { seq: 1 },
                 Message::NotifyAck { seq: 1, status: 0 },
-                Message::Disconnect { reason: "bye".into() },
+                Message::Disconnect {
+                    reason: "bye".into(),
+                },
             ],
         ),
         (

@@ -33,7 +33,11 @@ fn check_round_trip(m: &Message, frame: &[u8]) {
         Ok(Some(m2)) => assert_eq!(&m2, m, "decode(encode(m)) != m"),
         other => panic!("re-encoded {m:?} does not decode: {other:?}"),
     }
-    assert!(again.is_empty(), "{} bytes left after re-decoding {m:?}", again.len());
+    assert!(
+        again.is_empty(),
+        "{} bytes left after re-decoding {m:?}",
+        again.len()
+    );
 
     // The data path's stack encoders must agree with the general encoder.
     match m {
@@ -52,7 +56,11 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(h) = FrameHeader::decode(data) {
         assert!(data.len() >= HEADER_LEN);
         assert!((1..=wire::ty::LAST).contains(&h.ty), "header type {}", h.ty);
-        assert!(h.body_len <= wire::MAX_BODY, "header body_len {}", h.body_len);
+        assert!(
+            h.body_len <= wire::MAX_BODY,
+            "header body_len {}",
+            h.body_len
+        );
     }
 
     // 2. A stream reader's loop: take frames off the front until more bytes are needed or the
@@ -65,7 +73,11 @@ fuzz_target!(|data: &[u8]| {
             Ok(Some(m)) => {
                 let used = before.len() - buf.len();
                 assert!(used >= HEADER_LEN, "decoded {m:?} from {used} bytes");
-                assert_eq!(&before[used..], &buf[..], "decode disturbed the bytes after the frame");
+                assert_eq!(
+                    &before[used..],
+                    &buf[..],
+                    "decode disturbed the bytes after the frame"
+                );
                 let h = FrameHeader::decode(&before[..HEADER_LEN])
                     .expect("a frame that decodes has a valid header");
                 assert_eq!(used, HEADER_LEN + h.body_len as usize);

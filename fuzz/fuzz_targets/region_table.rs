@@ -77,15 +77,36 @@ enum Op {
         named: bool,
     },
     /// Deregister the `pick`-th live region of the model.
-    Deregister { pick: u8 },
+    Deregister {
+        pick: u8,
+    },
     /// Deregister a raw handle (mostly unknown ones).
-    DeregisterRaw { id: u64 },
-    Lookup { addr: Addr, len: Len },
+    DeregisterRaw {
+        id: u64,
+    },
+    Lookup {
+        addr: Addr,
+        len: Len,
+    },
     /// Look up a range relative to the `pick`-th live region, so lookups hit often.
-    LookupNear { pick: u8, off: i16, len: Len },
+    LookupNear {
+        pick: u8,
+        off: i16,
+        len: Len,
+    },
     /// Check a remote request against the `pick`-th live region's rkey.
-    CheckRemote { pick: u8, off: i16, len: Len, need: u8 },
-    CheckRemoteRaw { rkey: u64, addr: Addr, len: Len, need: u8 },
+    CheckRemote {
+        pick: u8,
+        off: i16,
+        len: Len,
+        need: u8,
+    },
+    CheckRemoteRaw {
+        rkey: u64,
+        addr: Addr,
+        len: Len,
+        need: u8,
+    },
 }
 
 /// What the model knows about one live region.
@@ -123,7 +144,10 @@ fn near(m: Option<&Model>, off: i16) -> u64 {
 fn check_lookup(t: &RegionTable<()>, model: &[Model], addr: u64, len: u64) {
     let found = t.find(addr, len);
     if let Some(e) = found {
-        assert!(e.contains(addr, len), "find({addr:#x}, {len}) returned {e:?}");
+        assert!(
+            e.contains(addr, len),
+            "find({addr:#x}, {len}) returned {e:?}"
+        );
     }
     if len > 0 {
         // Regions of one kind never overlap, so at most one per kind contains a non-empty
@@ -161,11 +185,20 @@ fn check_remote(t: &RegionTable<()>, model: &[Model], rkey: u64, addr: u64, len:
         (Some(m), Ok(e)) => {
             assert_eq!(e.id, m.id);
             assert_eq!(e.rkey, rkey);
-            assert!(len > 0 && e.contains(addr, len), "{addr:#x}+{len} outside {e:?}");
-            assert!(need.is_remote() && e.access.contains(need), "{need} not granted by {e:?}");
+            assert!(
+                len > 0 && e.contains(addr, len),
+                "{addr:#x}+{len} outside {e:?}"
+            );
+            assert!(
+                need.is_remote() && e.access.contains(need),
+                "{need} not granted by {e:?}"
+            );
         }
         (Some(m), Err(Error::InvalidParam { .. })) => {
-            assert!(len == 0 || !m.contains(addr, len), "in-bounds {addr:#x}+{len} refused")
+            assert!(
+                len == 0 || !m.contains(addr, len),
+                "in-bounds {addr:#x}+{len} refused"
+            )
         }
         (Some(m), Err(Error::AccessDenied { .. })) => {
             assert!(len > 0 && m.contains(addr, len));
@@ -197,7 +230,10 @@ fn check_table(t: &RegionTable<()>, model: &[Model]) {
         .iter()
         .map(|r| (r.addr, r.kind.code(), r.rkey))
         .collect();
-    assert_eq!(got, want, "exported() is not the remote regions in address order");
+    assert_eq!(
+        got, want,
+        "exported() is not the remote regions in address order"
+    );
 }
 
 fuzz_target!(|ops: Vec<Op>| {
@@ -216,7 +252,11 @@ fuzz_target!(|ops: Vec<Op>| {
                 named,
             } => {
                 let (addr, len) = (addr.get(), len.get());
-                let kind = if device { MemKind::Device } else { MemKind::Host };
+                let kind = if device {
+                    MemKind::Device
+                } else {
+                    MemKind::Host
+                };
                 let access = Access::from_bits(access);
                 let name = named.then(|| format!("r{addr:x}"));
                 let made = Cell::new(None);
@@ -230,9 +270,9 @@ fuzz_target!(|ops: Vec<Op>| {
                 );
                 let same_kind = || model.iter().filter(|m| m.kind == kind);
                 let identical = same_kind().find(|m| m.addr == addr && m.len == len);
-                let overlap = addr.checked_add(len).is_some_and(|end| {
-                    same_kind().any(|m| addr < m.addr + m.len && m.addr < end)
-                });
+                let overlap = addr
+                    .checked_add(len)
+                    .is_some_and(|end| same_kind().any(|m| addr < m.addr + m.len && m.addr < end));
                 match r {
                     Err(Error::NullAddress { .. }) => assert_eq!(addr, 0),
                     Err(Error::ZeroLength { .. }) => assert!(addr != 0 && len == 0),
@@ -246,7 +286,10 @@ fuzz_target!(|ops: Vec<Op>| {
                         assert!(made.get().is_none(), "make called for an existing region");
                     }
                     Ok(Registered::New(id)) => {
-                        assert!(addr != 0 && len != 0 && !overlap, "{addr:#x}+{len} accepted");
+                        assert!(
+                            addr != 0 && len != 0 && !overlap,
+                            "{addr:#x}+{len} accepted"
+                        );
                         assert!(id.0 > max_id_seen, "handle {id:?} reused");
                         max_id_seen = id.0;
                         let (mid, rkey) = made.get().expect("make called for a new region");
@@ -272,7 +315,10 @@ fuzz_target!(|ops: Vec<Op>| {
                 let m = model.remove(usize::from(p) % model.len());
                 let e = t.deregister(m.id).expect("a live region deregisters");
                 assert_eq!((e.id, e.addr, e.len, e.rkey), (m.id, m.addr, m.len, m.rkey));
-                assert!(t.deregister(m.id).is_none(), "second deregister had an effect");
+                assert!(
+                    t.deregister(m.id).is_none(),
+                    "second deregister had an effect"
+                );
                 assert!(t.get(m.id).is_none());
                 check_remote(&t, &model, m.rkey, m.addr, 1, 3);
             }
