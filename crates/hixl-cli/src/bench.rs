@@ -10,7 +10,7 @@ use hixl::{Engine, HostBuffer, OpDesc, TransferOp};
 use hixl_cli::child::Target;
 use serde::Serialize;
 
-use crate::util::{human, parse_size, peak_rss, CliError, CliResult};
+use crate::util::{human, parse_size, CliError, CliResult, RssSampler};
 
 /// `hixl bench ...`
 #[derive(clap::Subcommand, Debug)]
@@ -188,6 +188,9 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
                 .map(|i| OpDesc::new(local.addr() + i * block, rr.addr + i * block, block))
                 .collect();
             peer.transfer(op, &descs).await?; // warm-up
+            let mut pids = vec![std::process::id()];
+            pids.extend(target.as_ref().map(|t| t.pid));
+            let sampler = RssSampler::start(pids);
             let mut lat = Vec::new();
             let start = Instant::now();
             while start.elapsed() < dur || lat.len() < 3 {
@@ -196,6 +199,8 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
                 lat.push(t.elapsed().as_secs_f64() * 1e6);
             }
             let secs = start.elapsed().as_secs_f64();
+            let rss = sampler.finish();
+            let mib = |i: usize| rss.get(i).filter(|&&b| b > 0).map(|&b| b as f64 / 1048576.0);
             let calls = lat.len() as u64;
             lat.sort_by(f64::total_cmp);
             let gbps = (calls * pc) as f64 / secs / 1e9;
@@ -220,11 +225,8 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
                 baseline: "plain TCP stream, same processes, blocking sockets, ack per call",
                 baseline_gbps,
                 ratio_to_baseline: baseline_gbps.map(|b| gbps / b),
-                initiator_peak_rss_mib: peak_rss(std::process::id()).map(|b| b as f64 / 1048576.0),
-                target_peak_rss_mib: target
-                    .as_ref()
-                    .and_then(|t| t.peak_rss())
-                    .map(|b| b as f64 / 1048576.0),
+                initiator_peak_rss_mib: mib(0),
+                target_peak_rss_mib: mib(1),
                 registered_mib_each_side: mem as f64 / 1048576.0,
             };
             if a.json {
@@ -255,12 +257,13 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
         }
     }
     if !a.json {
-        let me = peak_rss(std::process::id()).unwrap_or(0);
-        let tgt = target.as_ref().and_then(|t| t.peak_rss()).unwrap_or(0);
+        let peak = |f: fn(&CaseResult) -> Option<f64>| {
+            results.iter().filter_map(f).fold(0.0f64, f64::max)
+        };
         println!(
-            "peak RSS: initiator {}, target {} (each registers {})",
-            human(me),
-            human(tgt),
+            "peak RSS during hixl transfers (sampled every 2 ms): initiator {:.1} MiB, target {:.1} MiB; each registers {}",
+            peak(|r| r.initiator_peak_rss_mib),
+            peak(|r| r.target_peak_rss_mib),
             human(mem)
         );
     }
@@ -289,25 +292,21 @@ async fn baseline(
         h[1..9].copy_from_slice(&per_call.to_le_bytes());
         h[9..17].copy_from_slice(&block.to_le_bytes());
         s.write_all(&h)?;
-        // One block-sized buffer, reused: the baseline measures the stream, not memory.
-        let mut buf = vec![0u8; block.min(per_call) as usize];
+        // The same footprint as a hixl call: per_call bytes of distinct memory, in blocks.
+        let mut buf = vec![0u8; per_call as usize];
         crate::util::fill_pattern(&mut buf, 1);
         let mut one = [0u8; 1];
+        let block = block as usize;
         let mut call = |s: &mut TcpStream| -> std::io::Result<()> {
-            let mut left = per_call as usize;
             if op == TransferOp::Write {
-                while left > 0 {
-                    let n = left.min(buf.len());
-                    s.write_all(&buf[..n])?;
-                    left -= n;
+                for c in buf.chunks(block) {
+                    s.write_all(c)?;
                 }
                 s.read_exact(&mut one)
             } else {
                 s.write_all(&[1])?;
-                while left > 0 {
-                    let n = left.min(buf.len());
-                    s.read_exact(&mut buf[..n])?;
-                    left -= n;
+                for c in buf.chunks_mut(block) {
+                    s.read_exact(c)?;
                 }
                 Ok(())
             }

@@ -147,26 +147,22 @@ fn baseline_conn(mut s: TcpStream) -> std::io::Result<()> {
     if per_call == 0 || per_call > (4 << 30) {
         return Ok(());
     }
-    // One block-sized buffer, reused: the baseline measures the stream, not memory.
-    let mut buf = vec![0u8; block.min(per_call)];
+    // The same footprint as a hixl call (per_call bytes of distinct memory), so both move
+    // bytes between the socket and equally cold memory. Freed when the connection ends.
+    let mut buf = vec![0u8; per_call];
     let mut one = [0u8; 1];
     loop {
-        let mut left = per_call;
         if op == b'W' {
-            while left > 0 {
-                let n = left.min(buf.len());
-                s.read_exact(&mut buf[..n])?;
-                left -= n;
+            for c in buf.chunks_mut(block) {
+                s.read_exact(c)?;
             }
             s.write_all(&[1])?;
         } else {
             if s.read(&mut one)? == 0 {
                 return Ok(());
             }
-            while left > 0 {
-                let n = left.min(buf.len());
-                s.write_all(&buf[..n])?;
-                left -= n;
+            for c in buf.chunks(block) {
+                s.write_all(c)?;
             }
         }
     }

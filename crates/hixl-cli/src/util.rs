@@ -92,6 +92,54 @@ pub fn peak_rss(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Resident set (VmRSS) of a process in bytes, from /proc.
+pub fn current_rss(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Samples the resident memory of some processes every 2 ms on a thread and keeps the
+/// largest value of each, so a benchmark can report the peak during its own phase only.
+pub struct RssSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<u64>>>,
+}
+
+impl RssSampler {
+    /// Starts sampling `pids`.
+    pub fn start(pids: Vec<u32>) -> RssSampler {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut max = vec![0u64; pids.len()];
+            loop {
+                for (m, &p) in max.iter_mut().zip(&pids) {
+                    *m = (*m).max(current_rss(p).unwrap_or(0));
+                }
+                if flag.load(Ordering::Relaxed) {
+                    return max;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        });
+        RssSampler {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops and returns the peak of each process, in the order given.
+    pub fn finish(mut self) -> Vec<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
