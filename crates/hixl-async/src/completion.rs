@@ -40,7 +40,8 @@ impl CompletionQueue {
         })
     }
 
-    /// Posts one completion.
+    /// Posts one completion and rings.
+    #[cfg(test)]
     pub(crate) fn push(&self, c: Completion) {
         if let Ok(mut q) = self.q.lock() {
             q.push(c);
@@ -48,15 +49,16 @@ impl CompletionQueue {
         self.ring();
     }
 
-    /// Posts many completions under one lock.
-    pub(crate) fn push_all(&self, cs: impl IntoIterator<Item = Completion>) {
+    /// Posts completions without ringing; the caller drains them itself or calls
+    /// [`CompletionQueue::ring`].
+    pub(crate) fn push_quiet(&self, cs: impl IntoIterator<Item = Completion>) {
         if let Ok(mut q) = self.q.lock() {
             q.extend(cs);
         }
-        self.ring();
     }
 
-    fn ring(&self) {
+    /// Rings the eventfd if the reactor armed it.
+    pub(crate) fn ring(&self) {
         if self.armed.swap(false, Ordering::SeqCst) {
             let one: u64 = 1;
             // SAFETY: writes 8 bytes from a live u64 to our own eventfd.

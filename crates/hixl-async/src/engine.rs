@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::addr::{engine_name, EngineAddr};
-use crate::completion::CompletionQueue;
+use crate::completion::{Completion, CompletionQueue};
 use crate::link::{Link, LinkParams, Peer};
 use crate::memory::{HostBuffer, Region, RegionInner};
 use crate::notify::{NotifyQueue, NotifyStream};
@@ -30,7 +30,24 @@ pub(crate) struct Shared {
     pub(crate) regions: Mutex<RegionTable<Arc<RegionInner>>>,
     pub(crate) ops: Arc<Mutex<OpTable<Waker>>>,
     pub(crate) cq: Arc<CompletionQueue>,
+    pub(crate) reactor: Arc<Reactor>,
     pub(crate) notifies: Arc<NotifyQueue>,
+}
+
+impl Shared {
+    /// Posts completions from a device task and drains them inline; only if another drain is
+    /// running does the reactor get rung (so a parked reactor is not woken for nothing).
+    pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
+        self.cq.push_quiet(cs);
+        if self.reactor.poll_inline().is_none() {
+            self.cq.ring();
+        }
+    }
+
+    /// [`Shared::complete_all`] for one completion.
+    pub(crate) fn complete(&self, c: Completion) {
+        self.complete_all(std::iter::once(c));
+    }
 }
 
 /// A random u64 from the OS CSPRNG.
@@ -141,15 +158,18 @@ impl EngineBuilder {
             None => addr.ip.to_string(),
         };
         let cq = Arc::new(CompletionQueue::new().map_err(|e| Error::io("creating eventfd", e))?);
+        let ops = Arc::new(Mutex::new(OpTable::new()));
+        let reactor = Arc::new(Reactor::new(cq.clone(), ops.clone()));
         let shared = Arc::new(Shared {
             name,
             regions: Mutex::new(RegionTable::new()),
-            ops: Arc::new(Mutex::new(OpTable::new())),
-            cq: cq.clone(),
+            ops,
+            cq,
+            reactor: reactor.clone(),
             notifies: Arc::new(NotifyQueue::default()),
         });
         let (shutdown, rx) = watch::channel(false);
-        tokio::spawn(Reactor::new(cq, shared.ops.clone()).run(rx.clone()));
+        tokio::spawn(reactor.run(rx.clone()));
         let instance = random_u64();
         let server = listener.map(|l| {
             let srv = Server::new(shared.clone(), instance);

@@ -18,13 +18,30 @@ use crate::completion::{Completion, CompletionQueue};
 /// How many empty polls the reactor spins (yielding to tokio) before arming the fd and parking.
 const BUSY_POLLS: u32 = 4;
 
+/// Scratch space of one drain, reused.
+#[derive(Default)]
+struct Drain {
+    batch: Vec<Completion>,
+    wake: Vec<Waker>,
+}
+
 /// Drains completion queues into an op table. The async loop is [`Reactor::run`]; the steps
 /// are separate so tests can interleave completions with them.
+///
+/// Exactly one drain runs at a time (the `drain` lock). Besides the reactor task, a device
+/// task that just posted completions may run a drain inline when nobody else is draining
+/// ([`Reactor::poll_inline`]): the completion then reaches its waiter without a trip through
+/// the eventfd and the reactor task, which matters for small-op latency.
 pub(crate) struct Reactor {
     cq: Arc<CompletionQueue>,
     ops: Arc<Mutex<OpTable<Waker>>>,
-    batch: Vec<Completion>,
-    wake: Vec<Waker>,
+    drain: Mutex<Drain>,
+}
+
+impl std::fmt::Debug for Reactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reactor").finish_non_exhaustive()
+    }
 }
 
 impl Reactor {
@@ -32,22 +49,42 @@ impl Reactor {
         Reactor {
             cq,
             ops,
-            batch: Vec::with_capacity(1024),
-            wake: Vec::with_capacity(64),
+            drain: Mutex::new(Drain {
+                batch: Vec::with_capacity(1024),
+                wake: Vec::with_capacity(64),
+            }),
         }
     }
 
-    /// Poll: applies every queued completion; wakes owners outside the op-table lock.
-    /// Returns how many completions were applied.
-    pub(crate) fn poll(&mut self) -> usize {
-        let n = self.cq.drain(&mut self.batch);
+    /// Poll: applies every queued completion; wakes owners after releasing the op-table
+    /// lock. Returns how many completions were applied.
+    pub(crate) fn poll(&self) -> usize {
+        match self.drain.lock() {
+            Ok(mut d) => self.poll_with(&mut d),
+            Err(_) => 0,
+        }
+    }
+
+    /// A poll run by a producer right after posting. `None` when a drain is already running;
+    /// the producer must then ring the eventfd, since that drain may have taken its batch
+    /// before the producer's push.
+    pub(crate) fn poll_inline(&self) -> Option<usize> {
+        match self.drain.try_lock() {
+            Ok(mut d) => Some(self.poll_with(&mut d)),
+            Err(_) => None,
+        }
+    }
+
+    fn poll_with(&self, d: &mut Drain) -> usize {
+        let Drain { batch, wake } = d;
+        let n = self.cq.drain(batch);
         if n == 0 {
             return 0;
         }
         if let Ok(mut ops) = self.ops.lock() {
-            for c in self.batch.drain(..) {
+            for c in batch.drain(..) {
                 match ops.complete(c.token, c.result) {
-                    Completed::Finished(Some(w)) => self.wake.push(w),
+                    Completed::Finished(Some(w)) => wake.push(w),
                     Completed::Stale => {
                         tracing::debug!(token = c.token.0, "stale completion ignored")
                     }
@@ -55,8 +92,8 @@ impl Reactor {
                 }
             }
         }
-        self.batch.clear();
-        for w in self.wake.drain(..) {
+        batch.clear();
+        for w in wake.drain(..) {
             w.wake();
         }
         n
@@ -68,7 +105,7 @@ impl Reactor {
     }
 
     /// Runs until the engine shuts down.
-    pub(crate) async fn run(mut self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    pub(crate) async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         // SAFETY: the eventfd is owned by the CompletionQueue, which the Arc handed to AsyncFd
         // keeps alive (and open, returning the same fd) for the AsyncFd's whole lifetime.
         let afd =
@@ -141,7 +178,7 @@ mod tests {
 
     #[test]
     fn completion_between_poll_and_arm_is_seen_by_second_poll() {
-        let (mut r, cq, ops) = setup();
+        let (r, cq, ops) = setup();
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let tok = waiting_op(&ops, &count);
         assert_eq!(r.poll(), 0);
@@ -157,7 +194,7 @@ mod tests {
 
     #[test]
     fn completion_after_arm_rings_the_fd() {
-        let (mut r, cq, ops) = setup();
+        let (r, cq, ops) = setup();
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let tok = waiting_op(&ops, &count);
         assert_eq!(r.poll(), 0);
@@ -175,11 +212,30 @@ mod tests {
         assert!(!cq.is_rung());
     }
 
+    #[test]
+    fn inline_drain_wakes_and_yields_to_a_running_drain() {
+        let (r, cq, ops) = setup();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let tok = waiting_op(&ops, &count);
+        r.arm();
+        cq.push_quiet([Completion {
+            token: tok,
+            result: Ok(()),
+        }]);
+        assert!(!cq.is_rung(), "a quiet push does not ring");
+        {
+            let _running = r.drain.lock().unwrap();
+            assert_eq!(r.poll_inline(), None, "must not wait for a running drain");
+        }
+        assert_eq!(r.poll_inline(), Some(1));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn run_loop_wakes_waiters_from_other_threads() {
         let (r, cq, ops) = setup();
         let (tx, rx) = tokio::sync::watch::channel(false);
-        let h = tokio::spawn(r.run(rx));
+        let h0 = tokio::spawn(Arc::new(r).run(rx));
         for _ in 0..200 {
             let tok = {
                 let mut t = ops.lock().unwrap();
@@ -204,6 +260,6 @@ mod tests {
             .unwrap();
         }
         tx.send(true).unwrap();
-        h.await.unwrap();
+        h0.await.unwrap();
     }
 }

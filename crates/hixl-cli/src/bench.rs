@@ -200,7 +200,11 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
             }
             let secs = start.elapsed().as_secs_f64();
             let rss = sampler.finish();
-            let mib = |i: usize| rss.get(i).filter(|&&b| b > 0).map(|&b| b as f64 / 1048576.0);
+            let mib = |i: usize| {
+                rss.get(i)
+                    .filter(|&&b| b > 0)
+                    .map(|&b| b as f64 / 1048576.0)
+            };
             let calls = lat.len() as u64;
             lat.sort_by(f64::total_cmp);
             let gbps = (calls * pc) as f64 / secs / 1e9;
@@ -257,9 +261,8 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
         }
     }
     if !a.json {
-        let peak = |f: fn(&CaseResult) -> Option<f64>| {
-            results.iter().filter_map(f).fold(0.0f64, f64::max)
-        };
+        let peak =
+            |f: fn(&CaseResult) -> Option<f64>| results.iter().filter_map(f).fold(0.0f64, f64::max);
         println!(
             "peak RSS during hixl transfers (sampled every 2 ms): initiator {:.1} MiB, target {:.1} MiB; each registers {}",
             peak(|r| r.initiator_peak_rss_mib),

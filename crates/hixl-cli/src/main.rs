@@ -42,8 +42,14 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    // HIXL_WORKERS sets the runtime's worker threads (default 2).
+    let workers = std::env::var("HIXL_WORKERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| (1..=64).contains(&n))
+        .unwrap_or(2);
     let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(workers)
         .enable_all()
         .build()
     {

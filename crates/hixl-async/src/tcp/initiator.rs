@@ -33,8 +33,21 @@ pub(crate) struct Part {
 }
 
 /// Parts whose answer has not arrived, in the order they were sent; `None` once the reader
-/// has stopped (then pushing fails the part instead).
-type Inflight = Arc<Mutex<Option<VecDeque<Part>>>>;
+/// has stopped (then pushing fails the part instead). `pushed` wakes an idle reader.
+#[derive(Debug)]
+struct Queue {
+    parts: Mutex<Option<VecDeque<Part>>>,
+    pushed: tokio::sync::Notify,
+}
+
+type Inflight = Arc<Queue>;
+
+impl std::ops::Deref for Queue {
+    type Target = Mutex<Option<VecDeque<Part>>>;
+    fn deref(&self) -> &Self::Target {
+        &self.parts
+    }
+}
 
 /// Acks read per syscall at most.
 const ACK_BATCH: usize = 64;
@@ -59,7 +72,10 @@ impl DataConn {
     ) -> DataConn {
         let (r, w) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
-        let inflight: Inflight = Arc::new(Mutex::new(Some(VecDeque::new())));
+        let inflight: Inflight = Arc::new(Queue {
+            parts: Mutex::new(Some(VecDeque::new())),
+            pushed: tokio::sync::Notify::new(),
+        });
         tokio::spawn(writer(
             w,
             rx,
@@ -79,7 +95,7 @@ impl DataConn {
 }
 
 pub(crate) fn fail_parts(shared: &Shared, parts: impl IntoIterator<Item = Part>, err: &Error) {
-    shared.cq.push_all(parts.into_iter().map(|p| Completion {
+    shared.complete_all(parts.into_iter().map(|p| Completion {
         token: p.token,
         result: Err(err.clone()),
     }));
@@ -214,6 +230,8 @@ fn push(inflight: &Inflight, part: Part) -> Result<(), Part> {
         Ok(mut g) => match g.as_mut() {
             Some(q) => {
                 q.push_back(part);
+                drop(g);
+                inflight.pushed.notify_one();
                 Ok(())
             }
             None => Err(part),
@@ -269,7 +287,7 @@ async fn reader(
 ) {
     // No select on link death here: a read cancelled half-way would lose the part it popped.
     // The writer shuts the socket down on death, which ends any read in progress with an error.
-    if let Err(e) = read_loop(&mut r, &inflight, &shared, &peer).await {
+    if let Err(e) = read_loop(&mut r, &inflight, &shared, &state, &peer).await {
         if !state.is_dead() {
             tracing::warn!(peer = %peer, "data connection failed: {e}");
         }
@@ -370,8 +388,10 @@ async fn read_loop(
     r: &mut OwnedReadHalf,
     inflight: &Inflight,
     shared: &Shared,
+    state: &LinkState,
     peer: &str,
 ) -> Result<(), Error> {
+    let mut dead = state.subscribe();
     let mut buf = [0u8; ACK_FRAME * ACK_BATCH];
     let mut have = 0usize;
     let mut done: Vec<Completion> = Vec::with_capacity(ACK_BATCH);
@@ -379,20 +399,13 @@ async fn read_loop(
         match next_expected(inflight) {
             None => return Ok(()),
             Some(Next::Idle) => {
-                // Answers only follow requests, and requests are queued before they are sent,
-                // so bytes arriving now are either EOF or a misbehaving peer.
-                r.readable().await.map_err(|e| lost(peer, e))?;
-                if matches!(next_expected(inflight), Some(Next::Idle)) {
-                    let mut one = [0u8; 1];
-                    match r.peek(&mut one).await {
-                        Ok(0) => return Err(lost(peer, "connection closed by peer")),
-                        Ok(_) if matches!(next_expected(inflight), Some(Next::Idle)) => {
-                            return Err(protocol(peer, "answer with no request outstanding"))
-                        }
-                        Ok(_) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                        Err(e) => return Err(lost(peer, e)),
-                    }
+                // Answers only follow requests, and requests are queued before they are sent:
+                // with nothing queued, wait for the writer (no socket syscall). A peer that
+                // closes meanwhile is seen by the control channel (which kills the link) or by
+                // the next read; bytes it sends unasked fail the next answer's checks.
+                tokio::select! {
+                    _ = inflight.pushed.notified() => {}
+                    _ = dead.changed() => return Ok(()),
                 }
             }
             Some(Next::Acks(n)) => {
@@ -408,7 +421,7 @@ async fn read_loop(
                 let whole = have / ACK_FRAME;
                 let res = take_acks(&buf[..whole * ACK_FRAME], inflight, shared, peer, &mut done);
                 // Completions already matched are delivered even if a later frame was bad.
-                shared.cq.push_all(done.drain(..));
+                shared.complete_all(done.drain(..));
                 res?;
                 buf.copy_within(whole * ACK_FRAME..have, 0);
                 have -= whole * ACK_FRAME;
@@ -435,7 +448,7 @@ async fn read_loop(
                         return Err(protocol(peer, "refused read carries a payload"));
                     }
                     let e = refused(peer, &p, status);
-                    shared.cq.push(Completion {
+                    shared.complete(Completion {
                         token: p.token,
                         result: Err(e),
                     });
@@ -457,7 +470,7 @@ async fn read_loop(
                     fail_parts(shared, [p], &e);
                     return Err(e);
                 }
-                shared.cq.push(Completion {
+                shared.complete(Completion {
                     token: p.token,
                     result: Ok(()),
                 });
