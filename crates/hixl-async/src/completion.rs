@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use hixl_core::{Error, Token};
+use hixl_core::{CompletionSource, Error, PartResult, Token};
 
 /// One finished part of an op.
 #[derive(Debug)]
@@ -72,21 +72,9 @@ impl CompletionQueue {
         }
     }
 
-    /// Poll: moves every queued completion into `out`; returns how many.
-    pub(crate) fn drain(&self, out: &mut Vec<Completion>) -> usize {
-        match self.q.lock() {
-            Ok(mut q) => {
-                let n = q.len();
-                out.append(&mut q);
-                n
-            }
-            Err(_) => 0,
-        }
-    }
-
     /// Arm: from now on the next push rings the eventfd. Also consumes any earlier ring, so
     /// the fd is readable again only for pushes after this point.
-    pub(crate) fn arm(&self) {
+    fn arm_inner(&self) {
         let mut v: u64 = 0;
         // SAFETY: reads at most 8 bytes into a live u64 from our own non-blocking eventfd.
         let _ = unsafe {
@@ -97,11 +85,6 @@ impl CompletionQueue {
             )
         };
         self.armed.store(true, Ordering::SeqCst);
-    }
-
-    /// Undo `arm` when the second poll found work (saves producers a syscall).
-    pub(crate) fn disarm(&self) {
-        self.armed.store(false, Ordering::SeqCst);
     }
 
     /// Whether the eventfd currently signals (for tests).
@@ -118,8 +101,27 @@ impl CompletionQueue {
     }
 }
 
-impl AsRawFd for CompletionQueue {
-    fn as_raw_fd(&self) -> RawFd {
+impl CompletionSource for CompletionQueue {
+    fn drain(&self, out: &mut Vec<PartResult>) -> usize {
+        match self.q.lock() {
+            Ok(mut q) => {
+                let n = q.len();
+                out.extend(q.drain(..).map(|c| (c.token, c.result)));
+                n
+            }
+            Err(_) => 0,
+        }
+    }
+
+    fn arm(&self) {
+        self.arm_inner();
+    }
+
+    fn disarm(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+    }
+
+    fn fd(&self) -> RawFd {
         self.efd.as_raw_fd()
     }
 }

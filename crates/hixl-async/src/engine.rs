@@ -159,7 +159,7 @@ impl EngineBuilder {
         };
         let cq = Arc::new(CompletionQueue::new().map_err(|e| Error::io("creating eventfd", e))?);
         let ops = Arc::new(Mutex::new(OpTable::new()));
-        let reactor = Arc::new(Reactor::new(cq.clone(), ops.clone()));
+        let reactor = Arc::new(Reactor::new(vec![cq.clone()], ops.clone()));
         let shared = Arc::new(Shared {
             name,
             regions: Mutex::new(RegionTable::new()),

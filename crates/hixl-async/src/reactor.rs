@@ -9,11 +9,11 @@
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
-use hixl_core::{Completed, OpTable};
+use std::os::fd::{AsRawFd, RawFd};
+
+use hixl_core::{Completed, CompletionSource, OpTable, PartResult};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-
-use crate::completion::{Completion, CompletionQueue};
 
 /// How many empty polls the reactor spins (yielding to tokio) before arming the fd and parking.
 const BUSY_POLLS: u32 = 4;
@@ -21,7 +21,7 @@ const BUSY_POLLS: u32 = 4;
 /// Scratch space of one drain, reused.
 #[derive(Default)]
 struct Drain {
-    batch: Vec<Completion>,
+    batch: Vec<PartResult>,
     wake: Vec<Waker>,
 }
 
@@ -33,7 +33,7 @@ struct Drain {
 /// ([`Reactor::poll_inline`]): the completion then reaches its waiter without a trip through
 /// the eventfd and the reactor task, which matters for small-op latency.
 pub(crate) struct Reactor {
-    cq: Arc<CompletionQueue>,
+    sources: Vec<Arc<dyn CompletionSource>>,
     ops: Arc<Mutex<OpTable<Waker>>>,
     drain: Mutex<Drain>,
 }
@@ -45,9 +45,13 @@ impl std::fmt::Debug for Reactor {
 }
 
 impl Reactor {
-    pub(crate) fn new(cq: Arc<CompletionQueue>, ops: Arc<Mutex<OpTable<Waker>>>) -> Reactor {
+    /// A reactor over the completion queues of every backend the engine runs.
+    pub(crate) fn new(
+        sources: Vec<Arc<dyn CompletionSource>>,
+        ops: Arc<Mutex<OpTable<Waker>>>,
+    ) -> Reactor {
         Reactor {
-            cq,
+            sources,
             ops,
             drain: Mutex::new(Drain {
                 batch: Vec::with_capacity(1024),
@@ -77,16 +81,16 @@ impl Reactor {
 
     fn poll_with(&self, d: &mut Drain) -> usize {
         let Drain { batch, wake } = d;
-        let n = self.cq.drain(batch);
+        let n: usize = self.sources.iter().map(|s| s.drain(batch)).sum();
         if n == 0 {
             return 0;
         }
         if let Ok(mut ops) = self.ops.lock() {
-            for c in batch.drain(..) {
-                match ops.complete(c.token, c.result) {
+            for (token, result) in batch.drain(..) {
+                match ops.complete(token, result) {
                     Completed::Finished(Some(w)) => wake.push(w),
                     Completed::Stale => {
-                        tracing::debug!(token = c.token.0, "stale completion ignored")
+                        tracing::debug!(token = token.0, "stale completion ignored")
                     }
                     Completed::Finished(None) | Completed::Pending | Completed::Reaped => {}
                 }
@@ -99,23 +103,35 @@ impl Reactor {
         n
     }
 
-    /// Arm the eventfd before parking.
+    /// Arm every source before parking.
     pub(crate) fn arm(&self) {
-        self.cq.arm();
+        for s in &self.sources {
+            s.arm();
+        }
+    }
+
+    fn disarm(&self) {
+        for s in &self.sources {
+            s.disarm();
+        }
     }
 
     /// Runs until the engine shuts down.
     pub(crate) async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        // SAFETY: the eventfd is owned by the CompletionQueue, which the Arc handed to AsyncFd
-        // keeps alive (and open, returning the same fd) for the AsyncFd's whole lifetime.
-        let afd =
-            match unsafe { AsyncFd::register_with_interest(self.cq.clone(), Interest::READABLE) } {
-                Ok(a) => a,
+        let mut afds = Vec::with_capacity(self.sources.len());
+        for s in &self.sources {
+            // SAFETY: the fd belongs to the source, which the Arc inside SourceFd keeps alive
+            // (and open, returning the same fd) for the AsyncFd's whole lifetime.
+            match unsafe {
+                AsyncFd::register_with_interest(SourceFd(s.clone()), Interest::READABLE)
+            } {
+                Ok(a) => afds.push(a),
                 Err(e) => {
-                    tracing::error!("reactor cannot watch its eventfd: {e}");
+                    tracing::error!("reactor cannot watch a completion fd: {e}");
                     return;
                 }
-            };
+            }
+        }
         loop {
             let mut idle = 0;
             while idle < BUSY_POLLS {
@@ -128,14 +144,15 @@ impl Reactor {
             }
             self.arm();
             if self.poll() > 0 {
-                self.cq.disarm();
+                self.disarm();
                 continue;
             }
+            let ready = futures::future::select_all(afds.iter().map(|a| Box::pin(a.readable())));
             tokio::select! {
-                r = afd.readable() => match r {
+                (r, _, _) = ready => match r {
                     Ok(mut g) => g.clear_ready(),
                     Err(e) => {
-                        tracing::error!("reactor eventfd failed: {e}");
+                        tracing::error!("reactor completion fd failed: {e}");
                         return;
                     }
                 },
@@ -148,9 +165,19 @@ impl Reactor {
     }
 }
 
+/// Lets AsyncFd watch a completion source's fd while keeping the source alive.
+struct SourceFd(Arc<dyn CompletionSource>);
+
+impl AsRawFd for SourceFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.fd()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::completion::{Completion, CompletionQueue};
     use hixl_core::Error;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
@@ -165,7 +192,7 @@ mod tests {
     fn setup() -> (Reactor, Arc<CompletionQueue>, Arc<Mutex<OpTable<Waker>>>) {
         let cq = Arc::new(CompletionQueue::new().unwrap());
         let ops = Arc::new(Mutex::new(OpTable::new()));
-        (Reactor::new(cq.clone(), ops.clone()), cq, ops)
+        (Reactor::new(vec![cq.clone()], ops.clone()), cq, ops)
     }
 
     fn waiting_op(ops: &Mutex<OpTable<Waker>>, count: &Arc<Count>) -> hixl_core::Token {

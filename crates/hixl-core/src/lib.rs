@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod backend;
 pub mod error;
 pub mod op_table;
 pub mod options;
@@ -11,6 +12,7 @@ pub mod status;
 pub mod types;
 pub mod wire;
 
+pub use backend::{CompletionSource, PartResult};
 pub use error::{Error, Result, Side};
 pub use op_table::{Completed, OpTable, Phase, Token};
 pub use options::Options;
