@@ -133,8 +133,16 @@ pub mod ty {
     pub const READ_RESP: u8 = 11;
     /// [`super::Message::Ack`]
     pub const ACK: u8 = 12;
+    /// [`super::Message::FabricInfo`]
+    pub const FABRIC_INFO: u8 = 13;
+    /// [`super::Message::FabricTable`]
+    pub const FABRIC_TABLE: u8 = 14;
+    /// [`super::Message::Revoke`]
+    pub const REVOKE: u8 = 15;
+    /// [`super::Message::RevokeAck`]
+    pub const REVOKE_ACK: u8 = 16;
     /// The highest type number.
-    pub const LAST: u8 = ACK;
+    pub const LAST: u8 = REVOKE_ACK;
 }
 
 /// What a new TCP connection is for.
@@ -144,7 +152,27 @@ pub enum Channel {
     Control,
     /// A data connection of an established link, bound to it by the session id.
     Data,
+    /// The same-host fabric channel of a link (a Unix socket that carries memfds).
+    Fabric,
 }
+
+/// How a same-host peer reaches one exported region: through a shared mapping of the memfd
+/// sent alongside (`fd_index`), or with cross-memory attach into the exporter's process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricRegion {
+    /// The region's rkey (matches the memory table).
+    pub rkey: u64,
+    /// Start address in the exporter.
+    pub addr: u64,
+    /// Length.
+    pub len: u64,
+    /// Index of the region's memfd among the fds sent with the message, or [`NO_FD`] for
+    /// memory reached with process_vm_readv/writev.
+    pub fd_index: u32,
+}
+
+/// [`FabricRegion::fd_index`] of a region without a memfd.
+pub const NO_FD: u32 = u32::MAX;
 
 /// A data-path request: move `len` bytes at `addr` of the region with `rkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,6 +261,33 @@ pub enum Message {
         /// HIXL status code.
         status: u32,
     },
+    /// The target's host identity and fabric socket, so a same-host initiator can use the
+    /// fabric backend.
+    FabricInfo {
+        /// `/proc/sys/kernel/random/boot_id`.
+        boot_id: String,
+        /// Inode of the mount namespace.
+        mnt_ns: u64,
+        /// Process id (for cross-memory attach).
+        pid: u32,
+        /// User id.
+        uid: u32,
+        /// Abstract Unix socket name of the fabric channel.
+        socket: String,
+    },
+    /// How the regions of the memory table are reached over the fabric (memfds ride along).
+    FabricTable(Vec<FabricRegion>),
+    /// The target is deregistering the region with this rkey: stop using it, finish what is
+    /// in flight, unmap, then answer `RevokeAck`.
+    Revoke {
+        /// The region's rkey.
+        rkey: u64,
+    },
+    /// The initiator no longer touches the region.
+    RevokeAck {
+        /// The region's rkey.
+        rkey: u64,
+    },
 }
 
 /// Size of the body of a data request frame.
@@ -310,6 +365,7 @@ impl Message {
                 out.put_u8(match channel {
                     Channel::Control => 0,
                     Channel::Data => 1,
+                    Channel::Fabric => 2,
                 });
                 out.put_u64_le(*session);
                 ty::HELLO
@@ -377,6 +433,38 @@ impl Message {
                 out.put_u32_le(*status);
                 ty::ACK
             }
+            Message::FabricInfo {
+                boot_id,
+                mnt_ns,
+                pid,
+                uid,
+                socket,
+            } => {
+                put_bytes(out, boot_id.as_bytes());
+                out.put_u64_le(*mnt_ns);
+                out.put_u32_le(*pid);
+                out.put_u32_le(*uid);
+                put_bytes(out, socket.as_bytes());
+                ty::FABRIC_INFO
+            }
+            Message::FabricTable(v) => {
+                out.put_u32_le(v.len() as u32);
+                for r in v {
+                    out.put_u64_le(r.rkey);
+                    out.put_u64_le(r.addr);
+                    out.put_u64_le(r.len);
+                    out.put_u32_le(r.fd_index);
+                }
+                ty::FABRIC_TABLE
+            }
+            Message::Revoke { rkey } => {
+                out.put_u64_le(*rkey);
+                ty::REVOKE
+            }
+            Message::RevokeAck { rkey } => {
+                out.put_u64_le(*rkey);
+                ty::REVOKE_ACK
+            }
         };
         let body_len = (out.len() - body_start) as u32;
         out[start + 5] = t;
@@ -395,6 +483,7 @@ impl Message {
                 let channel = match r.u8("channel")? {
                     0 => Channel::Control,
                     1 => Channel::Data,
+                    2 => Channel::Fabric,
                     v => {
                         return Err(WireError::BadField {
                             field: "channel",
@@ -509,6 +598,45 @@ impl Message {
             ty::ACK => Message::Ack {
                 id: r.u64("id")?,
                 status: r.u32("status")?,
+            },
+            ty::FABRIC_INFO => Message::FabricInfo {
+                boot_id: r.string("boot id", MAX_NAME)?,
+                mnt_ns: r.u64("mount namespace")?,
+                pid: r.u32("pid")?,
+                uid: r.u32("uid")?,
+                socket: r.string("fabric socket", MAX_NAME)?,
+            },
+            ty::FABRIC_TABLE => {
+                let n = r.u32("fabric region count")?;
+                if u64::from(n) * 28 > r.0.len() as u64 {
+                    return Err(WireError::BadField {
+                        field: "fabric region count",
+                        value: n.into(),
+                    });
+                }
+                let mut v = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    let fr = FabricRegion {
+                        rkey: r.u64("fabric rkey")?,
+                        addr: r.u64("fabric addr")?,
+                        len: r.u64("fabric len")?,
+                        fd_index: r.u32("fabric fd index")?,
+                    };
+                    if fr.len == 0 || fr.addr.checked_add(fr.len).is_none() {
+                        return Err(WireError::BadField {
+                            field: "fabric len",
+                            value: fr.len,
+                        });
+                    }
+                    v.push(fr);
+                }
+                Message::FabricTable(v)
+            }
+            ty::REVOKE => Message::Revoke {
+                rkey: r.u64("rkey")?,
+            },
+            ty::REVOKE_ACK => Message::RevokeAck {
+                rkey: r.u64("rkey")?,
             },
             other => return Err(WireError::BadType(other)),
         };
@@ -646,6 +774,21 @@ mod tests {
                 len: 4,
             },
             Message::Ack { id: 1, status: 0 },
+            Message::FabricInfo {
+                boot_id: "b1c2".into(),
+                mnt_ns: 4026531841,
+                pid: 42,
+                uid: 0,
+                socket: "hixl-42-7".into(),
+            },
+            Message::FabricTable(vec![FabricRegion {
+                rkey: 9,
+                addr: 0x1000,
+                len: 4096,
+                fd_index: NO_FD,
+            }]),
+            Message::Revoke { rkey: 9 },
+            Message::RevokeAck { rkey: 9 },
         ]
     }
 
@@ -774,7 +917,7 @@ mod tests {
 
         // Any single corruption of a valid frame is either rejected or still decodes.
         #[test]
-        fn mutation_never_panics(idx in 0usize..14, pos in any::<usize>(), val in any::<u8>()) {
+        fn mutation_never_panics(idx in 0usize..18, pos in any::<usize>(), val in any::<u8>()) {
             let all = samples();
             let m = &all[idx % all.len()];
             let mut b = BytesMut::new();
