@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use crate::addr::{engine_name, EngineAddr};
 use crate::completion::{Completion, CompletionQueue};
 use crate::link::{Link, LinkParams, Peer};
-use crate::memory::{HostBuffer, Region, RegionInner};
+use crate::memory::{HostBuffer, Owned, Region, RegionInner};
 use crate::notify::{NotifyQueue, NotifyStream};
 use crate::reactor::Reactor;
 use crate::server::Server;
@@ -32,6 +32,9 @@ pub(crate) struct Shared {
     pub(crate) cq: Arc<CompletionQueue>,
     pub(crate) reactor: Arc<Reactor>,
     pub(crate) notifies: Arc<NotifyQueue>,
+    /// The same-host backend, unless `hixl.Transport=tcp`.
+    #[cfg(feature = "fabric")]
+    pub(crate) fabric: Option<Arc<crate::fabric::FabricBackend>>,
 }
 
 impl Shared {
@@ -159,7 +162,15 @@ impl EngineBuilder {
         };
         let cq = Arc::new(CompletionQueue::new().map_err(|e| Error::io("creating eventfd", e))?);
         let ops = Arc::new(Mutex::new(OpTable::new()));
-        let reactor = Arc::new(Reactor::new(vec![cq.clone()], ops.clone()));
+        let instance = random_u64();
+        let mut sources: Vec<Arc<dyn hixl_core::CompletionSource>> = vec![cq.clone()];
+        #[cfg(feature = "fabric")]
+        let fabric = crate::fabric::FabricBackend::new(&options, instance)?.map(Arc::new);
+        #[cfg(feature = "fabric")]
+        if let Some(f) = &fabric {
+            sources.push(f.copy.completions());
+        }
+        let reactor = Arc::new(Reactor::new(sources, ops.clone()));
         let shared = Arc::new(Shared {
             name,
             regions: Mutex::new(RegionTable::new()),
@@ -167,15 +178,28 @@ impl EngineBuilder {
             cq,
             reactor: reactor.clone(),
             notifies: Arc::new(NotifyQueue::default()),
+            #[cfg(feature = "fabric")]
+            fabric,
         });
         let (shutdown, rx) = watch::channel(false);
         tokio::spawn(reactor.run(rx.clone()));
-        let instance = random_u64();
-        let server = listener.map(|l| {
-            let srv = Server::new(shared.clone(), instance);
-            tokio::spawn(srv.clone().accept_loop(l, rx.clone()));
-            srv
-        });
+        let server = match listener {
+            Some(l) => {
+                let srv = Server::new(shared.clone(), instance);
+                tokio::spawn(srv.clone().accept_loop(l, rx.clone()));
+                #[cfg(feature = "fabric")]
+                if let Some(f) = &shared.fabric {
+                    let fl = f.listen()?;
+                    tokio::spawn(crate::fabric::server::accept_loop(
+                        srv.clone(),
+                        fl,
+                        rx.clone(),
+                    ));
+                }
+                Some(srv)
+            }
+            None => None,
+        };
         tracing::debug!(engine = %shared.name, "engine started");
         Ok(Engine {
             inner: Arc::new(EngineInner {
@@ -267,7 +291,7 @@ impl Engine {
         name: Option<&str>,
     ) -> Result<Region> {
         let desc = MemDesc::new(buf.as_ptr() as u64, buf.len() as u64);
-        self.register_inner(desc, MemKind::Host, access, name, Some(buf))
+        self.register_inner(desc, MemKind::Host, access, name, Some(Owned::Host(buf)))
     }
 
     /// Registers memory the caller owns, as HIXL's `RegisterMem` does. Registering the identical
@@ -299,7 +323,7 @@ impl Engine {
         kind: MemKind,
         access: Access,
         name: Option<&str>,
-        owned: Option<HostBuffer>,
+        owned: Option<Owned>,
     ) -> Result<Region> {
         if kind == MemKind::Device {
             return Err(Error::Unsupported {
@@ -344,9 +368,34 @@ impl Engine {
         if access.is_remote() {
             if let Some(s) = &self.inner.server {
                 s.broadcast_table();
+                #[cfg(feature = "fabric")]
+                crate::fabric::server::broadcast_tables(s);
             }
         }
         Ok(Region { inner: region })
+    }
+
+    /// Allocates `len` bytes from the engine's fabric pool (sealed, memfd-backed shared memory)
+    /// and registers them. Same-host peers map such regions and copy into them directly;
+    /// remote peers reach them over TCP like any other region.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the engine runs without the fabric backend
+    /// (`hixl.Transport=tcp`), [`Error::ResourceExhausted`] past the pool's capacity
+    /// (`fabric_memory.max_capacity`), or the OS error of creating the memory.
+    #[cfg(feature = "fabric")]
+    pub fn register_pooled(&self, len: u64, access: Access, name: Option<&str>) -> Result<Region> {
+        let f = self
+            .inner
+            .shared
+            .fabric
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported {
+                what: "this engine has no fabric pool (hixl.Transport=tcp)".into(),
+            })?;
+        let buf = f.pool.alloc(len)?;
+        let desc = MemDesc::new(buf.addr(), buf.len());
+        self.register_inner(desc, MemKind::Host, access, name, Some(Owned::Fabric(buf)))
     }
 
     /// Ends a registration: peers lose access at once (later requests are refused), then this
@@ -374,6 +423,9 @@ impl Engine {
         if e.access.is_remote() {
             if let Some(s) = &self.inner.server {
                 s.broadcast_table();
+                // Same-host peers touch the memory directly: wait until each has stopped.
+                #[cfg(feature = "fabric")]
+                crate::fabric::server::revoke(s, e.rkey).await;
             }
         }
         Ok(e.data.revoke_and_drain().await)

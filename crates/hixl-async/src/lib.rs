@@ -11,6 +11,8 @@ mod reactor;
 pub use memory::{HostBuffer, Region};
 pub use notify::NotifyStream;
 mod engine;
+#[cfg(feature = "fabric")]
+mod fabric;
 mod frame_io;
 mod link;
 mod link_state;

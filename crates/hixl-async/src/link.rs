@@ -17,6 +17,7 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::completion::Completion;
 use crate::engine::Shared;
 use crate::frame_io::{read_frame, tune, write_frame, write_frames};
 use crate::link_state::LinkState;
@@ -36,6 +37,14 @@ pub(crate) struct Link {
     notify_seq: AtomicU64,
     notify_waiters: Mutex<HashMap<u64, oneshot::Sender<u32>>>,
     chunk: u64,
+    /// The same-host fast path, when the peer is on this host and the options allow it.
+    #[cfg(feature = "fabric")]
+    fabric: Option<Arc<crate::fabric::client::FabricLink>>,
+    /// Ops with copies on the copy engine, so the link's death can cancel the queued ones.
+    #[cfg(feature = "fabric")]
+    copy_tokens: Mutex<Vec<Token>>,
+    /// Which transport serves this peer, and why.
+    transport: String,
 }
 
 fn refusal(peer: &str, status: u32, reason: String) -> Error {
@@ -88,9 +97,13 @@ impl Link {
             Message::Refuse { status, reason } => return Err(refusal(remote, status, reason)),
             m => return Err(unexpected(remote, &m, "welcome")),
         };
-        let table = match read_frame(&mut s, &mut buf, remote).await? {
-            Message::MemTable(v) => sort_table(v),
-            m => return Err(unexpected(remote, &m, "memory table")),
+        let mut fabric_info = None;
+        let table = loop {
+            match read_frame(&mut s, &mut buf, remote).await? {
+                Message::MemTable(v) => break sort_table(v),
+                m @ Message::FabricInfo { .. } => fabric_info = Some(m),
+                m => return Err(unexpected(remote, &m, "memory table")),
+            }
         };
         let mut data = Vec::with_capacity(p.streams);
         for _ in 0..p.streams.max(1) {
@@ -119,6 +132,15 @@ impl Link {
             .map(|d| DataConn::spawn(d, name.clone(), shared.clone(), state.clone()))
             .collect();
         let (tx, rx) = mpsc::unbounded_channel();
+        #[cfg(feature = "fabric")]
+        let (fabric, fstream, transport) =
+            Self::choose_fabric(&shared, fabric_info.as_ref(), session, &p, &name).await?;
+        #[cfg(not(feature = "fabric"))]
+        let transport = {
+            let _ = fabric_info;
+            "tcp (this build has no fabric backend)".to_string()
+        };
+        tracing::info!(peer = %name, "transport: {transport}");
         let link = Arc::new(Link {
             name,
             state,
@@ -129,11 +151,113 @@ impl Link {
             notify_seq: AtomicU64::new(1),
             notify_waiters: Mutex::new(HashMap::new()),
             chunk: p.chunk.max(4096),
+            #[cfg(feature = "fabric")]
+            fabric,
+            #[cfg(feature = "fabric")]
+            copy_tokens: Mutex::new(Vec::new()),
+            transport,
         });
         let (r, w) = s.into_split();
         tokio::spawn(write_frames(w, rx, link.state.clone(), link.name.clone()));
         tokio::spawn(control_reader(r, buf, link.clone()));
+        #[cfg(feature = "fabric")]
+        if let (Some(f), Some(fs)) = (&link.fabric, fstream) {
+            tokio::spawn(crate::fabric::client::writer(
+                fs.stream.clone(),
+                fs.rx,
+                link.name.clone(),
+            ));
+            // Like HIXL's FabricMem disconnect: copies not yet started are aborted with the
+            // link's cause; running ones finish (they only touch mapped or leased memory).
+            let (l, sh) = (link.clone(), shared.clone());
+            tokio::spawn(async move {
+                l.state.dead().await;
+                let tokens = l.copy_tokens.lock().map(|t| t.clone()).unwrap_or_default();
+                if let (Some(b), Some(e)) = (&sh.fabric, l.state.error()) {
+                    b.copy.cancel_queued(|t| tokens.contains(&t), &e);
+                }
+            });
+            let (f, l) = (f.clone(), link.clone());
+            tokio::spawn(async move {
+                let l2 = l.clone();
+                let on_ack = move |seq, status| l2.notify_acked(seq, status);
+                let e = tokio::select! {
+                    e = crate::fabric::client::reader(fs.stream, fs.buf, f, on_ack) => e,
+                    _ = l.state.dead() => return,
+                };
+                l.state.kill(e);
+            });
+        }
         Ok(link)
+    }
+
+    /// Decides whether the fabric serves this peer and opens its channel if so.
+    #[cfg(feature = "fabric")]
+    async fn choose_fabric(
+        shared: &Arc<Shared>,
+        info: Option<&Message>,
+        session: u64,
+        p: &LinkParams<'_>,
+        name: &Arc<str>,
+    ) -> Result<(
+        Option<Arc<crate::fabric::client::FabricLink>>,
+        Option<crate::fabric::client::FabricStream>,
+        String,
+    )> {
+        use crate::fabric::client::{FabricLink, PeerInfo};
+        let Some(backend) = &shared.fabric else {
+            return Ok((None, None, "tcp (hixl.Transport=tcp)".into()));
+        };
+        let refuse = |why: String| -> Result<_> {
+            if backend.forced {
+                Err(Error::Unsupported {
+                    what: format!("hixl.Transport=fabric, but {name} cannot use it: {why}"),
+                })
+            } else {
+                Ok((None, None, format!("tcp ({why})")))
+            }
+        };
+        let Some(info) = info.and_then(PeerInfo::from_message) else {
+            return refuse("the peer offers no fabric channel".into());
+        };
+        if !backend.identity.same_host(&info.identity) {
+            return refuse(
+                "the peer is on another host (boot id or mount namespace differ)".into(),
+            );
+        }
+        let (fl, fs) =
+            FabricLink::establish(backend, &info, session, p.local_name, name.clone()).await?;
+        let fallback = fl.fallback.lock().ok().and_then(|f| f.clone());
+        if let (true, Some(why)) = (backend.forced, &fallback) {
+            return refuse(why.clone());
+        }
+        let (mapped, cma) = fl.counts();
+        let translated = fl.translated.lock().map(|t| *t).unwrap_or(0);
+        let mut why = format!(
+            "fabric (same host: boot id and mount namespace match; {mapped} pool regions mapped{}, {cma} reached by cross-memory attach",
+            if backend.unified { format!(", {translated} of them translated") } else { String::new() }
+        );
+        if let Some(f) = fallback {
+            why.push_str(&format!("; host regions over tcp: {f}"));
+        }
+        why.push(')');
+        Ok((Some(Arc::new(fl)), Some(fs), why))
+    }
+
+    /// Which transport serves this peer, and why.
+    pub(crate) fn transport(&self) -> &str {
+        &self.transport
+    }
+
+    fn notify_acked(&self, seq: u64, status: u32) {
+        let w = self
+            .notify_waiters
+            .lock()
+            .ok()
+            .and_then(|mut w| w.remove(&seq));
+        if let Some(w) = w {
+            let _ = w.send(status);
+        }
     }
 
     /// The peer's remotely accessible regions, in address order.
@@ -193,13 +317,29 @@ impl Link {
         let mut per: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
         let mut k = self.next.fetch_add(1, Ordering::Relaxed);
         let token = shared.ops.lock().map_err(|_| poisoned())?.insert();
+        #[cfg(feature = "fabric")]
+        let mut copies: Vec<hixl_fabric::CopyOp> = Vec::new();
         let built = (|| -> Result<u32> {
             let table = self.table.read().map_err(|_| poisoned())?;
             let regions = shared.regions.lock().map_err(|_| poisoned())?;
             let mut parts = 0u32;
+            let mut count = |n: u32| -> Result<()> {
+                parts = parts
+                    .checked_add(n)
+                    .ok_or_else(|| Error::ResourceExhausted {
+                        what: "more than 2^32 parts in one transfer".into(),
+                    })?;
+                Ok(())
+            };
             for (i, d) in descs.iter().enumerate() {
                 let local = regions.lookup_local(i, d.local_addr, d.len)?;
                 let rkey = Self::remote_rkey(&table, &self.name, i, d.remote_addr, d.len, need)?;
+                #[cfg(feature = "fabric")]
+                if let Some(e) = self.fabric.as_ref().and_then(|f| f.entry(rkey)) {
+                    let n = self.fabric_parts(&mut copies, token, write, d, &e, &local.data)?;
+                    count(n)?;
+                    continue;
+                }
                 let mut off = 0;
                 while off < d.len {
                     let len = self.chunk.min(d.len - off);
@@ -217,11 +357,7 @@ impl Link {
                     });
                     k += 1;
                     off += len;
-                    parts = parts
-                        .checked_add(1)
-                        .ok_or_else(|| Error::ResourceExhausted {
-                            what: "more than 2^32 parts in one transfer".into(),
-                        })?;
+                    count(1)?;
                 }
             }
             Ok(parts)
@@ -238,6 +374,36 @@ impl Link {
             what: e.to_string(),
         })?;
         drop(ops);
+        #[cfg(feature = "fabric")]
+        if !copies.is_empty() {
+            match &shared.fabric {
+                Some(b) => {
+                    if let Ok(mut t) = self.copy_tokens.lock() {
+                        if let Ok(o) = shared.ops.lock() {
+                            t.retain(|&t| o.phase(t).is_some());
+                        }
+                        t.push(token);
+                    }
+                    // SAFETY: every copy's local range lies in a registered region and its remote
+                    // range in a mapping (or, for CMA, a region the peer exported); each op's
+                    // `keep` holds the local region's lease and the peer region's reach until
+                    // the copy has run.
+                    let submitted = unsafe { b.copy.submit(copies) };
+                    if let Err((e, failed)) = submitted {
+                        shared.complete_all(failed.into_iter().map(|c| Completion {
+                            token: c.token,
+                            result: Err(e.clone()),
+                        }));
+                    }
+                }
+                None => shared.complete_all(copies.into_iter().map(|c| Completion {
+                    token: c.token,
+                    result: Err(Error::Unsupported {
+                        what: "no fabric backend".into(),
+                    }),
+                })),
+            }
+        }
         for (i, batch) in per.into_iter().enumerate() {
             if batch.is_empty() {
                 continue;
@@ -251,6 +417,73 @@ impl Link {
             }
         }
         Ok(token)
+    }
+
+    /// Turns one descriptor to a fabric-reachable region into copy ops; returns how many.
+    #[cfg(feature = "fabric")]
+    fn fabric_parts(
+        &self,
+        out: &mut Vec<hixl_fabric::CopyOp>,
+        token: Token,
+        write: bool,
+        d: &OpDesc,
+        e: &crate::fabric::client::Entry,
+        local: &Arc<crate::memory::RegionInner>,
+    ) -> Result<u32> {
+        use crate::fabric::client::Reach;
+        use hixl_fabric::{CopyKind, CopyOp};
+        let pid = self.fabric.as_ref().map(|f| f.pid).unwrap_or(0);
+        let mut n = 0;
+        let mut off = 0;
+        while off < d.len {
+            let len = self.chunk.min(d.len - off);
+            let (l, r) = (d.local_addr + off, d.remote_addr + off);
+            let kind = match &*e.reach {
+                Reach::Mapped(m) => {
+                    let mapped =
+                        m.translate(r, e.base, len)
+                            .ok_or_else(|| Error::RemoteOutOfBounds {
+                                peer: self.name.to_string(),
+                                addr: r,
+                                len,
+                                index: 0,
+                            })?;
+                    if write {
+                        CopyKind::Memcpy {
+                            src: l,
+                            dst: mapped,
+                            len,
+                        }
+                    } else {
+                        CopyKind::Memcpy {
+                            src: mapped,
+                            dst: l,
+                            len,
+                        }
+                    }
+                }
+                Reach::Cma if write => CopyKind::CmaWrite {
+                    pid,
+                    local: l,
+                    remote: r,
+                    len,
+                },
+                Reach::Cma => CopyKind::CmaRead {
+                    pid,
+                    local: l,
+                    remote: r,
+                    len,
+                },
+            };
+            out.push(CopyOp {
+                token,
+                kind,
+                keep: Some(Box::new((Lease::new(local), e.reach.clone()))),
+            });
+            n += 1;
+            off += len;
+        }
+        Ok(n)
     }
 
     /// Sends a notify and waits for the peer's ack.
@@ -273,19 +506,17 @@ impl Link {
             .lock()
             .map_err(|_| poisoned())?
             .insert(seq, tx);
-        let mut frame = BytesMut::with_capacity(32 + name.len() + msg.len());
-        Message::Notify {
+        let m = Message::Notify {
             seq,
             name: name.to_vec(),
             msg: msg.to_vec(),
-        }
-        .encode(&mut frame);
+        };
         let forget = || {
             if let Ok(mut w) = self.notify_waiters.lock() {
                 w.remove(&seq);
             }
         };
-        if self.control.send(frame).is_err() {
+        if !self.send_notify_frame(m) {
             forget();
             return Err(self.lost("control connection closed"));
         }
@@ -308,6 +539,18 @@ impl Link {
             }),
             _ => Err(refusal(&self.name, status, "notify refused".into())),
         }
+    }
+
+    /// Notifies take the fabric channel when there is one (the fast path), else the control
+    /// connection. Either way they are sent only after the caller saw its transfers complete.
+    fn send_notify_frame(&self, m: Message) -> bool {
+        #[cfg(feature = "fabric")]
+        if let Some(f) = &self.fabric {
+            return f.send(m);
+        }
+        let mut frame = BytesMut::with_capacity(64);
+        m.encode(&mut frame);
+        self.control.send(frame).is_ok()
     }
 
     fn lost(&self, cause: &str) -> Error {
@@ -396,6 +639,12 @@ impl Peer {
     /// The peer's engine address.
     pub fn name(&self) -> &str {
         &self.link.name
+    }
+
+    /// Which transport serves this peer and why, e.g. `fabric (same host: ...)` or
+    /// `tcp (the peer is on another host ...)`.
+    pub fn transport(&self) -> &str {
+        self.link.transport()
     }
 
     /// Whether the link is up.

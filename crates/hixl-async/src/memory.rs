@@ -95,6 +95,17 @@ impl std::fmt::Debug for HostBuffer {
     }
 }
 
+/// Memory a region owns: freed (or returned to its pool) when the region is deregistered and
+/// no op touches it any more.
+#[derive(Debug)]
+pub(crate) enum Owned {
+    /// A page-aligned heap buffer, handed back by `deregister`.
+    Host(HostBuffer),
+    /// A buffer of the fabric pool (a sealed memfd that same-host peers map).
+    #[cfg(feature = "fabric")]
+    Fabric(hixl_fabric::FabricBuf),
+}
+
 /// A registered region's shared state: what keeps its memory alive and counts ops touching it.
 #[derive(Debug)]
 pub(crate) struct RegionInner {
@@ -104,7 +115,7 @@ pub(crate) struct RegionInner {
     pub(crate) kind: MemKind,
     pub(crate) access: Access,
     pub(crate) rkey: u64,
-    owned: Mutex<Option<HostBuffer>>,
+    owned: Mutex<Option<Owned>>,
     inflight: AtomicUsize,
     revoked: AtomicBool,
     idle: tokio::sync::Notify,
@@ -118,7 +129,7 @@ impl RegionInner {
         kind: MemKind,
         access: Access,
         rkey: u64,
-        owned: Option<HostBuffer>,
+        owned: Option<Owned>,
     ) -> RegionInner {
         RegionInner {
             id,
@@ -145,7 +156,22 @@ impl RegionInner {
             }
             notified.await;
         }
-        self.owned.lock().ok().and_then(|mut o| o.take())
+        match self.owned.lock().ok().and_then(|mut o| o.take()) {
+            Some(Owned::Host(b)) => Some(b),
+            #[cfg(feature = "fabric")]
+            Some(Owned::Fabric(_)) => None,
+            None => None,
+        }
+    }
+
+    /// A duplicate of the memfd of a fabric-pool region, for export to a same-host peer.
+    #[cfg(feature = "fabric")]
+    pub(crate) fn fabric_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        let g = self.owned.lock().ok()?;
+        match g.as_ref()? {
+            Owned::Fabric(b) => b.fd().try_clone_to_owned().ok(),
+            Owned::Host(_) => None,
+        }
     }
 }
 

@@ -21,15 +21,18 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// One connected initiator.
 #[derive(Debug)]
 pub(crate) struct Session {
-    peer: Arc<str>,
-    state: Arc<LinkState>,
+    pub(crate) peer: Arc<str>,
+    pub(crate) state: Arc<LinkState>,
     control: mpsc::UnboundedSender<BytesMut>,
+    /// The same-host fabric channel, once the initiator opened it.
+    #[cfg(feature = "fabric")]
+    pub(crate) fabric: Mutex<Option<Arc<crate::fabric::server::FabricChan>>>,
 }
 
 /// The listening side of an engine.
 #[derive(Debug)]
 pub(crate) struct Server {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     instance: u64,
     sessions: Mutex<HashMap<u64, Arc<Session>>>,
 }
@@ -92,6 +95,19 @@ impl Server {
                 peer: s.peer.to_string(),
             });
         }
+    }
+
+    /// The session with this id.
+    pub(crate) fn session(&self, id: u64) -> Option<Arc<Session>> {
+        self.sessions.lock().ok()?.get(&id).cloned()
+    }
+
+    /// Every connected initiator's session.
+    pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Sends the current memory table to every connected initiator.
@@ -207,6 +223,8 @@ impl Server {
             peer: peer.clone(),
             state: Arc::new(LinkState::new()),
             control: tx,
+            #[cfg(feature = "fabric")]
+            fabric: Mutex::new(None),
         });
         // Insert before sending the table so a concurrent registration's broadcast reaches
         // this peer too.
@@ -220,6 +238,7 @@ impl Server {
             .map(|r| r.exported())
             .unwrap_or_default();
         if write_frame(&mut s, &welcome, &peer).await.is_err()
+            || !self.send_fabric_info(&mut s, &peer).await
             || write_frame(&mut s, &Message::MemTable(table), &peer)
                 .await
                 .is_err()
@@ -276,6 +295,24 @@ impl Server {
         };
         self.drop_session(id, &sess, &reason);
         let _ = writer.await;
+    }
+
+    /// Offers the fabric backend to a same-host initiator (sent before the memory table).
+    /// Returns false when the socket failed.
+    async fn send_fabric_info(&self, s: &mut TcpStream, peer: &str) -> bool {
+        #[cfg(feature = "fabric")]
+        if let Some(f) = &self.shared.fabric {
+            let info = Message::FabricInfo {
+                boot_id: f.identity.boot_id.clone(),
+                mnt_ns: f.identity.mnt_ns,
+                pid: f.identity.pid as u32,
+                uid: f.identity.uid,
+                socket: f.socket.clone(),
+            };
+            return write_frame(s, &info, peer).await.is_ok();
+        }
+        let _ = (s, peer);
+        true
     }
 
     fn drop_session(&self, id: u64, sess: &Session, reason: &str) {

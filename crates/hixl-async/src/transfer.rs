@@ -107,6 +107,14 @@ impl Future for Transfer {
             })),
         };
         if let Some(r) = r {
+            // A device error (a copy engine's syscall) is the link's failure: name the peer.
+            let r = r.map_err(|e| match e {
+                Error::Io { context, source } => Error::PeerLost {
+                    peer: this.peer.to_string(),
+                    cause: format!("{context}: {source}"),
+                },
+                e => e,
+            });
             this.state = State::Done(if r.is_ok() {
                 TransferStatus::Completed
             } else {

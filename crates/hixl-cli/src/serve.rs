@@ -20,6 +20,10 @@ pub struct Args {
     /// Name under which the region is exported to peers.
     #[arg(long, default_value = "kv")]
     pub name: String,
+    /// Take the region from the engine's fabric pool (sealed shared memory that same-host
+    /// peers map) instead of the heap.
+    #[arg(long)]
+    pub pool: bool,
     /// Also serve a plain-TCP baseline (for `hixl bench comm`).
     #[arg(long)]
     pub baseline: bool,
@@ -60,11 +64,15 @@ pub async fn run(a: Args) -> CliResult {
         b = b.option(k, v);
     }
     let engine = b.build().await?;
-    let region = engine.register_with(
-        HostBuffer::zeroed(a.mem as usize)?,
-        Access::REMOTE_RW,
-        Some(&a.name),
-    )?;
+    let region = if a.pool {
+        engine.register_pooled(a.mem, Access::REMOTE_RW, Some(&a.name))?
+    } else {
+        engine.register_with(
+            HostBuffer::zeroed(a.mem as usize)?,
+            Access::REMOTE_RW,
+            Some(&a.name),
+        )?
+    };
     let baseline = if a.baseline {
         let l = TcpListener::bind("127.0.0.1:0")?;
         let addr = l.local_addr()?;

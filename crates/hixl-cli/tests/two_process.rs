@@ -17,10 +17,84 @@ fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_hixl"))
 }
 
-async fn initiator(len: usize) -> (Engine, Region) {
-    let e = Engine::builder("127.0.0.1").build().await.unwrap();
+/// How the initiator reaches the target in a test.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    /// TCP data path (`hixl.Transport=tcp`).
+    Tcp,
+    /// Same-host fabric; the target's region is plain host memory (cross-memory attach).
+    FabricCma,
+    /// Same-host fabric; the target's region comes from its fabric pool (a mapped memfd).
+    FabricPool,
+}
+
+impl Mode {
+    fn transport(self) -> &'static str {
+        match self {
+            Mode::Tcp => "tcp",
+            Mode::FabricCma | Mode::FabricPool => "fabric",
+        }
+    }
+    fn target_args(self) -> &'static [&'static str] {
+        match self {
+            Mode::FabricPool => &["--pool"],
+            _ => &[],
+        }
+    }
+    fn spawn(self, mem: u64) -> Target {
+        Target::spawn(exe(), mem, self.target_args()).unwrap()
+    }
+    async fn connect(self, e: &Engine, target: &Target) -> Peer {
+        let p = e.connect(&target.engine, T).await.unwrap();
+        assert!(
+            p.transport().starts_with(self.transport()),
+            "{self:?}: {}",
+            p.transport()
+        );
+        if let Mode::FabricPool = self {
+            assert!(
+                p.transport().contains("1 pool regions mapped"),
+                "{}",
+                p.transport()
+            );
+        }
+        p
+    }
+}
+
+/// Runs an async test body once per mode.
+macro_rules! modes {
+    ($body:ident: $($m:ident),+) => {
+        mod $body {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                #[allow(non_snake_case)]
+                async fn $m() {
+                    super::$body(super::Mode::$m).await
+                }
+            )+
+        }
+    };
+}
+
+modes!(write_then_read_128mib_in_16k_128k_2m_blocks_verified: Tcp, FabricCma, FabricPool);
+modes!(a_thousand_concurrent_transfers: Tcp, FabricPool);
+modes!(notify_after_completion_never_overtakes_the_data: Tcp, FabricCma, FabricPool);
+modes!(dropped_reads_never_land_in_returned_memory: Tcp, FabricPool);
+modes!(peer_killed_mid_transfer_fails_every_pending_op_and_engine_survives: Tcp, FabricCma);
+
+async fn initiator_with(len: usize, transport: &str) -> (Engine, Region) {
+    let e = Engine::builder("127.0.0.1")
+        .option("hixl.Transport", transport)
+        .build()
+        .await
+        .unwrap();
     let r = e.register(HostBuffer::zeroed(len).unwrap()).unwrap();
     (e, r)
+}
+
+async fn initiator(len: usize) -> (Engine, Region) {
+    initiator_with(len, "tcp").await
 }
 
 fn blocks(local: &Region, remote: u64, len: u64, block: u64) -> Vec<OpDesc> {
@@ -37,12 +111,11 @@ async fn target_has(peer: &Peer, target: &mut Target, off: u64, len: u64, sum: u
     target.wait_line("VERIFY", T).unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn write_then_read_128mib_in_16k_128k_2m_blocks_verified() {
+async fn write_then_read_128mib_in_16k_128k_2m_blocks_verified(mode: Mode) {
     const LEN: u64 = 128 << 20;
-    let mut target = Target::spawn(exe(), LEN, &[]).unwrap();
-    let (e, local) = initiator(LEN as usize).await;
-    let peer = e.connect(&target.engine, T).await.unwrap();
+    let mut target = mode.spawn(LEN);
+    let (e, local) = initiator_with(LEN as usize, mode.transport()).await;
+    let peer = mode.connect(&e, &target).await;
     let kv = peer.region("kv").unwrap();
     let mut data = vec![0u8; LEN as usize];
     for block in [16 << 10, 128 << 10, 2 << 20] {
@@ -71,14 +144,13 @@ async fn write_then_read_128mib_in_16k_128k_2m_blocks_verified() {
     target.stop();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_thousand_concurrent_transfers() {
-    let mut target = Target::spawn(exe(), 4 << 20, &[]).unwrap();
-    let (e, local) = initiator(4 << 20).await;
+async fn a_thousand_concurrent_transfers(mode: Mode) {
+    let mut target = mode.spawn(4 << 20);
+    let (e, local) = initiator_with(4 << 20, mode.transport()).await;
     let mut data = vec![0u8; 4 << 20];
     fill_pattern(&mut data, 99);
     local.write_at(0, &data).unwrap();
-    let peer = e.connect(&target.engine, T).await.unwrap();
+    let peer = mode.connect(&e, &target).await;
     let kv = peer.region("kv").unwrap();
     let futs: Vec<_> = (0..1000u64)
         .map(|i| {
@@ -102,11 +174,10 @@ async fn a_thousand_concurrent_transfers() {
     target.stop();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn notify_after_completion_never_overtakes_the_data() {
-    let mut target = Target::spawn(exe(), 8 << 20, &[]).unwrap();
-    let (e, local) = initiator(8 << 20).await;
-    let peer = e.connect(&target.engine, T).await.unwrap();
+async fn notify_after_completion_never_overtakes_the_data(mode: Mode) {
+    let mut target = mode.spawn(8 << 20);
+    let (e, local) = initiator_with(8 << 20, mode.transport()).await;
+    let peer = mode.connect(&e, &target).await;
     let kv = peer.region("kv").unwrap();
     let mut data = vec![0u8; 8 << 20];
     for round in 0..20u64 {
@@ -122,11 +193,10 @@ async fn notify_after_completion_never_overtakes_the_data() {
     target.stop();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_reads_never_land_in_returned_memory() {
-    let target = Target::spawn(exe(), 64 << 20, &[]).unwrap();
-    let (e, local) = initiator(64 << 20).await;
-    let peer = e.connect(&target.engine, T).await.unwrap();
+async fn dropped_reads_never_land_in_returned_memory(mode: Mode) {
+    let target = mode.spawn(64 << 20);
+    let (e, local) = initiator_with(64 << 20, mode.transport()).await;
+    let peer = mode.connect(&e, &target).await;
     let kv = peer.region("kv").unwrap();
     for _ in 0..8 {
         drop(peer.read(&blocks(&local, kv.addr, 64 << 20, 64 << 10)));
@@ -158,11 +228,10 @@ async fn dropped_reads_never_land_in_returned_memory() {
     target.stop();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn peer_killed_mid_transfer_fails_every_pending_op_and_engine_survives() {
-    let mut target = Target::spawn(exe(), 256 << 20, &[]).unwrap();
-    let (e, local) = initiator(256 << 20).await;
-    let peer = e.connect(&target.engine, T).await.unwrap();
+async fn peer_killed_mid_transfer_fails_every_pending_op_and_engine_survives(mode: Mode) {
+    let mut target = mode.spawn(256 << 20);
+    let (e, local) = initiator_with(256 << 20, mode.transport()).await;
+    let peer = mode.connect(&e, &target).await;
     let kv = peer.region("kv").unwrap();
     let futs: Vec<_> = (0..8u64)
         .map(|i| {
@@ -199,7 +268,7 @@ async fn peer_killed_mid_transfer_fails_every_pending_op_and_engine_survives() {
         .unwrap_err();
     assert!(e2.to_string().contains(&target.engine), "{e2}");
     // the engine is still usable: reconnect to a fresh target
-    let target2 = Target::spawn(exe(), 1 << 20, &[]).unwrap();
+    let target2 = mode.spawn(1 << 20);
     let p2 = e.connect(&target2.engine, T).await.unwrap();
     let kv2 = p2.region("kv").unwrap();
     p2.write(&[OpDesc::new(local.addr(), kv2.addr, 1 << 20)])
@@ -286,8 +355,12 @@ async fn target_refuses_out_of_bounds_and_wrong_rkey_before_a_byte_moves() {
         let Message::Welcome { session, .. } = read_msg(&mut c, &mut cb) else {
             panic!("no welcome")
         };
-        let Message::MemTable(table) = read_msg(&mut c, &mut cb) else {
-            panic!("no table")
+        let table = loop {
+            match read_msg(&mut c, &mut cb) {
+                Message::MemTable(t) => break t,
+                Message::FabricInfo { .. } => continue, // a same-host offer we do not take up
+                m => panic!("expected the memory table, got {m:?}"),
+            }
         };
         let r = table[0].clone();
         let mut d = TcpStream::connect(&engine).unwrap();

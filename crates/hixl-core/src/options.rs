@@ -61,6 +61,9 @@ pub struct Options {
     /// `hixl.HeartbeatMissLimit` (hixl extension): missed heartbeats before a peer is declared
     /// dead, 1–100, default 5.
     pub heartbeat_miss_limit: u32,
+    /// `hixl.FabricBusyPollUs` (hixl extension): how long an idle fabric copy stream spins
+    /// before sleeping, 0–10000 µs, default 0 (an idle engine uses no CPU).
+    pub fabric_busy_poll_us: u64,
 }
 
 impl Default for Options {
@@ -78,6 +81,7 @@ impl Default for Options {
             tcp_chunk_bytes: 4 * MIB,
             heartbeat_interval_ms: 1000,
             heartbeat_miss_limit: 5,
+            fabric_busy_poll_us: 0,
         }
     }
 }
@@ -109,6 +113,8 @@ const UINT_KEYS: &[UintKey] = &[
         empty: None, store: |o, v| o.heartbeat_interval_ms = v },
     UintKey { key: "hixl.HeartbeatMissLimit", min: 1, max: 100, multiple_of: 1, size: false,
         empty: None, store: |o, v| o.heartbeat_miss_limit = v as u32 },
+    UintKey { key: "hixl.FabricBusyPollUs", min: 0, max: 10_000, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.fabric_busy_poll_us = v },
 ];
 
 /// ADXL spellings and the HIXL key each one stands for.
@@ -146,7 +152,7 @@ impl Options {
         "GlobalResourceConfig", "AutoConnect", "LocalCommRes",
         "adxl.BufferPool", "adxl.RdmaTrafficClass", "adxl.RdmaServiceLevel", "adxl.LocalCommRes",
         "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.HeartbeatIntervalMs",
-        "hixl.HeartbeatMissLimit",
+        "hixl.HeartbeatMissLimit", "hixl.FabricBusyPollUs",
     ];
 
     /// Parses and stores one option. Only this key's own value is checked; the cross-key check

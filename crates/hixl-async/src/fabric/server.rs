@@ -1,0 +1,250 @@
+//! The target's fabric channel: hands a same-host initiator the memfds of its exported pool
+//! regions, takes notifies on the fast path, and runs the revocation handshake.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use hixl_core::wire::{Channel, FabricRegion, Message, NO_FD};
+use hixl_core::{Error, Notify, Status};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::chan::{recv_frame, send_frame};
+use crate::engine::Shared;
+use crate::server::{Server, Session};
+
+/// How long a deregistration waits for a peer to confirm it stopped using a region.
+const REVOKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A frame for the initiator, with the fds that ride along.
+type Out = (Message, Vec<OwnedFd>);
+
+/// The target's end of one initiator's fabric channel.
+#[derive(Debug)]
+pub(crate) struct FabricChan {
+    tx: mpsc::UnboundedSender<Out>,
+    revokes: Mutex<HashMap<u64, Vec<oneshot::Sender<()>>>>,
+}
+
+/// The exported regions as fabric entries, with a memfd for each pool region; at most
+/// `SCM_MAX_FD` fds per message, so the table may come in several messages.
+fn fabric_tables(shared: &Shared) -> Vec<Out> {
+    let Ok(regions) = shared.regions.lock() else {
+        return Vec::new();
+    };
+    let mut out: Vec<Out> = Vec::new();
+    let mut cur: Vec<FabricRegion> = Vec::new();
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for e in regions.iter().filter(|e| e.access.is_remote()) {
+        let fd = e.data.fabric_fd();
+        let fd_index = match fd {
+            Some(fd) => {
+                fds.push(fd);
+                (fds.len() - 1) as u32
+            }
+            None => NO_FD,
+        };
+        cur.push(FabricRegion {
+            rkey: e.rkey,
+            addr: e.addr,
+            len: e.len,
+            fd_index,
+        });
+        if fds.len() == hixl_fabric::SCM_MAX_FD {
+            out.push((
+                Message::FabricTable(std::mem::take(&mut cur)),
+                std::mem::take(&mut fds),
+            ));
+        }
+    }
+    if !cur.is_empty() || out.is_empty() {
+        out.push((Message::FabricTable(cur), fds));
+    }
+    out
+}
+
+impl FabricChan {
+    fn send(&self, m: Message) {
+        let _ = self.tx.send((m, Vec::new()));
+    }
+}
+
+/// Accepts fabric channels until shutdown.
+pub(crate) async fn accept_loop(
+    srv: Arc<Server>,
+    l: UnixListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            r = l.accept() => match r {
+                Ok((s, _)) => {
+                    let srv = srv.clone();
+                    let mut sd = shutdown.clone();
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = handle(srv, s) => {}
+                            _ = sd.changed() => {}
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("fabric accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+}
+
+async fn handle(srv: Arc<Server>, s: UnixStream) {
+    let mut buf = BytesMut::new();
+    let mut fds = Vec::new();
+    let hello = tokio::time::timeout(
+        Duration::from_secs(10),
+        recv_frame(&s, &mut buf, &mut fds, "fabric peer"),
+    )
+    .await;
+    let (engine, session) = match hello {
+        Ok(Ok(Message::Hello {
+            engine,
+            channel: Channel::Fabric,
+            session,
+        })) if fds.is_empty() => (engine, session),
+        other => {
+            tracing::warn!("closing fabric channel: expected a fabric hello, got {other:?}");
+            return;
+        }
+    };
+    let sess = match srv.session(session) {
+        Some(x) if *x.peer == *engine => x,
+        _ => {
+            let m = Message::Refuse {
+                status: Status::NotConnected.code(),
+                reason: format!("no session {session:#x} for engine {engine}"),
+            };
+            let _ = send_frame(&s, &m, &[], &engine).await;
+            return;
+        }
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
+    let chan = Arc::new(FabricChan {
+        tx,
+        revokes: Mutex::new(HashMap::new()),
+    });
+    {
+        let Ok(mut f) = sess.fabric.lock() else {
+            return;
+        };
+        if f.is_some() {
+            tracing::warn!(peer = %engine, "second fabric channel for one session refused");
+            return;
+        }
+        *f = Some(chan.clone());
+    }
+    for t in fabric_tables(&srv.shared) {
+        let _ = chan.tx.send(t);
+    }
+    let s = Arc::new(s);
+    let ws = s.clone();
+    let peer = sess.peer.clone();
+    let wpeer = peer.clone();
+    let writer = tokio::spawn(async move {
+        while let Some((m, fds)) = rx.recv().await {
+            let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+            if send_frame(&ws, &m, &borrowed, &wpeer).await.is_err() {
+                break;
+            }
+        }
+    });
+    let reason = loop {
+        let m = tokio::select! {
+            m = recv_frame(&s, &mut buf, &mut fds, &peer) => m,
+            _ = sess.state.dead() => break "session closed".to_string(),
+        };
+        match m {
+            Ok(Message::Notify { seq, name, msg }) => {
+                let ok = srv.shared.notifies.offer(Notify {
+                    from: peer.to_string(),
+                    name,
+                    msg,
+                });
+                let status = if ok {
+                    Status::Success
+                } else {
+                    Status::ResourceExhausted
+                };
+                chan.send(Message::NotifyAck {
+                    seq,
+                    status: status.code(),
+                });
+            }
+            Ok(Message::RevokeAck { rkey }) => {
+                let w = chan.revokes.lock().ok().and_then(|mut r| r.remove(&rkey));
+                for w in w.into_iter().flatten() {
+                    let _ = w.send(());
+                }
+            }
+            Ok(m) => break format!("unexpected {m:?} on the fabric channel"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    tracing::debug!(peer = %peer, "fabric channel closed: {reason}");
+    if let Ok(mut f) = sess.fabric.lock() {
+        f.take();
+    }
+    // Without its fabric channel the initiator cannot acknowledge revocations: end the link.
+    sess.state.kill(Error::PeerLost {
+        peer: peer.to_string(),
+        cause: format!("fabric channel: {reason}"),
+    });
+    writer.abort();
+}
+
+/// Sends a fresh fabric table (new pool regions' memfds) to every fabric channel.
+pub(crate) fn broadcast_tables(srv: &Server) {
+    for sess in srv.sessions() {
+        let chan = sess.fabric.lock().ok().and_then(|f| f.clone());
+        if let Some(chan) = chan {
+            for t in fabric_tables(&srv.shared) {
+                let _ = chan.tx.send(t);
+            }
+        }
+    }
+}
+
+/// Tells every same-host initiator that the region with `rkey` is going away and waits (up to
+/// a bound) until each has finished its copies into it and unmapped it. A peer whose link dies
+/// meanwhile counts as done: its process, or at least its link, no longer touches the region.
+pub(crate) async fn revoke(srv: &Server, rkey: u64) {
+    let mut waits = Vec::new();
+    for sess in srv.sessions() {
+        let chan = sess.fabric.lock().ok().and_then(|f| f.clone());
+        let Some(chan) = chan else { continue };
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut r) = chan.revokes.lock() {
+            r.entry(rkey).or_default().push(tx);
+        }
+        chan.send(Message::Revoke { rkey });
+        waits.push(wait_ack(sess, rx, rkey));
+    }
+    futures::future::join_all(waits).await;
+}
+
+async fn wait_ack(sess: Arc<Session>, rx: oneshot::Receiver<()>, rkey: u64) {
+    tokio::select! {
+        _ = rx => {}
+        _ = sess.state.dead() => {}
+        _ = tokio::time::sleep(REVOKE_TIMEOUT) => {
+            tracing::warn!(peer = %sess.peer, "no revoke ack for rkey {rkey:#x} within {REVOKE_TIMEOUT:?}; closing the link");
+            sess.state.kill(Error::PeerLost {
+                peer: sess.peer.to_string(),
+                cause: "did not acknowledge a revocation".into(),
+            });
+        }
+    }
+}

@@ -1,0 +1,514 @@
+//! Copy engines ("SDMA streams"): OS threads that take copy ops from a bounded submission ring
+//! and post one completion per op to a [`CompletionQueue`].
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use hixl_core::{CompletionSource, Error, PartResult, Token};
+
+use crate::cma::{cma_read, cma_write};
+use crate::completion::CompletionQueue;
+
+/// Most copy streams an engine runs (HIXL's `fabric_memory.task_stream_num` range is 1–8).
+pub const MAX_STREAMS: usize = 8;
+/// Parts the submission ring holds by default.
+pub const DEFAULT_RING_CAPACITY: usize = 8192;
+
+/// What one copy op moves. Addresses are integers as in a `MemDesc`; the `# Safety` section
+/// of [`CopyEngine::submit`] says what they must satisfy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyKind {
+    /// `len` bytes from `src` to `dst`, both mapped in this process (own memory, or a peer's
+    /// fabric buffer mapped with [`crate::PeerMapping`]). Overlapping ranges are allowed.
+    Memcpy {
+        /// Source address.
+        src: u64,
+        /// Destination address.
+        dst: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// `len` bytes from `remote` in process `pid` into `local` here (cross-memory attach).
+    CmaRead {
+        /// The peer process.
+        pid: i32,
+        /// Destination, in this process.
+        local: u64,
+        /// Source, in the peer.
+        remote: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// `len` bytes from `local` here to `remote` in process `pid`.
+    CmaWrite {
+        /// The peer process.
+        pid: i32,
+        /// Source, in this process.
+        local: u64,
+        /// Destination, in the peer.
+        remote: u64,
+        /// Bytes.
+        len: u64,
+    },
+}
+
+impl CopyKind {
+    /// Bytes the op moves.
+    pub fn len(&self) -> u64 {
+        match *self {
+            CopyKind::Memcpy { len, .. }
+            | CopyKind::CmaRead { len, .. }
+            | CopyKind::CmaWrite { len, .. } => len,
+        }
+    }
+
+    /// Whether the op moves nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Splits the op into consecutive parts of at most `max_part` bytes (at least one part),
+    /// so that the streams share a large copy. Submit each part with the op's token and count
+    /// one completion per part. A `max_part` of 0 is taken as 1; the caller picks `max_part`
+    /// so that `len / max_part` parts fit in memory and in the ring.
+    pub fn split(self, max_part: u64) -> Vec<CopyKind> {
+        let max_part = max_part.max(1);
+        let len = self.len();
+        let hint = len.div_ceil(max_part).clamp(1, 4096);
+        let mut parts = Vec::with_capacity(hint as usize);
+        let mut off = 0;
+        loop {
+            let n = (len - off).min(max_part);
+            parts.push(match self {
+                CopyKind::Memcpy { src, dst, .. } => CopyKind::Memcpy {
+                    src: src.wrapping_add(off),
+                    dst: dst.wrapping_add(off),
+                    len: n,
+                },
+                CopyKind::CmaRead {
+                    pid, local, remote, ..
+                } => CopyKind::CmaRead {
+                    pid,
+                    local: local.wrapping_add(off),
+                    remote: remote.wrapping_add(off),
+                    len: n,
+                },
+                CopyKind::CmaWrite {
+                    pid, local, remote, ..
+                } => CopyKind::CmaWrite {
+                    pid,
+                    local: local.wrapping_add(off),
+                    remote: remote.wrapping_add(off),
+                    len: n,
+                },
+            });
+            off += n;
+            if off >= len {
+                return parts;
+            }
+        }
+    }
+}
+
+/// One part of a transfer for the copy engine: what to copy and the token its completion
+/// carries.
+pub struct CopyOp {
+    /// Reported back with the op's completion.
+    pub token: Token,
+    /// What to copy.
+    pub kind: CopyKind,
+    /// Whatever keeps the op's memory valid (region leases, a peer mapping): dropped by the
+    /// stream right after the copy ran (or was abandoned), before the completion is posted.
+    pub keep: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl CopyOp {
+    /// An op with nothing to keep alive.
+    pub fn new(token: Token, kind: CopyKind) -> CopyOp {
+        CopyOp {
+            token,
+            kind,
+            keep: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for CopyOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyOp")
+            .field("token", &self.token)
+            .field("kind", &self.kind)
+            .field("keep", &self.keep.is_some())
+            .finish()
+    }
+}
+
+/// `streams` threads draining one bounded submission ring; every op yields exactly one
+/// completion `(token, result)` in [`CopyEngine::completions`], whether it ran, failed, was
+/// cancelled with [`CopyEngine::cancel_queued`] or was still queued when the engine dropped.
+///
+/// Threads take ops one at a time from the shared ring, so the parts of a large op (split by
+/// the caller, e.g. with [`CopyKind::split`]) spread across the streams. An idle stream spins
+/// for up to `busy_poll` before sleeping on a condition variable; with a zero `busy_poll` an
+/// idle engine uses no CPU.
+#[derive(Debug)]
+pub struct CopyEngine {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    ring: Mutex<Ring>,
+    wake: Condvar,
+    /// Mirror of `ring.ops.len()` that spinning streams read without the lock.
+    queued: AtomicUsize,
+    stop: AtomicBool,
+    capacity: usize,
+    busy_poll: Duration,
+    cq: Arc<CompletionQueue>,
+}
+
+#[derive(Debug)]
+struct Ring {
+    ops: VecDeque<CopyOp>,
+    sleepers: usize,
+    stop: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Ring> {
+        // The ring is only changed by whole VecDeque operations; a poisoned lock still guards
+        // consistent data, and giving up would strand queued ops without completions.
+        self.ring.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl CopyEngine {
+    /// Starts `streams` copy threads (1..=8) with a ring of [`DEFAULT_RING_CAPACITY`] parts.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a stream count outside 1..=8; the OS error when an eventfd or thread
+    /// cannot be created.
+    pub fn new(streams: usize, busy_poll: Duration) -> io::Result<CopyEngine> {
+        Self::with_ring_capacity(streams, busy_poll, DEFAULT_RING_CAPACITY)
+    }
+
+    /// As [`CopyEngine::new`] with a ring of `capacity` parts.
+    ///
+    /// # Errors
+    /// As [`CopyEngine::new`]; also `InvalidInput` for a zero capacity.
+    pub fn with_ring_capacity(
+        streams: usize,
+        busy_poll: Duration,
+        capacity: usize,
+    ) -> io::Result<CopyEngine> {
+        if !(1..=MAX_STREAMS).contains(&streams) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "copy engine: task_stream_num must be within 1..=8",
+            ));
+        }
+        if capacity == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "copy engine: submission ring capacity must be > 0",
+            ));
+        }
+        Self::start(streams, busy_poll, capacity)
+    }
+
+    /// Starts without validating `streams`; tests use 0 streams to hold ops in the ring.
+    fn start(streams: usize, busy_poll: Duration, capacity: usize) -> io::Result<CopyEngine> {
+        let shared = Arc::new(Shared {
+            ring: Mutex::new(Ring {
+                ops: VecDeque::with_capacity(capacity.min(DEFAULT_RING_CAPACITY)),
+                sleepers: 0,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+            queued: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            capacity,
+            busy_poll,
+            cq: Arc::new(CompletionQueue::new()?),
+        });
+        let mut engine = CopyEngine {
+            shared,
+            threads: Vec::with_capacity(streams),
+        };
+        for i in 0..streams {
+            let shared = Arc::clone(&engine.shared);
+            // On error `engine` drops here, stopping and joining the streams already started.
+            let t = std::thread::Builder::new()
+                .name(format!("hixl-sdma-{i}"))
+                .spawn(move || stream_loop(&shared))?;
+            engine.threads.push(t);
+        }
+        Ok(engine)
+    }
+
+    /// Queues `ops` (all or none) and wakes sleeping streams.
+    ///
+    /// # Safety
+    /// For every op, until its completion has been taken from [`CopyEngine::completions`] (or
+    /// from the engine as a [`CompletionSource`]):
+    /// - `Memcpy`: `src .. src + len` is valid for reads and `dst .. dst + len` valid for writes
+    ///   in this process, and no Rust reference covers `dst .. dst + len` (a stream writes it
+    ///   concurrently). Ranges may overlap.
+    /// - `CmaRead`: `local .. local + len` is valid for writes here, as for `dst` above.
+    /// - `CmaWrite`: `local .. local + len` is valid for reads here.
+    ///
+    /// The remote side of a CMA op is checked by the kernel against the peer's mappings; the
+    /// caller must still have checked it against what the peer exported. An op cancelled or
+    /// still queued when the engine drops completes with an error without being touched; ops
+    /// already running finish before the engine's drop returns.
+    ///
+    /// # Errors
+    /// [`Error::ResourceExhausted`] when the ring cannot take all of `ops`; the ops come back
+    /// untouched so the caller can retry after draining completions.
+    pub unsafe fn submit(&self, ops: Vec<CopyOp>) -> Result<(), (Error, Vec<CopyOp>)> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let n = ops.len();
+        let sleepers = {
+            let mut ring = self.shared.lock();
+            let queued = ring.ops.len();
+            if queued + n > self.shared.capacity {
+                let e = Error::ResourceExhausted {
+                    what: format!(
+                        "copy-engine submission ring: {n} parts submitted, {queued} of {} queued",
+                        self.shared.capacity
+                    ),
+                };
+                return Err((e, ops));
+            }
+            ring.ops.extend(ops);
+            self.shared.queued.store(ring.ops.len(), Ordering::Release);
+            ring.sleepers
+        };
+        // Sleepers are counted under the lock and re-check the ring under it, so waking after
+        // unlocking loses nothing.
+        for _ in 0..n.min(sleepers) {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Removes the queued (not yet started) ops whose token matches and completes each with
+    /// `error`; returns how many. Used when a peer dies or a transfer is abandoned: ops already
+    /// running finish normally.
+    pub fn cancel_queued(&self, mut matches: impl FnMut(Token) -> bool, error: &Error) -> usize {
+        let removed: Vec<CopyOp> = {
+            let mut ring = self.shared.lock();
+            let mut out = Vec::new();
+            for op in std::mem::take(&mut ring.ops) {
+                if matches(op.token) {
+                    out.push(op);
+                } else {
+                    ring.ops.push_back(op);
+                }
+            }
+            self.shared.queued.store(ring.ops.len(), Ordering::Release);
+            out
+        };
+        let n = removed.len();
+        if n > 0 {
+            let tokens: Vec<Token> = removed.iter().map(|op| op.token).collect();
+            // The ops' `keep`s drop here, outside both locks: their drops may call back into
+            // the engine.
+            drop(removed);
+            self.shared
+                .cq
+                .push_all(tokens.into_iter().map(|t| (t, Err(error.clone()))));
+        }
+        n
+    }
+
+    /// The completion queue, for a reactor that should outlive the engine (it keeps receiving
+    /// the error completions of ops the engine's drop cancels).
+    pub fn completions(&self) -> Arc<CompletionQueue> {
+        Arc::clone(&self.shared.cq)
+    }
+
+    /// Ops waiting in the ring (not started).
+    pub fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::Acquire)
+    }
+
+    /// The ring's capacity in parts.
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
+    }
+
+    /// How many copy streams run.
+    pub fn streams(&self) -> usize {
+        self.threads.len()
+    }
+}
+
+impl CompletionSource for CopyEngine {
+    fn drain(&self, out: &mut Vec<PartResult>) -> usize {
+        self.shared.cq.drain(out)
+    }
+    fn arm(&self) {
+        self.shared.cq.arm();
+    }
+    fn disarm(&self) {
+        self.shared.cq.disarm();
+    }
+    fn fd(&self) -> RawFd {
+        self.shared.cq.fd()
+    }
+}
+
+impl Drop for CopyEngine {
+    /// Stops the streams (each finishes the op it runs), joins them, then completes every op
+    /// still queued with an `ECANCELED` error.
+    fn drop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake.notify_all();
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("a copy-engine stream panicked");
+            }
+        }
+        let left: Vec<CopyOp> = self.shared.lock().ops.drain(..).collect();
+        self.shared.queued.store(0, Ordering::Release);
+        if !left.is_empty() {
+            let tokens: Vec<Token> = left.iter().map(|op| op.token).collect();
+            // Their `keep`s drop outside the completion queue's lock.
+            drop(left);
+            self.shared.cq.push_all(tokens.into_iter().map(|t| {
+                let e = Error::io(
+                    format!("copy engine shut down before op {:#x} started", t.0),
+                    io::Error::from_raw_os_error(libc::ECANCELED),
+                );
+                (t, Err(e))
+            }));
+        }
+    }
+}
+
+/// One stream: take an op, run it, post its completion; spin then sleep when the ring is empty.
+fn stream_loop(sh: &Shared) {
+    loop {
+        let next = {
+            let mut ring = sh.lock();
+            if ring.stop {
+                return;
+            }
+            let op = ring.ops.pop_front();
+            if op.is_some() {
+                sh.queued.store(ring.ops.len(), Ordering::Release);
+            }
+            op
+        };
+        if let Some(op) = next {
+            // SAFETY: submit's contract keeps every range of a queued op valid until its
+            // completion is drained, which cannot happen before the push below.
+            let result = unsafe { execute(op.kind) };
+            drop(op.keep);
+            sh.cq.push(op.token, result);
+            continue;
+        }
+        if spin_for_work(sh) {
+            continue;
+        }
+        let mut ring = sh.lock();
+        while ring.ops.is_empty() && !ring.stop {
+            ring.sleepers += 1;
+            ring = sh.wake.wait(ring).unwrap_or_else(|p| p.into_inner());
+            ring.sleepers -= 1;
+        }
+    }
+}
+
+/// Spins up to the busy-poll budget for work (or stop) to appear; true if it did.
+fn spin_for_work(sh: &Shared) -> bool {
+    if sh.busy_poll.is_zero() {
+        return false;
+    }
+    let start = Instant::now();
+    let mut i: u32 = 0;
+    loop {
+        if sh.queued.load(Ordering::Acquire) > 0 || sh.stop.load(Ordering::Acquire) {
+            return true;
+        }
+        i = i.wrapping_add(1);
+        if i % 256 == 0 {
+            if start.elapsed() >= sh.busy_poll {
+                return false;
+            }
+            // Let a producer sharing our core run.
+            std::thread::yield_now();
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Runs one op.
+///
+/// # Safety
+/// The op's ranges satisfy [`CopyEngine::submit`]'s contract for the duration of the call.
+unsafe fn execute(kind: CopyKind) -> Result<(), Error> {
+    match kind {
+        CopyKind::Memcpy { src, dst, len } => {
+            if len == 0 {
+                return Ok(());
+            }
+            let n = usize::try_from(len)
+                .ok()
+                .filter(|_| src != 0 && dst != 0)
+                .filter(|_| src.checked_add(len).is_some() && dst.checked_add(len).is_some())
+                .ok_or_else(|| Error::InvalidParam {
+                    what: format!(
+                        "memcpy {src:#x} -> {dst:#x}, {len} bytes: null or overflowing range"
+                    ),
+                })?;
+            // SAFETY: the caller guarantees src is readable and dst writable for len bytes and
+            // that no Rust reference covers dst; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, n) };
+            Ok(())
+        }
+        CopyKind::CmaRead {
+            pid,
+            local,
+            remote,
+            len,
+        } => {
+            // SAFETY: the caller guarantees local is writable for len bytes.
+            unsafe { cma_read(pid, local, remote, len) }.map_err(|e| {
+                Error::io(
+                    format!("process_vm_readv from pid {pid}: remote {remote:#x} -> local {local:#x}, {len} bytes"),
+                    e,
+                )
+            })
+        }
+        CopyKind::CmaWrite {
+            pid,
+            local,
+            remote,
+            len,
+        } => {
+            // SAFETY: the caller guarantees local is readable for len bytes.
+            unsafe { cma_write(pid, local, remote, len) }.map_err(|e| {
+                Error::io(
+                    format!("process_vm_writev to pid {pid}: local {local:#x} -> remote {remote:#x}, {len} bytes"),
+                    e,
+                )
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "copy_engine_tests.rs"]
+mod tests;
