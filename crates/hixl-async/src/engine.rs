@@ -170,7 +170,10 @@ impl EngineBuilder {
         if let Some(f) = &fabric {
             sources.push(f.copy.completions());
         }
-        let reactor = Arc::new(Reactor::new(sources, ops.clone()));
+        let reactor = Arc::new(
+            Reactor::new(sources, ops.clone())
+                .with_busy_poll(Duration::from_micros(options.fabric_busy_poll_us)),
+        );
         let shared = Arc::new(Shared {
             name,
             regions: Mutex::new(RegionTable::new()),

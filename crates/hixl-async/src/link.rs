@@ -25,6 +25,13 @@ use crate::memory::{Lease, MemPtr};
 use crate::tcp::initiator::{fail_parts, DataConn, Part};
 use crate::transfer::Transfer;
 
+/// Fabric copies of one call up to this many bytes (and ops) run on the submitting thread:
+/// cheaper than waking a copy stream and, through the reactor, the caller again.
+#[cfg(feature = "fabric")]
+const INLINE_BYTES: u64 = 64 << 10;
+#[cfg(feature = "fabric")]
+const INLINE_OPS: usize = 4;
+
 /// What the initiator keeps per connected peer.
 #[derive(Debug)]
 pub(crate) struct Link {
@@ -384,11 +391,23 @@ impl Link {
                         }
                         t.push(token);
                     }
-                    // SAFETY: every copy's local range lies in a registered region and its remote
-                    // range in a mapping (or, for CMA, a region the peer exported); each op's
-                    // `keep` holds the local region's lease and the peer region's reach until
-                    // the copy has run.
-                    let submitted = unsafe { b.copy.submit(copies) };
+                    let small = copies.len() <= INLINE_OPS
+                        && copies.iter().map(|c| c.kind.len()).sum::<u64>() <= INLINE_BYTES;
+                    let submitted = if small {
+                        // SAFETY: as below; the copies run before this call returns.
+                        let done = unsafe { b.copy.run_inline(copies) };
+                        shared.complete_all(
+                            done.into_iter()
+                                .map(|(token, result)| Completion { token, result }),
+                        );
+                        Ok(())
+                    } else {
+                        // SAFETY: every copy's local range lies in a registered region and its
+                        // remote range in a mapping (or, for CMA, a region the peer exported);
+                        // each op's `keep` holds the local region's lease and the peer region's
+                        // reach until the copy has run.
+                        unsafe { b.copy.submit(copies) }
+                    };
                     if let Err((e, failed)) = submitted {
                         shared.complete_all(failed.into_iter().map(|c| Completion {
                             token: c.token,

@@ -34,6 +34,9 @@ struct Drain {
 /// the eventfd and the reactor task, which matters for small-op latency.
 pub(crate) struct Reactor {
     sources: Vec<Arc<dyn CompletionSource>>,
+    /// Busy-poll budget: after the last completion the reactor keeps polling this long before
+    /// it arms and parks (0: a few yields only). Bounded, so an idle engine uses no CPU.
+    busy: std::time::Duration,
     ops: Arc<Mutex<OpTable<Waker>>>,
     drain: Mutex<Drain>,
 }
@@ -52,6 +55,7 @@ impl Reactor {
     ) -> Reactor {
         Reactor {
             sources,
+            busy: std::time::Duration::ZERO,
             ops,
             drain: Mutex::new(Drain {
                 batch: Vec::with_capacity(1024),
@@ -103,6 +107,12 @@ impl Reactor {
         n
     }
 
+    /// Sets the busy-poll budget.
+    pub(crate) fn with_busy_poll(mut self, busy: std::time::Duration) -> Reactor {
+        self.busy = busy;
+        self
+    }
+
     /// Arm every source before parking.
     pub(crate) fn arm(&self) {
         for s in &self.sources {
@@ -133,6 +143,15 @@ impl Reactor {
             }
         }
         loop {
+            if !self.busy.is_zero() {
+                let mut until = std::time::Instant::now() + self.busy;
+                while std::time::Instant::now() < until {
+                    if self.poll() > 0 {
+                        until = std::time::Instant::now() + self.busy;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
             let mut idle = 0;
             while idle < BUSY_POLLS {
                 if self.poll() == 0 {

@@ -37,13 +37,21 @@ pub struct CommArgs {
     /// Seconds to measure each case (and again its baseline).
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
-    /// Transport: `tcp` (fabric and verbs arrive with their backends).
+    /// Transport: `tcp` or `fabric` (same host: shared memory and copy engines).
     #[arg(long, default_value = "tcp")]
     pub transport: String,
+    /// With `--transport fabric`: the target registers heap memory (reached by cross-memory
+    /// attach) instead of fabric-pool memory (mapped).
+    #[arg(long)]
+    pub heap: bool,
+    /// With `--transport fabric`: copy streams spin this long (µs) for work before sleeping.
+    #[arg(long, default_value_t = 0)]
+    pub busy_poll: u64,
     /// An existing target (`ip:port`) instead of starting one; no baseline then.
     #[arg(long)]
     pub target: Option<String>,
-    /// Data connections per peer (hixl.TcpStreams).
+    /// Data connections per peer (hixl.TcpStreams), or copy streams with `--transport fabric`
+    /// (fabric_memory.task_stream_num).
     #[arg(long)]
     pub streams: Option<usize>,
     /// Largest piece one request carries (hixl.TcpChunkBytes).
@@ -95,12 +103,15 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Runs `hixl bench comm` and returns its cases (also printed).
 pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
-    if a.transport != "tcp" {
-        return Err(CliError(format!(
-            "transport {:?} is not available in this build (this build has: tcp; see `hixl info`)",
-            a.transport
-        )));
-    }
+    let fabric = match a.transport.as_str() {
+        "tcp" => false,
+        "fabric" => true,
+        t => {
+            return Err(CliError(format!(
+                "transport {t:?} is not available in this build (it has tcp and fabric; see `hixl info`)"
+            )))
+        }
+    };
     let ops: Vec<TransferOp> = match a.op.as_str() {
         "write" => vec![TransferOp::Write],
         "read" => vec![TransferOp::Read],
@@ -135,15 +146,26 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
     let exe: PathBuf = std::env::current_exe()?;
     let mut target = match &a.target {
         Some(_) => None,
+        None if fabric && !a.heap => Some(Target::spawn(&exe, mem, &["--baseline", "--pool"])?),
         None => Some(Target::spawn(&exe, mem, &["--baseline"])?),
     };
     let remote = match (&a.target, &target) {
         (Some(t), _) => t.clone(),
         (None, t) => t.as_ref().map(|t| t.engine.clone()).unwrap_or_default(),
     };
-    let mut builder = Engine::builder("127.0.0.1");
-    if let Some(s) = a.streams {
-        builder = builder.option("hixl.TcpStreams", s.to_string());
+    let mut builder = Engine::builder("127.0.0.1").option("hixl.Transport", &a.transport);
+    match (a.streams, fabric) {
+        (Some(s), false) => builder = builder.option("hixl.TcpStreams", s.to_string()),
+        (Some(s), true) => {
+            builder = builder.option(
+                "GlobalResourceConfig",
+                format!(r#"{{"fabric_memory.task_stream_num": {s}, "fabric_memory.enable_aicpu_unfold": false}}"#),
+            )
+        }
+        (None, _) => {}
+    }
+    if fabric {
+        builder = builder.option("hixl.FabricBusyPollUs", a.busy_poll.to_string());
     }
     if let Some(c) = a.chunk {
         builder = builder.option("hixl.TcpChunkBytes", c.to_string());
@@ -151,6 +173,9 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
     let engine = builder.build().await?;
     let local = engine.register(HostBuffer::zeroed(mem as usize)?)?;
     let peer = engine.connect(&remote, Duration::from_secs(5)).await?;
+    if !a.json {
+        println!("peer {remote}: {}", peer.transport());
+    }
     let rr = peer
         .regions()
         .into_iter()
@@ -208,8 +233,9 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
             let calls = lat.len() as u64;
             lat.sort_by(f64::total_cmp);
             let gbps = (calls * pc) as f64 / secs / 1e9;
-            let baseline_gbps = match (&target, a.no_baseline) {
-                (Some(t), false) => match &t.baseline {
+            let baseline_gbps = match (&target, a.no_baseline, fabric) {
+                (_, false, true) => Some(memcpy_baseline(pc, block, dur).await?),
+                (Some(t), false, false) => match &t.baseline {
                     Some(addr) => Some(baseline(addr, op, pc, block, dur).await?),
                     None => None,
                 },
@@ -226,7 +252,11 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
                 gbps,
                 p50_us: percentile(&lat, 0.5),
                 p99_us: percentile(&lat, 0.99),
-                baseline: "plain TCP stream, same processes, blocking sockets, ack per call",
+                baseline: if fabric {
+                    "memcpy of the same bytes per call in the same blocks, one thread, distinct buffers"
+                } else {
+                    "plain TCP stream, same processes, blocking sockets, ack per call"
+                },
                 baseline_gbps,
                 ratio_to_baseline: baseline_gbps.map(|b| gbps / b),
                 initiator_peak_rss_mib: mib(0),
@@ -275,6 +305,32 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
         t.stop();
     }
     Ok(results)
+}
+
+/// memcpy of the same footprint: `per_call` bytes in `block`-sized copies between two distinct
+/// buffers, on one thread (what one copy stream does, minus hixl).
+async fn memcpy_baseline(per_call: u64, block: u64, dur: Duration) -> CliResult<f64> {
+    tokio::task::spawn_blocking(move || {
+        let src = vec![1u8; per_call as usize];
+        let mut dst = vec![0u8; per_call as usize];
+        let block = block as usize;
+        let mut call = || {
+            for (d, s) in dst.chunks_mut(block).zip(src.chunks(block)) {
+                d.copy_from_slice(s);
+            }
+            std::hint::black_box(&mut dst);
+        };
+        call();
+        let start = Instant::now();
+        let mut calls = 0u64;
+        while start.elapsed() < dur || calls < 3 {
+            call();
+            calls += 1;
+        }
+        (calls * per_call) as f64 / start.elapsed().as_secs_f64() / 1e9
+    })
+    .await
+    .map_err(|e| CliError(format!("baseline thread failed: {e}")))
 }
 
 /// Plain TCP between the same two processes: the same bytes per call, in block-sized writes,

@@ -301,6 +301,22 @@ impl CopyEngine {
         Ok(())
     }
 
+    /// Runs `ops` on the calling thread, now, and returns their completions instead of posting
+    /// them: for small ops, where handing them to a stream would cost more than the copy.
+    ///
+    /// # Safety
+    /// As for [`CopyEngine::submit`], for the duration of the call.
+    pub unsafe fn run_inline(&self, ops: Vec<CopyOp>) -> Vec<PartResult> {
+        ops.into_iter()
+            .map(|op| {
+                // SAFETY: the caller upholds submit's contract while this call runs.
+                let r = unsafe { execute(op.kind) };
+                drop(op.keep);
+                (op.token, r)
+            })
+            .collect()
+    }
+
     /// Removes the queued (not yet started) ops whose token matches and completes each with
     /// `error`; returns how many. Used when a peer dies or a transfer is abandoned: ops already
     /// running finish normally.
