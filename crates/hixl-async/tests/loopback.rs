@@ -305,6 +305,13 @@ async fn use_after_shutdown_and_registration_rules() {
     drop(raw);
     // the target goes away: the initiator's link reports it, the engine stays usable
     t.shutdown(Duration::from_secs(1)).await;
+    for _ in 0..200 {
+        if !peer.is_connected() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!peer.is_connected(), "the target's finalize was not noticed");
     let rr = peer.regions()[0].clone();
     let e = peer
         .write(&[OpDesc::new(local.addr(), rr.addr, 16)])
