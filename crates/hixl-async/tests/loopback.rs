@@ -311,7 +311,10 @@ async fn use_after_shutdown_and_registration_rules() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert!(!peer.is_connected(), "the target's finalize was not noticed");
+    assert!(
+        !peer.is_connected(),
+        "the target's finalize was not noticed"
+    );
     let rr = peer.regions()[0].clone();
     let e = peer
         .write(&[OpDesc::new(local.addr(), rr.addr, 16)])

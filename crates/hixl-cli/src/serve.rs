@@ -107,6 +107,13 @@ pub async fn run(a: Args) -> CliResult {
                 if name == "hixl.verify" {
                     say(verify(&region, &msg));
                 }
+                if name == "hixl.deregister" {
+                    // Returns once every same-host peer stopped touching the region.
+                    match engine.deregister(&region).await {
+                        Ok(_) => say("DEREGISTERED ok".into()),
+                        Err(e) => say(format!("DEREGISTERED error {e}")),
+                    }
+                }
             }
             _ = quit.recv() => break,
             _ = tokio::signal::ctrl_c() => break,

@@ -438,3 +438,91 @@ async fn target_refuses_out_of_bounds_and_wrong_rkey_before_a_byte_moves() {
     );
     target.stop();
 }
+
+/// The target deregisters a pooled region while this initiator is writing into it: copies in
+/// flight finish, the target's deregister returns only after this side acknowledged, and later
+/// accesses fail with an error that names the range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fabric_revocation_while_mid_transfer() {
+    let mut target = Mode::FabricPool.spawn(64 << 20);
+    let (e, local) = initiator_with(64 << 20, "fabric").await;
+    let peer = Mode::FabricPool.connect(&e, &target).await;
+    let kv = peer.region("kv").unwrap();
+    let writes: Vec<_> = (0..8)
+        .map(|_| peer.write(&blocks(&local, kv.addr, 64 << 20, 64 << 10)))
+        .collect();
+    peer.notify("hixl.deregister", "").await.unwrap();
+    let results = tokio::time::timeout(T, futures::future::join_all(writes))
+        .await
+        .expect("transfers hung across a revocation");
+    let line = target.wait_line("DEREGISTERED", T).unwrap();
+    assert_eq!(line, "DEREGISTERED ok");
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(r.to_string().contains("0x"), "unclear error: {r}");
+    }
+    for _ in 0..200 {
+        if peer.region("kv").is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let err = peer
+        .write(&[OpDesc::new(local.addr(), kv.addr, 4096)])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, hixl::Error::RemoteOutOfBounds { .. }),
+        "after revocation: {err}"
+    );
+    assert!(peer.is_connected(), "revocation must not cost the link");
+    target.stop();
+}
+
+/// With `EnableUseFabricMem=1` on both sides a pooled region is mapped at the same address in
+/// the initiator; when that address is taken here, translation is used instead. Both move the
+/// right bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fabric_unified_va_and_translated_mappings() {
+    for taken in [false, true] {
+        let mut target = Target::spawn(
+            exe(),
+            8 << 20,
+            &["--pool", "--option", "EnableUseFabricMem=1"],
+        )
+        .unwrap();
+        let e = Engine::builder("127.0.0.1")
+            .option("hixl.Transport", "fabric")
+            .option("EnableUseFabricMem", "1")
+            .build()
+            .await
+            .unwrap();
+        // Our own pool region takes the window's first address: the peer's must be translated.
+        let _squat = taken.then(|| {
+            e.register_pooled(8 << 20, hixl::Access::LOCAL, None)
+                .unwrap()
+        });
+        let local = e.register(HostBuffer::zeroed(8 << 20).unwrap()).unwrap();
+        let peer = e.connect(&target.engine, T).await.unwrap();
+        let want = if taken {
+            "1 of them translated"
+        } else {
+            "0 of them translated"
+        };
+        assert!(peer.transport().contains(want), "{}", peer.transport());
+        let kv = peer.region("kv").unwrap();
+        assert_eq!(
+            kv.addr,
+            40 << 40,
+            "the target's pool starts the unified window"
+        );
+        let mut data = vec![0u8; 8 << 20];
+        fill_pattern(&mut data, 5 + taken as u64);
+        local.write_at(0, &data).unwrap();
+        peer.write(&blocks(&local, kv.addr, 8 << 20, 1 << 20))
+            .await
+            .unwrap();
+        let v = target_has(&peer, &mut target, 0, 8 << 20, checksum(&data)).await;
+        assert!(v.starts_with("VERIFY ok"), "taken={taken}: {v}");
+        target.stop();
+    }
+}
