@@ -43,20 +43,41 @@ pub async fn run(a: Args) -> CliResult {
         human(total)
     );
     let exe: PathBuf = std::env::current_exe()?;
-    let mut target = Target::spawn(&exe, total, &[])?;
+    let mut target = Target::spawn(&exe, total, &["--pool"])?;
     println!(
-        "  target process {} serving at {}",
+        "  target process {} serving at {} (its KV region is fabric-pool memory)",
         target.pid, target.engine
     );
+    for (i, transport) in ["tcp", "fabric"].into_iter().enumerate() {
+        one_round(&mut target, transport, total, layer, 0x5eed + i as u64).await?;
+    }
+    target.stop();
+    println!(
+        "demo ok. Next: `hixl bench comm --op both` (tcp) and `hixl bench comm --transport fabric` measure GB/s and latency against same-run baselines."
+    );
+    Ok(())
+}
 
-    let engine = Engine::builder("127.0.0.1").build().await?;
+/// Writes a pattern over `transport`, has the target verify it on a notify, reads it back.
+async fn one_round(
+    target: &mut Target,
+    transport: &str,
+    total: u64,
+    layer: u64,
+    seed: u64,
+) -> CliResult {
+    let engine = Engine::builder("127.0.0.1")
+        .option("hixl.Transport", transport)
+        .build()
+        .await?;
     let mut buf = HostBuffer::zeroed(total as usize)?;
-    fill_pattern(buf.as_mut_slice(), 0x5eed);
+    fill_pattern(buf.as_mut_slice(), seed);
     let sum = checksum(buf.as_slice());
     let local = engine.register(buf)?;
     let peer = engine
         .connect(&target.engine, Duration::from_secs(5))
         .await?;
+    println!("\n  [{transport}] {}", peer.transport());
     let kv = peer
         .region("kv")
         .ok_or_else(|| CliError("target exported no region named kv".into()))?;
@@ -119,7 +140,5 @@ pub async fn run(a: Args) -> CliResult {
     }
     engine.disconnect(&target.engine).await?;
     engine.shutdown(Duration::from_secs(1)).await;
-    target.stop();
-    println!("demo ok. Next: `hixl bench comm --op both` measures GB/s and latency against a same-run TCP baseline.");
     Ok(())
 }

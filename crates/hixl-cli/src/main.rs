@@ -31,7 +31,7 @@ enum Cmd {
     #[command(subcommand)]
     Bench(bench::Bench),
     /// Version, and which transports this machine can use and why.
-    Info,
+    Info(info::Args),
 }
 
 fn main() {
@@ -64,7 +64,7 @@ fn main() {
             Cmd::Demo(a) => demo::run(a).await,
             Cmd::Serve(a) => serve::run(a).await,
             Cmd::Bench(b) => bench::run(b).await,
-            Cmd::Info => info::run(),
+            Cmd::Info(a) => info::run(a).await,
         }
     });
     if let Err(e) = r {
