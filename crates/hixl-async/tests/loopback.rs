@@ -17,6 +17,21 @@ async fn pair(
     hixl_async::Region,
     hixl_async::Peer,
 ) {
+    pair_over(len, "auto").await
+}
+
+/// Target and initiator in this process; `transport` is the initiator's `hixl.Transport`
+/// (`auto` picks the fabric, since both are on this host).
+async fn pair_over(
+    len: usize,
+    transport: &str,
+) -> (
+    Engine,
+    Engine,
+    hixl_async::Region,
+    hixl_async::Region,
+    hixl_async::Peer,
+) {
     let target = Engine::builder("127.0.0.1")
         .ephemeral_port()
         .build()
@@ -29,7 +44,11 @@ async fn pair(
             Some("kv"),
         )
         .unwrap();
-    let init = Engine::builder("127.0.0.1").build().await.unwrap();
+    let init = Engine::builder("127.0.0.1")
+        .option("hixl.Transport", transport)
+        .build()
+        .await
+        .unwrap();
     let local = init.register(HostBuffer::zeroed(len).unwrap()).unwrap();
     let peer = init.connect(target.local_engine(), T).await.unwrap();
     (target, init, remote, local, peer)
@@ -87,8 +106,22 @@ async fn notify_arrives_after_data() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_is_refused_with_named_values() {
-    let (t, i, _remote, local, peer) = pair(1 << 20).await;
+async fn bad_input_is_refused_with_named_values_tcp() {
+    bad_input_is_refused_with_named_values("tcp").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_with_named_values_fabric() {
+    bad_input_is_refused_with_named_values("fabric").await
+}
+
+async fn bad_input_is_refused_with_named_values(transport: &str) {
+    let (t, i, _remote, local, peer) = pair_over(1 << 20, transport).await;
+    assert!(
+        peer.transport().starts_with(transport),
+        "{}",
+        peer.transport()
+    );
     let rr = peer.region("kv").unwrap();
     // remote out of bounds
     let e = peer
