@@ -37,7 +37,8 @@ pub struct CommArgs {
     /// Seconds to measure each case (and again its baseline).
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
-    /// Transport: `tcp` or `fabric` (same host: shared memory and copy engines).
+    /// Transport: `tcp`, `fabric` (same host: shared memory and copy engines) or `auto` (what
+    /// the engine picks for the peer; measured against the TCP baseline).
     #[arg(long, default_value = "tcp")]
     pub transport: String,
     /// With `--transport fabric`: the target registers heap memory (reached by cross-memory
@@ -104,11 +105,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// Runs `hixl bench comm` and returns its cases (also printed).
 pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
     let fabric = match a.transport.as_str() {
-        "tcp" => false,
+        "tcp" | "auto" => false,
         "fabric" => true,
         t => {
             return Err(CliError(format!(
-                "transport {t:?} is not available in this build (it has tcp and fabric; see `hixl info`)"
+                "transport {t:?} is not available in this build (it has tcp, fabric and auto; see `hixl info`)"
             )))
         }
     };

@@ -526,3 +526,63 @@ async fn fabric_unified_va_and_translated_mappings() {
         target.stop();
     }
 }
+
+/// An initiator that may not attach to the target's process (another uid, no CAP_SYS_PTRACE)
+/// is told so at connect: with `auto` the target's heap region goes over TCP and transfers
+/// work; with `fabric` forced, connect refuses with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fabric_without_cma_permission_falls_back_or_refuses() {
+    // Run our binary as nobody; it must be reachable for that user.
+    let copy = std::env::temp_dir().join(format!("hixl-nobody-{}", std::process::id()));
+    std::fs::copy(exe(), &copy).unwrap();
+    let _ = std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o755));
+    let target = Target::spawn(exe(), 1 << 20, &[]).unwrap();
+    let run = |transport: &str| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+            .arg(&copy)
+            .args([
+                "bench",
+                "comm",
+                "--target",
+                &target.engine,
+                "--transport",
+                transport,
+            ])
+            .args(["--blocks", "64K", "--batch", "4", "--duration", "0.1"])
+            .env("HIXL_LOG", "off")
+            .output()
+    };
+    let auto = match run("auto") {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: cannot run setpriv here: {e}");
+            return;
+        }
+    };
+    let out =
+        String::from_utf8_lossy(&auto.stdout).to_string() + &String::from_utf8_lossy(&auto.stderr);
+    if out.contains("setpriv:") {
+        eprintln!("skipped: setpriv cannot drop privileges here: {out}");
+        let _ = std::fs::remove_file(&copy);
+        return;
+    }
+    assert!(auto.status.success(), "{out}");
+    assert!(
+        out.contains("host regions over tcp") && out.contains("EPERM"),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("auto ")),
+        "no measured case: {out}"
+    );
+    let forced = run("fabric").unwrap();
+    let out = String::from_utf8_lossy(&forced.stderr).to_string();
+    assert!(!forced.status.success());
+    assert!(
+        out.contains("UNSUPPORTED") && out.contains("EPERM"),
+        "{out}"
+    );
+    let _ = std::fs::remove_file(&copy);
+    target.stop();
+}
