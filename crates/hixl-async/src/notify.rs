@@ -55,6 +55,31 @@ impl NotifyQueue {
         Some(n)
     }
 
+    /// Takes a notify frame from `peer` and returns the ack to send back (RESOURCE_EXHAUSTED
+    /// when that peer already has the maximum pending).
+    pub(crate) fn receive(
+        &self,
+        peer: &str,
+        seq: u64,
+        name: Vec<u8>,
+        msg: Vec<u8>,
+    ) -> hixl_core::wire::Message {
+        let ok = self.offer(Notify {
+            from: peer.to_string(),
+            name,
+            msg,
+        });
+        let status = if ok {
+            hixl_core::Status::Success
+        } else {
+            hixl_core::Status::ResourceExhausted
+        };
+        hixl_core::wire::Message::NotifyAck {
+            seq,
+            status: status.code(),
+        }
+    }
+
     /// Returns and clears every queued notify.
     pub(crate) fn drain(&self) -> Vec<Notify> {
         let Ok(mut g) = self.inner.lock() else {

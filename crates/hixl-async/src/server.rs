@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hixl_core::wire::{Channel, Message};
-use hixl_core::{Error, Notify, Status};
+use hixl_core::{Error, Status};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
@@ -256,22 +256,11 @@ impl Server {
             };
             match m {
                 Ok(Message::Notify { seq, name, msg }) => {
-                    let ok = self.shared.notifies.offer(Notify {
-                        from: peer.to_string(),
-                        name,
-                        msg,
-                    });
-                    let status = if ok {
-                        Status::Success
-                    } else {
-                        Status::ResourceExhausted
-                    };
                     let mut b = BytesMut::new();
-                    Message::NotifyAck {
-                        seq,
-                        status: status.code(),
-                    }
-                    .encode(&mut b);
+                    self.shared
+                        .notifies
+                        .receive(&peer, seq, name, msg)
+                        .encode(&mut b);
                     let _ = sess.control.send(b);
                 }
                 Ok(Message::Heartbeat { seq }) => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hixl_core::wire::{Channel, FabricRegion, Message, NO_FD};
-use hixl_core::{Error, Notify, Status};
+use hixl_core::{Error, Status};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -168,20 +168,7 @@ async fn handle(srv: Arc<Server>, s: UnixStream) {
         };
         match m {
             Ok(Message::Notify { seq, name, msg }) => {
-                let ok = srv.shared.notifies.offer(Notify {
-                    from: peer.to_string(),
-                    name,
-                    msg,
-                });
-                let status = if ok {
-                    Status::Success
-                } else {
-                    Status::ResourceExhausted
-                };
-                chan.send(Message::NotifyAck {
-                    seq,
-                    status: status.code(),
-                });
+                chan.send(srv.shared.notifies.receive(&peer, seq, name, msg));
             }
             Ok(Message::RevokeAck { rkey }) => {
                 let w = chan.revokes.lock().ok().and_then(|mut r| r.remove(&rkey));
