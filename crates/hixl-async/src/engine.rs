@@ -163,6 +163,7 @@ impl EngineBuilder {
         let cq = Arc::new(CompletionQueue::new().map_err(|e| Error::io("creating eventfd", e))?);
         let ops = Arc::new(Mutex::new(OpTable::new()));
         let instance = random_u64();
+        #[allow(unused_mut)]
         let mut sources: Vec<Arc<dyn hixl_core::CompletionSource>> = vec![cq.clone()];
         #[cfg(feature = "fabric")]
         let fabric = crate::fabric::FabricBackend::new(&options, instance)?.map(Arc::new);
@@ -399,6 +400,18 @@ impl Engine {
         let buf = f.pool.alloc(len)?;
         let desc = MemDesc::new(buf.addr(), buf.len());
         self.register_inner(desc, MemKind::Host, access, name, Some(Owned::Fabric(buf)))
+    }
+
+    /// Without the fabric backend there is no pool.
+    ///
+    /// # Errors
+    /// Always [`Error::Unsupported`].
+    #[cfg(not(feature = "fabric"))]
+    pub fn register_pooled(&self, len: u64, access: Access, name: Option<&str>) -> Result<Region> {
+        let _ = (len, access, name);
+        Err(Error::Unsupported {
+            what: "this build has no fabric pool (feature `fabric` is off)".into(),
+        })
     }
 
     /// Ends a registration: peers lose access at once (later requests are refused), then this

@@ -17,6 +17,7 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
+#[cfg(feature = "fabric")]
 use crate::completion::Completion;
 use crate::engine::Shared;
 use crate::frame_io::{read_frame, tune, write_frame, write_frames};
@@ -256,6 +257,7 @@ impl Link {
         &self.transport
     }
 
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     fn notify_acked(&self, seq: u64, status: u32) {
         let w = self
             .notify_waiters

@@ -98,11 +98,13 @@ impl Server {
     }
 
     /// The session with this id.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn session(&self, id: u64) -> Option<Arc<Session>> {
         self.sessions.lock().ok()?.get(&id).cloned()
     }
 
     /// Every connected initiator's session.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
         self.sessions
             .lock()

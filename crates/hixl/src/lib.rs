@@ -12,3 +12,7 @@ pub use hixl_core::{
     options, wire, Access, Error, MemDesc, MemKind, Notify, OpDesc, Options, RegionId,
     RemoteRegion, Result, Status, TransferOp, TransferStatus, NOTIFY_MAX_LEN, NOTIFY_MAX_PENDING,
 };
+
+/// LLM-DataDist over hixl (feature `datadist`): the KV-cache layer inference servers use.
+#[cfg(feature = "datadist")]
+pub use hixl_datadist as datadist;

@@ -1,0 +1,24 @@
+//! LLM-DataDist over hixl: the KV-cache layer inference servers integrate. They speak in
+//! caches, blocks and layers; this crate turns them into one-sided transfers.
+//!
+//! Wiring into an inference server: create an [`LlmDataDist`] at start and `initialize` it
+//! with `llm.ListenIpInfo`; register (or allocate) the KV caches, under a [`BlocksCacheKey`]
+//! for paged caches; on the first request that needs a peer cluster, `link_clusters`; per
+//! request, `pull_kv_blocks` (decode) or `push_kv_blocks` (prefill), or
+//! [`LlmDataDist::transfer_layerwise`] to move each layer as soon as it is computed;
+//! `unlink_clusters` and `finalize` on shutdown.
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod cache;
+mod datadist;
+mod layerwise;
+pub mod models;
+pub mod options;
+pub mod status;
+pub mod table;
+
+pub use cache::{BlocksCacheKey, CacheDesc, CacheIndex, DataType, KvCacheExtParam, Placement};
+pub use datadist::{Cache, ClusterInfo, LlmDataDist, LlmRole, MAX_CLUSTERS_PER_CALL};
+pub use layerwise::{LayerTarget, LayerwiseReport};
+pub use status::{DataDistError, LlmStatus, Result};
