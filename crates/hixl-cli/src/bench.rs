@@ -17,6 +17,8 @@ use crate::util::{human, parse_size, CliError, CliResult, RssSampler};
 pub enum Bench {
     /// Bandwidth and latency of READ/WRITE calls (HIXL's comm benchmark method).
     Comm(CommArgs),
+    /// One request's KV cache of a real model between two LLM-DataDist clusters.
+    Kv(crate::kv::KvArgs),
 }
 
 /// Arguments of `hixl bench comm`.
@@ -91,6 +93,7 @@ pub struct CaseResult {
 pub async fn run(b: Bench) -> CliResult {
     match b {
         Bench::Comm(a) => comm(a).await.map(|_| ()),
+        Bench::Kv(a) => crate::kv::bench(a).await,
     }
 }
 

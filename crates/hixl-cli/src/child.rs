@@ -29,16 +29,27 @@ impl Target {
     /// # Errors
     /// When the process cannot start or does not become ready in 30 s.
     pub fn spawn(exe: &Path, mem: u64, extra: &[&str]) -> CliResult<Target> {
+        let mem = mem.to_string();
+        let mut args = vec![
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--stdin-control",
+            "--mem",
+            &mem,
+        ];
+        args.extend_from_slice(extra);
+        Self::spawn_with(exe, &args)
+    }
+
+    /// Starts `exe args...` (a command that prints `READY engine=...` and exits when its
+    /// standard input closes) and waits for its READY line.
+    ///
+    /// # Errors
+    /// As [`Target::spawn`].
+    pub fn spawn_with(exe: &Path, args: &[&str]) -> CliResult<Target> {
         let mut child = Command::new(exe)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--stdin-control",
-                "--mem",
-            ])
-            .arg(mem.to_string())
-            .args(extra)
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

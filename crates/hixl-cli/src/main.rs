@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod info;
+mod kv;
 mod serve;
 
 use hixl_cli::util;
@@ -32,6 +33,9 @@ enum Cmd {
     Bench(bench::Bench),
     /// Version, and which transports this machine can use and why.
     Info(info::Args),
+    /// The peer cluster of `hixl bench kv` (an LLM-DataDist instance with a model's caches).
+    #[command(hide = true)]
+    KvServe(kv::ServeArgs),
 }
 
 fn main() {
@@ -65,6 +69,7 @@ fn main() {
             Cmd::Serve(a) => serve::run(a).await,
             Cmd::Bench(b) => bench::run(b).await,
             Cmd::Info(a) => info::run(a).await,
+            Cmd::KvServe(a) => kv::serve(a).await,
         }
     });
     if let Err(e) = r {

@@ -522,6 +522,24 @@ impl LlmDataDist {
         })
     }
 
+    /// The cache table of a linked cluster, as last read.
+    ///
+    /// # Errors
+    /// `LLM_NOT_YET_LINK`.
+    pub async fn peer_table(&self, cluster_id: u64) -> Result<CacheTable> {
+        let inner = self.inner()?;
+        let st = inner.state.lock().map_err(|_| poisoned())?;
+        st.links
+            .get(&cluster_id)
+            .map(|l| l.table.clone())
+            .ok_or_else(|| {
+                DataDistError::new(
+                    LlmStatus::NotYetLink,
+                    format!("cluster {cluster_id} is not linked"),
+                )
+            })
+    }
+
     /// The linked peer and its blocks cache under `key`.
     pub(crate) async fn remote_for(&self, key: BlocksCacheKey) -> Result<(Peer, CacheEntry)> {
         self.remote(

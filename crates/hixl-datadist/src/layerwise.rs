@@ -18,6 +18,8 @@ pub struct LayerTarget {
     pub src_blocks: Vec<u64>,
     /// Destination blocks, pairwise with `src_blocks`.
     pub dst_blocks: Vec<u64>,
+    /// Tensors per layer in both caches (2 for K,V; 1 for a per-kind MLA cache).
+    pub tensor_num_per_layer: u32,
 }
 
 /// What a layer-wise transfer did.
@@ -31,8 +33,6 @@ pub struct LayerwiseReport {
     pub last_ready: Duration,
     /// From the start until every transfer finished.
     pub finished: Duration,
-    /// Sum over layers of the time their transfers took (from ready to done, slowest target).
-    pub transfer_busy: Duration,
 }
 
 impl LayerwiseReport {
@@ -41,13 +41,14 @@ impl LayerwiseReport {
         self.finished.saturating_sub(self.last_ready)
     }
 
-    /// Share of the transfer time hidden under compute, 0..=1.
-    pub fn hidden_fraction(&self) -> f64 {
-        let busy = self.transfer_busy.as_secs_f64();
-        if busy <= 0.0 {
+    /// Share of a transfer that takes `alone` when run by itself (after compute) that this
+    /// layer-wise run hid under compute, 0..=1.
+    pub fn hidden_fraction(&self, alone: Duration) -> f64 {
+        let a = alone.as_secs_f64();
+        if a <= 0.0 {
             return 1.0;
         }
-        (1.0 - self.exposed().as_secs_f64() / busy).clamp(0.0, 1.0)
+        (1.0 - self.exposed().as_secs_f64() / a).clamp(0.0, 1.0)
     }
 }
 
@@ -110,7 +111,6 @@ impl LlmDataDist {
         let mut inflight = FuturesUnordered::new();
         let mut layers = 0u32;
         let mut last_ready = Duration::ZERO;
-        let mut busy = Duration::ZERO;
         let mut open = true;
         while open || !inflight.is_empty() {
             tokio::select! {
@@ -118,21 +118,21 @@ impl LlmDataDist {
                     Some(l) => {
                         layers += 1;
                         last_ready = start.elapsed();
-                        let t0 = Instant::now();
                         for (i, r) in resolved.iter().enumerate() {
                             let Some((peer, remote, runs)) = r else { continue };
-                            let ext = KvCacheExtParam::layers(l..l + 1);
+                            let ext = KvCacheExtParam {
+                                tensor_num_per_layer: targets[i].tensor_num_per_layer,
+                                ..KvCacheExtParam::layers(l..l + 1)
+                            };
                             inflight.push(async move {
                                 let res = self.move_runs_pub(peer, remote, src, runs, &ext).await;
-                                (i, t0, res)
+                                (i, res)
                             });
                         }
                     }
                     None => open = false,
                 },
-                Some((i, t0, res)) = inflight.next(), if !inflight.is_empty() => {
-                    let took = t0.elapsed();
-                    busy = busy.saturating_add(took / targets.len().max(1) as u32);
+                Some((i, res)) = inflight.next(), if !inflight.is_empty() => {
                     if let Err(e) = res {
                         if results[i].is_ok() {
                             results[i] = Err(e);
@@ -146,7 +146,6 @@ impl LlmDataDist {
             layers,
             last_ready,
             finished: start.elapsed(),
-            transfer_busy: busy,
         }
     }
 }

@@ -305,6 +305,7 @@ async fn layerwise_push_moves_each_layer_as_it_is_ready() {
         },
         src_blocks: dst,
         dst_blocks: src,
+        tensor_num_per_layer: 2,
     };
     let (tx, rx) = futures::channel::mpsc::unbounded::<u32>();
     let targets = [target];

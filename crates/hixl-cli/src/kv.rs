@@ -1,0 +1,435 @@
+//! `hixl bench kv` and its peer `hixl kv-serve`: one request's KV cache of a real model moved
+//! between two LLM-DataDist clusters, plain or layer by layer.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use hixl::datadist::models::{by_name, ModelGeometry};
+use hixl::datadist::{
+    BlocksCacheKey, Cache, ClusterInfo, KvCacheExtParam, LayerTarget, LlmDataDist, LlmRole,
+};
+use hixl_cli::child::Target;
+use serde::Serialize;
+
+use crate::util::{human, CliError, CliResult};
+
+/// Arguments of `hixl kv-serve` (the peer cluster `bench kv` starts).
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Model whose caches to allocate.
+    #[arg(long)]
+    pub model: String,
+    /// Blocks per cache.
+    #[arg(long)]
+    pub blocks: u64,
+    /// `tcp`, `fabric` or `auto`.
+    #[arg(long, default_value = "auto")]
+    pub transport: String,
+}
+
+/// Arguments of `hixl bench kv`.
+#[derive(clap::Args, Debug)]
+pub struct KvArgs {
+    /// Model (from the shipped geometry table: llama-3.1-8b, deepseek-r1, ...).
+    #[arg(long, default_value = "llama-3.1-8b")]
+    pub model: String,
+    /// Tokens of one request.
+    #[arg(long, default_value_t = 4096)]
+    pub tokens: u64,
+    /// `tcp` or `fabric`.
+    #[arg(long, default_value = "tcp")]
+    pub transport: String,
+    /// Push layer by layer, each as soon as its simulated compute is done.
+    #[arg(long)]
+    pub layerwise: bool,
+    /// Simulated compute per layer, in ms (with --layerwise).
+    #[arg(long, default_value_t = 2.0)]
+    pub layer_ms: f64,
+    /// Seconds to measure.
+    #[arg(long, default_value_t = 2.0)]
+    pub duration: f64,
+    /// One JSON object per case.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize)]
+struct KvResult {
+    bench: &'static str,
+    model: String,
+    transport: String,
+    tokens: u64,
+    mode: &'static str,
+    bytes_per_request: u64,
+    descriptors_per_request: usize,
+    requests: u64,
+    gbps: f64,
+    p50_ms: f64,
+    engine_same_descs_gbps: Option<f64>,
+    ratio_to_engine: Option<f64>,
+    compute_ms: Option<f64>,
+    transfer_ms: Option<f64>,
+    exposed_ms: Option<f64>,
+    hidden_fraction: Option<f64>,
+}
+
+fn cli(e: impl std::fmt::Display) -> CliError {
+    CliError(e.to_string())
+}
+
+async fn allocate(
+    dd: &LlmDataDist,
+    m: &ModelGeometry,
+    cluster: u64,
+    blocks: u64,
+) -> CliResult<Vec<(Cache, u32)>> {
+    let mut out = Vec::new();
+    for (i, (desc, per_layer)) in m.caches(blocks, m.block_tokens).into_iter().enumerate() {
+        let key = BlocksCacheKey {
+            cluster_id: cluster,
+            model_id: i as u64,
+        };
+        out.push((
+            dd.allocate_kv_cache(desc, Some(key)).await.map_err(cli)?,
+            per_layer,
+        ));
+    }
+    Ok(out)
+}
+
+/// Runs the peer cluster until its standard input closes.
+pub async fn serve(a: ServeArgs) -> CliResult {
+    let m = by_name(&a.model).map_err(cli)?;
+    let mut dd = LlmDataDist::new(1, LlmRole::Decoder);
+    dd.initialize(&[
+        ("llm.ListenIpInfo", "127.0.0.1:0"),
+        ("hixl.Transport", &a.transport),
+    ])
+    .await
+    .map_err(cli)?;
+    let _caches = allocate(&dd, &m, 1, a.blocks).await?;
+    println!(
+        "READY engine={} pid={}",
+        dd.listen_addr().map_err(cli)?,
+        std::process::id()
+    );
+    std::io::stdout().flush()?;
+    tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+    })
+    .await
+    .map_err(cli)?;
+    dd.finalize().await;
+    Ok(())
+}
+
+fn p50(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// Runs `hixl bench kv`.
+pub async fn bench(a: KvArgs) -> CliResult {
+    if !matches!(a.transport.as_str(), "tcp" | "fabric") {
+        return Err(CliError(format!(
+            "--transport must be tcp or fabric, not {:?}",
+            a.transport
+        )));
+    }
+    if a.tokens == 0
+        || a.duration.is_nan()
+        || a.duration <= 0.0
+        || a.layer_ms.is_nan()
+        || a.layer_ms < 0.0
+    {
+        return Err(CliError(
+            "--tokens and --duration must be > 0, --layer-ms ≥ 0".into(),
+        ));
+    }
+    let m = by_name(&a.model).map_err(cli)?;
+    let blocks = a.tokens.div_ceil(m.block_tokens);
+    let exe: PathBuf = std::env::current_exe()?;
+    let blocks_s = blocks.to_string();
+    let peer = Target::spawn_with(
+        &exe,
+        &[
+            "kv-serve",
+            "--model",
+            &a.model,
+            "--blocks",
+            &blocks_s,
+            "--transport",
+            &a.transport,
+        ],
+    )?;
+    let mut dd = LlmDataDist::new(2, LlmRole::Prompt);
+    dd.initialize(&[
+        ("llm.ListenIpInfo", "127.0.0.1:0"),
+        ("hixl.Transport", &a.transport),
+        ("llm.SyncKvCacheWaitTime", "60000"),
+    ])
+    .await
+    .map_err(cli)?;
+    let local = allocate(&dd, &m, 2, blocks).await?;
+    let cluster = ClusterInfo {
+        remote_cluster_id: 1,
+        remote_addr: peer.engine.clone(),
+    };
+    if let Some(Err(e)) = dd
+        .link_clusters(std::slice::from_ref(&cluster), Duration::from_secs(5))
+        .await
+        .map_err(cli)?
+        .pop()
+    {
+        return Err(cli(e));
+    }
+    let ids: Vec<u64> = (0..blocks).collect();
+    let bytes = m.bytes_for(blocks * m.block_tokens);
+    let dur = Duration::from_secs_f64(a.duration);
+    let engine = dd.engine().map_err(cli)?;
+    let hpeer = engine.peer(&peer.engine).map_err(cli)?;
+    if !a.json {
+        println!(
+            "{}: {} tokens = {} blocks of {} tokens; {} of KV per request; peer {}",
+            m.name,
+            a.tokens,
+            blocks,
+            m.block_tokens,
+            human(bytes),
+            hpeer.transport()
+        );
+    }
+    let result = if a.layerwise {
+        layerwise(&a, &dd, &m, &local, &ids, bytes).await?
+    } else {
+        // The KV layer: one pull per cache per request (after one to warm both sides' pages).
+        for (i, (cache, per_layer)) in local.iter().enumerate() {
+            let key = BlocksCacheKey {
+                cluster_id: 1,
+                model_id: i as u64,
+            };
+            let ext = KvCacheExtParam {
+                tensor_num_per_layer: *per_layer,
+                ..Default::default()
+            };
+            dd.pull_kv_blocks(key, cache, &ids, &ids, &ext)
+                .await
+                .map_err(cli)?;
+        }
+        let mut lat = Vec::new();
+        let start = Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < dur || n < 3 {
+            let t = Instant::now();
+            for (i, (cache, per_layer)) in local.iter().enumerate() {
+                let key = BlocksCacheKey {
+                    cluster_id: 1,
+                    model_id: i as u64,
+                };
+                let ext = KvCacheExtParam {
+                    tensor_num_per_layer: *per_layer,
+                    ..Default::default()
+                };
+                dd.pull_kv_blocks(key, cache, &ids, &ids, &ext)
+                    .await
+                    .map_err(cli)?;
+            }
+            lat.push(t.elapsed().as_secs_f64() * 1e3);
+            n += 1;
+        }
+        let gbps = (n * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9;
+        // The engine alone, posting the same descriptors (what `bench comm` measures).
+        let mut plans = Vec::new();
+        for (i, (cache, per_layer)) in local.iter().enumerate() {
+            let ext = KvCacheExtParam {
+                tensor_num_per_layer: *per_layer,
+                ..Default::default()
+            };
+            // Same geometry on both sides: the remote cache's addresses come from the table.
+            plans.push(
+                LlmDataDist::plan_blocks(
+                    (&cache.desc, &peer_addrs(&dd, i).await?),
+                    (&cache.desc, &cache.tensor_addrs),
+                    &ids,
+                    &ids,
+                    &ext,
+                    true,
+                )
+                .map_err(cli)?,
+            );
+        }
+        let descs: usize = plans.iter().map(Vec::len).sum();
+        let start = Instant::now();
+        let mut k = 0u64;
+        while start.elapsed() < dur || k < 3 {
+            for p in &plans {
+                hpeer.read(p).await.map_err(cli)?;
+            }
+            k += 1;
+        }
+        let eng = (k * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9;
+        KvResult {
+            bench: "kv",
+            model: m.name.clone(),
+            transport: a.transport.clone(),
+            tokens: blocks * m.block_tokens,
+            mode: "pull",
+            bytes_per_request: bytes,
+            descriptors_per_request: descs,
+            requests: n,
+            gbps,
+            p50_ms: p50(lat),
+            engine_same_descs_gbps: Some(eng),
+            ratio_to_engine: Some(gbps / eng),
+            compute_ms: None,
+            transfer_ms: None,
+            exposed_ms: None,
+            hidden_fraction: None,
+        }
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&result).map_err(cli)?);
+    } else {
+        print_result(&result);
+    }
+    dd.finalize().await;
+    peer.stop();
+    Ok(())
+}
+
+/// The peer's tensor addresses of cache `i`, from its published table.
+async fn peer_addrs(dd: &LlmDataDist, i: usize) -> CliResult<Vec<u64>> {
+    let t = dd.peer_table(1).await.map_err(cli)?;
+    t.by_key(BlocksCacheKey {
+        cluster_id: 1,
+        model_id: i as u64,
+    })
+    .map(|e| e.addrs.clone())
+    .ok_or_else(|| CliError(format!("peer has no cache {i}")))
+}
+
+async fn layerwise(
+    a: &KvArgs,
+    dd: &LlmDataDist,
+    m: &ModelGeometry,
+    local: &[(Cache, u32)],
+    ids: &[u64],
+    bytes: u64,
+) -> CliResult<KvResult> {
+    let push_all = || async {
+        for (i, (cache, per_layer)) in local.iter().enumerate() {
+            let key = BlocksCacheKey {
+                cluster_id: 1,
+                model_id: i as u64,
+            };
+            let ext = KvCacheExtParam {
+                tensor_num_per_layer: *per_layer,
+                ..Default::default()
+            };
+            dd.push_kv_blocks(key, cache, ids, ids, &ext)
+                .await
+                .map_err(cli)?;
+        }
+        CliResult::Ok(())
+    };
+    // The same push after compute, whole: what layer-wise transfer has to hide.
+    push_all().await?;
+    let mut alone = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        push_all().await?;
+        alone.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let alone_ms = p50(alone);
+    let mut lat = Vec::new();
+    let (mut compute, mut exposed) = (Vec::new(), Vec::new());
+    let start = Instant::now();
+    let dur = Duration::from_secs_f64(a.duration);
+    let mut n = 0u64;
+    while start.elapsed() < dur || n < 3 {
+        let t = Instant::now();
+        let mut senders = Vec::new();
+        let mut tasks = Vec::new();
+        for (i, (cache, per_layer)) in local.iter().enumerate() {
+            let (tx, rx) = futures::channel::mpsc::unbounded::<u32>();
+            senders.push(tx);
+            let target = vec![LayerTarget {
+                dst: BlocksCacheKey {
+                    cluster_id: 1,
+                    model_id: i as u64,
+                },
+                src_blocks: ids.to_vec(),
+                dst_blocks: ids.to_vec(),
+                tensor_num_per_layer: *per_layer,
+            }];
+            tasks.push(async move { dd.transfer_layerwise(cache, rx, &target).await });
+        }
+        let (layers, per_layer_ms) = (m.layers, a.layer_ms);
+        let sim = async move {
+            for l in 0..layers {
+                tokio::time::sleep(Duration::from_secs_f64(per_layer_ms / 1e3)).await; // layer l
+                for tx in &senders {
+                    let _ = tx.unbounded_send(l);
+                }
+            }
+        };
+        let (rs, ()) = tokio::join!(futures::future::join_all(tasks), sim);
+        for r in &rs {
+            if let Some(Err(e)) = r.results.iter().find(|r| r.is_err()) {
+                return Err(cli(e));
+            }
+        }
+        let last = rs.iter().map(|r| r.last_ready).max().unwrap_or_default();
+        let done = rs.iter().map(|r| r.finished).max().unwrap_or_default();
+        compute.push(last.as_secs_f64() * 1e3);
+        exposed.push(done.saturating_sub(last).as_secs_f64() * 1e3);
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        n += 1;
+    }
+    let exposed_ms = p50(exposed);
+    Ok(KvResult {
+        bench: "kv",
+        model: m.name.clone(),
+        transport: a.transport.clone(),
+        tokens: ids.len() as u64 * m.block_tokens,
+        mode: "layerwise-push",
+        bytes_per_request: bytes,
+        descriptors_per_request: 0,
+        requests: n,
+        gbps: (n * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9,
+        p50_ms: p50(lat),
+        engine_same_descs_gbps: None,
+        ratio_to_engine: None,
+        compute_ms: Some(p50(compute)),
+        transfer_ms: Some(alone_ms),
+        exposed_ms: Some(exposed_ms),
+        hidden_fraction: Some(if alone_ms > 0.0 {
+            (1.0 - exposed_ms / alone_ms).clamp(0.0, 1.0)
+        } else {
+            1.0
+        }),
+    })
+}
+
+fn print_result(r: &KvResult) {
+    match r.mode {
+        "pull" => println!(
+            "pull one request: {:.2} GB/s, p50 {:.2} ms per request ({} descriptors); the engine alone with the same descriptors: {:.2} GB/s; ratio {:.2}",
+            r.gbps,
+            r.p50_ms,
+            r.descriptors_per_request,
+            r.engine_same_descs_gbps.unwrap_or(0.0),
+            r.ratio_to_engine.unwrap_or(0.0)
+        ),
+        _ => println!(
+            "layer-wise push: request {:.2} ms p50 = compute {:.2} ms + exposed transfer {:.2} ms; the same push alone takes {:.2} ms, so {:.0}% of it is hidden under compute",
+            r.p50_ms,
+            r.compute_ms.unwrap_or(0.0),
+            r.exposed_ms.unwrap_or(0.0),
+            r.transfer_ms.unwrap_or(0.0),
+            r.hidden_fraction.unwrap_or(0.0) * 100.0
+        ),
+    }
+}
