@@ -53,7 +53,9 @@ pub async fn run(a: Args) -> CliResult {
     }
     target.stop();
     println!(
-        "demo ok. Next: `hixl bench comm --op both` (tcp) and `hixl bench comm --transport fabric` measure GB/s and latency against same-run baselines."
+        "demo ok. Next: `hixl bench comm --op both` (tcp) and `hixl bench comm --transport fabric` measure GB/s and latency against same-run baselines;\n\
+         the KV-cache layer: `cargo run --release -p hixl-examples --example prefill_decode` (prefill pushes each layer as it is computed, decode verifies every block)\n\
+         and `hixl bench kv --model llama-3.1-8b --tokens 4096 [--layerwise]`."
     );
     Ok(())
 }
