@@ -59,6 +59,10 @@ fn pairs() -> Vec<(u64, u64)> {
     v
 }
 
+fn contiguous_desc() -> hixl_datadist::CacheDesc {
+    hixl_datadist::CacheDesc::host(4, hixl_datadist::DataType::BFloat16, vec![8, 64, 32])
+}
+
 async fn caches(dd: &LlmDataDist, model: &str, cluster: u64) -> Vec<(Cache, u32)> {
     let m = by_name(model).unwrap();
     let mut out = Vec::new();
@@ -94,6 +98,9 @@ async fn child_process_entry() {
     for (c, _) in &cs {
         fill(c, 11, 0..BLOCKS);
     }
+    // a contiguous cache (no key): 8 batch entries
+    let contiguous = dd.allocate_kv_cache(contiguous_desc(), None).await.unwrap();
+    fill(&contiguous, 11, 0..8);
     println!("READY {}", dd.listen_addr().unwrap());
     std::io::stdout().flush().unwrap();
     let mut notes = dd.engine().unwrap().notifications();
@@ -230,6 +237,34 @@ async fn pull_and_push(model: &str, transport: &str) {
         .await
         .unwrap();
     assert_eq!(child.wait_verify(), "ok");
+    // contiguous caches by index: pull entry 3 into local entry 5, push it to remote entry 6,
+    // pull remote entry 6 back into local entry 1: both hold entry 3's bytes
+    let table = dd.peer_table(1).await.unwrap();
+    let id = table
+        .caches
+        .iter()
+        .find(|c| c.key.is_none())
+        .unwrap()
+        .cache_id;
+    let mine = dd.allocate_kv_cache(contiguous_desc(), None).await.unwrap();
+    let idx = |batch_index| hixl_datadist::CacheIndex {
+        cluster_id: 1,
+        cache_id: id,
+        batch_index,
+    };
+    let ext = KvCacheExtParam::default();
+    dd.pull_kv_cache(idx(3), &mine, 5, &ext).await.unwrap();
+    holds(&mine, 11, &[(3, 5)]).unwrap();
+    dd.push_kv_cache(&mine, idx(6), 5, &ext).await.unwrap();
+    dd.pull_kv_cache(idx(6), &mine, 1, &ext).await.unwrap();
+    holds(&mine, 11, &[(3, 1)]).unwrap();
+    assert_eq!(
+        dd.pull_kv_cache(idx(8), &mine, 0, &ext)
+            .await
+            .unwrap_err()
+            .status,
+        LlmStatus::ParamInvalid
+    );
     // errors name what is wrong
     let bad = dd
         .pull_kv_blocks(
