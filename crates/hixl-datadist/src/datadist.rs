@@ -615,6 +615,31 @@ impl LlmDataDist {
         Ok(())
     }
 
+    /// Moves `src_blocks` to `dst_blocks` between `local` and the peer cache `pick` selects:
+    /// pull (remote → local) or push (local → remote).
+    #[allow(clippy::too_many_arguments)]
+    async fn transfer(
+        &self,
+        cluster_id: u64,
+        pick: impl Fn(&CacheTable) -> Option<CacheEntry>,
+        what: String,
+        local: &Cache,
+        src_blocks: &[u64],
+        dst_blocks: &[u64],
+        ext: &KvCacheExtParam,
+        pull: bool,
+    ) -> Result<()> {
+        let (peer, remote) = self.remote(cluster_id, pick, what).await?;
+        let (src_units, dst_units) = if pull {
+            (remote.desc.units()?, local.desc.units()?)
+        } else {
+            (local.desc.units()?, remote.desc.units()?)
+        };
+        let runs = coalesce(src_blocks, dst_blocks, src_units, dst_units)?;
+        self.move_runs(&peer, &remote, local, &runs, ext, pull)
+            .await
+    }
+
     /// Pulls blocks of a peer's blocks cache into `dst` (HIXL `PullKvBlocks`). Block lists are
     /// coalesced into runs contiguous on both sides.
     ///
@@ -629,20 +654,19 @@ impl LlmDataDist {
         dst_blocks: &[u64],
         ext: &KvCacheExtParam,
     ) -> Result<()> {
-        let (peer, remote) = self
-            .remote(
-                src.cluster_id,
-                |t| t.by_key(src).cloned(),
-                format!("blocks cache {src:?}"),
-            )
-            .await?;
-        let runs = coalesce(
+        let what = format!("blocks cache {src:?}");
+        let pick = move |t: &CacheTable| t.by_key(src).cloned();
+        self.transfer(
+            src.cluster_id,
+            pick,
+            what,
+            dst,
             src_blocks,
             dst_blocks,
-            remote.desc.units()?,
-            dst.desc.units()?,
-        )?;
-        self.move_runs(&peer, &remote, dst, &runs, ext, true).await
+            ext,
+            true,
+        )
+        .await
     }
 
     /// Pushes blocks of `src` into a peer's blocks cache (HIXL `PushKvBlocks`); the source and
@@ -664,20 +688,19 @@ impl LlmDataDist {
                 ext.src_layer_range, ext.dst_layer_range
             )));
         }
-        let (peer, remote) = self
-            .remote(
-                dst.cluster_id,
-                |t| t.by_key(dst).cloned(),
-                format!("blocks cache {dst:?}"),
-            )
-            .await?;
-        let runs = coalesce(
+        let what = format!("blocks cache {dst:?}");
+        let pick = move |t: &CacheTable| t.by_key(dst).cloned();
+        self.transfer(
+            dst.cluster_id,
+            pick,
+            what,
+            src,
             src_blocks,
             dst_blocks,
-            src.desc.units()?,
-            remote.desc.units()?,
-        )?;
-        self.move_runs(&peer, &remote, src, &runs, ext, false).await
+            ext,
+            false,
+        )
+        .await
     }
 
     /// Pulls batch entry `src.batch_index` of a peer's contiguous cache into entry
@@ -692,20 +715,11 @@ impl LlmDataDist {
         batch_index: u32,
         ext: &KvCacheExtParam,
     ) -> Result<()> {
-        let (peer, remote) = self
-            .remote(
-                src.cluster_id,
-                |t| t.by_id(src.cache_id).cloned(),
-                format!("cache {}", src.cache_id),
-            )
-            .await?;
-        let runs = coalesce(
-            &[src.batch_index.into()],
-            &[batch_index.into()],
-            remote.desc.units()?,
-            dst.desc.units()?,
-        )?;
-        self.move_runs(&peer, &remote, dst, &runs, ext, true).await
+        let what = format!("cache {}", src.cache_id);
+        let pick = move |t: &CacheTable| t.by_id(src.cache_id).cloned();
+        let (s, d) = (u64::from(src.batch_index), u64::from(batch_index));
+        self.transfer(src.cluster_id, pick, what, dst, &[s], &[d], ext, true)
+            .await
     }
 
     /// Pushes batch entry `src_batch_index` of `src` into a peer's contiguous cache at
@@ -720,20 +734,11 @@ impl LlmDataDist {
         src_batch_index: u32,
         ext: &KvCacheExtParam,
     ) -> Result<()> {
-        let (peer, remote) = self
-            .remote(
-                dst.cluster_id,
-                |t| t.by_id(dst.cache_id).cloned(),
-                format!("cache {}", dst.cache_id),
-            )
-            .await?;
-        let runs = coalesce(
-            &[src_batch_index.into()],
-            &[dst.batch_index.into()],
-            src.desc.units()?,
-            remote.desc.units()?,
-        )?;
-        self.move_runs(&peer, &remote, src, &runs, ext, false).await
+        let what = format!("cache {}", dst.cache_id);
+        let pick = move |t: &CacheTable| t.by_id(dst.cache_id).cloned();
+        let (s, d) = (u64::from(src_batch_index), u64::from(dst.batch_index));
+        self.transfer(dst.cluster_id, pick, what, src, &[s], &[d], ext, false)
+            .await
     }
 
     /// The descriptors a block transfer would post (for benchmarks and tests).
