@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the hixl-verbs test binaries on the host and runs them inside the Soft-RoCE guest of
+# tools/softroce-vm.sh with HIXL_VERBS_DEVICE=rxe0 (on the host, without it, they skip).
+#
+#   tools/verbs-tests.sh                 # build, boot, run every hixl-verbs test binary
+#   tools/verbs-tests.sh -- --skip kill  # extra arguments go to each test binary
+#
+# Needs: libibverbs-dev librdmacm-dev libclang-dev (to build) and `tools/softroce-vm.sh deps`.
+# Exits non-zero if any test fails in the guest, or the guest does not come up.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "${1:-}" = "--" ] && shift
+t0=$SECONDS
+# The test binaries of the package: one per target (unit tests, each tests/*.rs).
+bins=$(cargo test -p hixl-verbs --no-run --message-format=json \
+  | grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/' | sort -u)
+[ -n "$bins" ] || { echo "verbs-tests: no test binaries built" >&2; exit 1; }
+echo "verbs-tests: built in $((SECONDS - t0))s:" $bins
+tools/softroce-vm.sh build $bins
+# Each binary runs with two test threads (the guest has two vCPUs); a failing binary does not
+# stop the others, the status is the first failure's.
+args="--test-threads=2 $*"
+cmd="export HIXL_VERBS_DEVICE=rxe0 RUST_BACKTRACE=1; rc=0"
+for b in $bins; do
+  n=$(basename "$b")
+  cmd="$cmd; echo '=== $n'; /extra/$n $args || rc=\$?"
+done
+cmd="$cmd; exit \$rc"
+tools/softroce-vm.sh run "$cmd"
+echo "verbs-tests: total ${SECONDS}s"
