@@ -110,6 +110,7 @@ async fn bad_input_is_refused_with_named_values_tcp() {
     bad_input_is_refused_with_named_values("tcp").await
 }
 
+#[cfg(feature = "fabric")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_with_named_values_fabric() {
     bad_input_is_refused_with_named_values("fabric").await
