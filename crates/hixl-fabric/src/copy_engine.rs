@@ -172,7 +172,12 @@ struct Shared {
     capacity: usize,
     busy_poll: Duration,
     cq: Arc<CompletionQueue>,
+    /// Stream threads, so a stream takes at most its share of the ring at once.
+    streams: usize,
 }
+
+/// Most ops a stream takes from the ring under one lock (and posts under one lock).
+const TAKE_MAX: usize = 16;
 
 #[derive(Debug)]
 struct Ring {
@@ -237,6 +242,7 @@ impl CopyEngine {
             capacity,
             busy_poll,
             cq: Arc::new(CompletionQueue::new()?),
+            streams: streams.max(1),
         });
         let mut engine = CopyEngine {
             shared,
@@ -415,24 +421,33 @@ impl Drop for CopyEngine {
 
 /// One stream: take an op, run it, post its completion; spin then sleep when the ring is empty.
 fn stream_loop(sh: &Shared) {
+    let mut batch: Vec<CopyOp> = Vec::with_capacity(TAKE_MAX);
+    let mut done = Vec::with_capacity(TAKE_MAX);
     loop {
-        let next = {
+        {
             let mut ring = sh.lock();
             if ring.stop {
                 return;
             }
-            let op = ring.ops.pop_front();
-            if op.is_some() {
+            // A fair share of what is queued, so parts still spread across the streams, and
+            // one lock (and one completion post) per batch instead of per op.
+            let take = (ring.ops.len() / sh.streams)
+                .clamp(1, TAKE_MAX)
+                .min(ring.ops.len());
+            batch.extend(ring.ops.drain(..take));
+            if !batch.is_empty() {
                 sh.queued.store(ring.ops.len(), Ordering::Release);
             }
-            op
-        };
-        if let Some(op) = next {
-            // SAFETY: submit's contract keeps every range of a queued op valid until its
-            // completion is drained, which cannot happen before the push below.
-            let result = unsafe { execute(op.kind) };
-            drop(op.keep);
-            sh.cq.push(op.token, result);
+        }
+        if !batch.is_empty() {
+            for op in batch.drain(..) {
+                // SAFETY: submit's contract keeps every range of a queued op valid until its
+                // completion is drained, which cannot happen before the post below.
+                let result = unsafe { execute(op.kind) };
+                drop(op.keep);
+                done.push((op.token, result));
+            }
+            sh.cq.push_all(done.drain(..));
             continue;
         }
         if spin_for_work(sh) {
