@@ -74,6 +74,19 @@ struct KvResult {
     hidden_fraction: Option<f64>,
 }
 
+/// The peer's cache `i` (cluster 1 is always the peer) and the layout of a whole-request move.
+fn peer_cache(i: usize, per_layer: u32) -> (BlocksCacheKey, KvCacheExtParam) {
+    let key = BlocksCacheKey {
+        cluster_id: 1,
+        model_id: i as u64,
+    };
+    let ext = KvCacheExtParam {
+        tensor_num_per_layer: per_layer,
+        ..Default::default()
+    };
+    (key, ext)
+}
+
 fn cli(e: impl std::fmt::Display) -> CliError {
     CliError(e.to_string())
 }
@@ -207,14 +220,7 @@ pub async fn bench(a: KvArgs) -> CliResult {
         // The KV layer: one pull per cache per request (after one to warm both sides' pages).
         let pull_all = || async {
             for (i, (cache, per_layer)) in local.iter().enumerate() {
-                let key = BlocksCacheKey {
-                    cluster_id: 1,
-                    model_id: i as u64,
-                };
-                let ext = KvCacheExtParam {
-                    tensor_num_per_layer: *per_layer,
-                    ..Default::default()
-                };
+                let (key, ext) = peer_cache(i, *per_layer);
                 dd.pull_kv_blocks(key, cache, &ids, &ids, &ext)
                     .await
                     .map_err(cli)?;
@@ -235,10 +241,7 @@ pub async fn bench(a: KvArgs) -> CliResult {
         // The engine alone, posting the same descriptors (what `bench comm` measures).
         let mut plans = Vec::new();
         for (i, (cache, per_layer)) in local.iter().enumerate() {
-            let ext = KvCacheExtParam {
-                tensor_num_per_layer: *per_layer,
-                ..Default::default()
-            };
+            let (_, ext) = peer_cache(i, *per_layer);
             // Same geometry on both sides: the remote cache's addresses come from the table.
             plans.push(
                 LlmDataDist::plan_blocks(
@@ -294,12 +297,10 @@ pub async fn bench(a: KvArgs) -> CliResult {
 /// The peer's tensor addresses of cache `i`, from its published table.
 async fn peer_addrs(dd: &LlmDataDist, i: usize) -> CliResult<Vec<u64>> {
     let t = dd.peer_table(1).await.map_err(cli)?;
-    t.by_key(BlocksCacheKey {
-        cluster_id: 1,
-        model_id: i as u64,
-    })
-    .map(|e| e.addrs.clone())
-    .ok_or_else(|| CliError(format!("peer has no cache {i}")))
+    let (key, _) = peer_cache(i, 1);
+    t.by_key(key)
+        .map(|e| e.addrs.clone())
+        .ok_or_else(|| CliError(format!("peer has no cache {i}")))
 }
 
 async fn layerwise(
@@ -312,14 +313,7 @@ async fn layerwise(
 ) -> CliResult<KvResult> {
     let push_all = || async {
         for (i, (cache, per_layer)) in local.iter().enumerate() {
-            let key = BlocksCacheKey {
-                cluster_id: 1,
-                model_id: i as u64,
-            };
-            let ext = KvCacheExtParam {
-                tensor_num_per_layer: *per_layer,
-                ..Default::default()
-            };
+            let (key, ext) = peer_cache(i, *per_layer);
             dd.push_kv_blocks(key, cache, ids, ids, &ext)
                 .await
                 .map_err(cli)?;
@@ -348,10 +342,7 @@ async fn layerwise(
             let (tx, rx) = futures::channel::mpsc::unbounded::<u32>();
             senders.push(tx);
             let target = vec![LayerTarget {
-                dst: BlocksCacheKey {
-                    cluster_id: 1,
-                    model_id: i as u64,
-                },
+                dst: peer_cache(i, *per_layer).0,
                 src_blocks: ids.to_vec(),
                 dst_blocks: ids.to_vec(),
                 tensor_num_per_layer: *per_layer,
