@@ -33,6 +33,29 @@ const INLINE_BYTES: u64 = 64 << 10;
 #[cfg(feature = "fabric")]
 const INLINE_OPS: usize = 4;
 
+/// Ops of a link with copies queued on the copy engine, so the link's death can cancel them.
+/// Finished ops are pruned only when the list has doubled since the last prune: amortized
+/// O(1) per submit, and the op table is not locked on every submission.
+#[cfg(feature = "fabric")]
+#[derive(Debug, Default)]
+struct CopyTokens {
+    tokens: Vec<Token>,
+    prune_at: usize,
+}
+
+#[cfg(feature = "fabric")]
+impl CopyTokens {
+    fn record(&mut self, token: Token, ops: &Mutex<hixl_core::OpTable<std::task::Waker>>) {
+        if self.tokens.len() >= self.prune_at {
+            if let Ok(o) = ops.lock() {
+                self.tokens.retain(|&t| o.phase(t).is_some());
+            }
+            self.prune_at = (self.tokens.len() * 2).max(64);
+        }
+        self.tokens.push(token);
+    }
+}
+
 /// What the initiator keeps per connected peer.
 #[derive(Debug)]
 pub(crate) struct Link {
@@ -50,7 +73,7 @@ pub(crate) struct Link {
     fabric: Option<Arc<crate::fabric::client::FabricLink>>,
     /// Ops with copies on the copy engine, so the link's death can cancel the queued ones.
     #[cfg(feature = "fabric")]
-    copy_tokens: Mutex<Vec<Token>>,
+    copy_tokens: Mutex<CopyTokens>,
     /// Which transport serves this peer, and why.
     transport: String,
 }
@@ -162,7 +185,7 @@ impl Link {
             #[cfg(feature = "fabric")]
             fabric,
             #[cfg(feature = "fabric")]
-            copy_tokens: Mutex::new(Vec::new()),
+            copy_tokens: Mutex::new(CopyTokens::default()),
             transport,
         });
         let (r, w) = s.into_split();
@@ -180,7 +203,11 @@ impl Link {
             let (l, sh) = (link.clone(), shared.clone());
             tokio::spawn(async move {
                 l.state.dead().await;
-                let tokens = l.copy_tokens.lock().map(|t| t.clone()).unwrap_or_default();
+                let tokens: std::collections::HashSet<Token> = l
+                    .copy_tokens
+                    .lock()
+                    .map(|t| t.tokens.iter().copied().collect())
+                    .unwrap_or_default();
                 if let (Some(b), Some(e)) = (&sh.fabric, l.state.error()) {
                     b.copy.cancel_queued(|t| tokens.contains(&t), &e);
                 }
@@ -387,14 +414,13 @@ impl Link {
         if !copies.is_empty() {
             match &shared.fabric {
                 Some(b) => {
-                    if let Ok(mut t) = self.copy_tokens.lock() {
-                        if let Ok(o) = shared.ops.lock() {
-                            t.retain(|&t| o.phase(t).is_some());
-                        }
-                        t.push(token);
-                    }
                     let small = copies.len() <= INLINE_OPS
                         && copies.iter().map(|c| c.kind.len()).sum::<u64>() <= INLINE_BYTES;
+                    if !small {
+                        if let Ok(mut t) = self.copy_tokens.lock() {
+                            t.record(token, &shared.ops);
+                        }
+                    }
                     let submitted = if small {
                         // SAFETY: as below; the copies run before this call returns.
                         let done = unsafe { b.copy.run_inline(copies) };
