@@ -79,9 +79,10 @@ async fn caches(dd: &LlmDataDist, model: &str, cluster: u64) -> Vec<(Cache, u32)
     out
 }
 
-/// Entry point of the peer cluster when this binary is re-run as a child (not a test when
-/// run normally: it returns at once).
+/// Entry point of the peer cluster when this binary is re-run as a child (ignored otherwise:
+/// it is a role, not a test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the peer role of the two-process tests; spawn_child runs it"]
 async fn child_process_entry() {
     let Ok(model) = std::env::var("HIXL_DD_CHILD_MODEL") else {
         return;
@@ -135,6 +136,7 @@ fn spawn_child(model: &str, transport: &str) -> Child {
         .args([
             "--exact",
             "child_process_entry",
+            "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
