@@ -515,7 +515,7 @@ impl Engine {
                     ..
                 } = &e
                 {
-                    if message.contains("itself") {
+                    if message == hixl_core::wire::REFUSE_SELF {
                         return Err(Error::ConnectToSelf {
                             engine: remote.to_string(),
                         });

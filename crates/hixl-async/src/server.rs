@@ -163,7 +163,8 @@ impl Server {
                 session: nonce,
             } => {
                 if nonce == self.instance {
-                    let reason = format!("engine {engine} cannot connect to itself");
+                    tracing::info!(engine = %engine, "refusing a connect to self");
+                    let reason = hixl_core::wire::REFUSE_SELF.to_string();
                     return Self::refuse(&mut s, Status::ParamInvalid, reason, &from).await;
                 }
                 self.serve_control(s, buf, Arc::from(engine.as_str())).await

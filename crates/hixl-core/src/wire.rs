@@ -26,6 +26,9 @@ pub const HEADER_LEN: usize = 12;
 pub const MAX_BODY: u32 = 4 << 20;
 /// Largest engine name accepted.
 pub const MAX_NAME: usize = 256;
+/// The `Refuse` reason a server gives an engine that connected to itself (under another of
+/// its addresses), so the initiator can report `ConnectToSelf` rather than a generic refusal.
+pub const REFUSE_SELF: &str = "connect to self";
 /// Largest payload a single data request may announce (1 TiB): anything above is malformed.
 pub const MAX_PAYLOAD: u64 = 1 << 40;
 
