@@ -11,9 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${1:-}" = "--" ] && shift
 t0=$SECONDS
-# The test binaries of the package: one per target (unit tests, each tests/*.rs).
-bins=$(cargo test -p hixl-verbs --no-run --message-format=json \
-  | grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/' | sort -u)
+# The test binaries: every target of hixl-verbs (unit tests, each tests/*.rs), and the
+# engine's verbs tests (hixl-async built with the `verbs` feature).
+exes() { grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/'; }
+bins=$( {
+  cargo test -p hixl-verbs --no-run --message-format=json | exes
+  cargo test -p hixl-async --features verbs --test verbs --no-run --message-format=json | exes
+} | sort -u)
 [ -n "$bins" ] || { echo "verbs-tests: no test binaries built" >&2; exit 1; }
 echo "verbs-tests: built in $((SECONDS - t0))s:" $bins
 tools/softroce-vm.sh build $bins

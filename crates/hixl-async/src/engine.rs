@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use crate::addr::{engine_name, EngineAddr};
 use crate::completion::{Completion, CompletionQueue};
 use crate::link::{Link, LinkParams, Peer};
-use crate::memory::{HostBuffer, Owned, Region, RegionInner};
+use crate::memory::{Backing, HostBuffer, Owned, Region, RegionInner};
 use crate::notify::{NotifyQueue, NotifyStream};
 use crate::reactor::Reactor;
 use crate::server::Server;
@@ -32,9 +32,14 @@ pub(crate) struct Shared {
     pub(crate) cq: Arc<CompletionQueue>,
     pub(crate) reactor: Arc<Reactor>,
     pub(crate) notifies: Arc<NotifyQueue>,
-    /// The same-host backend, unless `hixl.Transport=tcp`.
+    /// The same-host backend, unless `hixl.Transport` is `tcp` or `verbs`.
     #[cfg(feature = "fabric")]
     pub(crate) fabric: Option<Arc<crate::fabric::FabricBackend>>,
+    /// The RDMA backend, when a device is usable and the options allow it.
+    #[cfg(feature = "verbs")]
+    pub(crate) verbs: Option<Arc<crate::verbs::VerbsBackend>>,
+    /// Why this engine does (or does not) have the verbs backend.
+    pub(crate) verbs_why: String,
 }
 
 impl Shared {
@@ -171,6 +176,17 @@ impl EngineBuilder {
         if let Some(f) = &fabric {
             sources.push(f.copy.completions());
         }
+        #[cfg(feature = "verbs")]
+        let (verbs, verbs_why) = {
+            let (v, why) = crate::verbs::VerbsBackend::new(&options)?;
+            (v.map(Arc::new), why)
+        };
+        #[cfg(feature = "verbs")]
+        if let Some(v) = &verbs {
+            sources.push(v.source.clone());
+        }
+        #[cfg(not(feature = "verbs"))]
+        let verbs_why = "this build has no verbs backend (feature `verbs` is off)".to_string();
         let reactor = Arc::new(
             Reactor::new(sources, ops.clone())
                 .with_busy_poll(Duration::from_micros(options.fabric_busy_poll_us)),
@@ -184,6 +200,9 @@ impl EngineBuilder {
             notifies: Arc::new(NotifyQueue::default()),
             #[cfg(feature = "fabric")]
             fabric,
+            #[cfg(feature = "verbs")]
+            verbs,
+            verbs_why,
         });
         let (shutdown, rx) = watch::channel(false);
         tokio::spawn(reactor.run(rx.clone()));
@@ -345,7 +364,9 @@ impl Engine {
                 });
             }
         }
+        let mr = self.device_register(desc, access)?;
         let mut owned = owned;
+        let mut mr = mr;
         let region = {
             let mut t = self.inner.shared.regions.lock().map_err(|_| poisoned())?;
             let r = t.register(
@@ -362,7 +383,10 @@ impl Engine {
                         kind,
                         access,
                         rkey,
-                        owned.take(),
+                        Backing {
+                            owned: owned.take(),
+                            mr: mr.take(),
+                        },
                     ))
                 },
             )?;
@@ -379,13 +403,65 @@ impl Engine {
         Ok(Region { inner: region })
     }
 
+    /// Registers the memory with the RDMA device, when the engine has one. A failure is an
+    /// error with `hixl.Transport=verbs`; with `auto` the region is served over the other
+    /// transports (and the failure is logged).
+    #[cfg(feature = "verbs")]
+    fn device_register(
+        &self,
+        desc: MemDesc,
+        access: Access,
+    ) -> Result<Option<crate::memory::DeviceMr>> {
+        let Some(v) = &self.inner.shared.verbs else {
+            return Ok(None);
+        };
+        if desc.addr == 0 || desc.len == 0 {
+            return Ok(None); // refused by the region table with its own error
+        }
+        // SAFETY: the memory stays valid until deregistration has returned (register_raw's
+        // contract; owned buffers are kept by the region). The memory region is dropped by
+        // deregistration after the region's leases are gone and before the memory is handed
+        // back, or when the region itself is dropped (it is declared before the owned memory).
+        match unsafe { v.register(desc.addr, desc.len, access) } {
+            Ok(mr) => Ok(Some(mr)),
+            Err(e) if v.forced => Err(e),
+            Err(e) => {
+                tracing::warn!(
+                    "registering {:#x}+{} with {}: {e}; its transfers use another transport",
+                    desc.addr,
+                    desc.len,
+                    v.device
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    #[cfg(not(feature = "verbs"))]
+    fn device_register(
+        &self,
+        _desc: MemDesc,
+        _access: Access,
+    ) -> Result<Option<crate::memory::DeviceMr>> {
+        Ok(None)
+    }
+
+    /// Which RDMA device this engine uses, or why it uses none.
+    pub fn verbs_status(&self) -> std::result::Result<String, String> {
+        #[cfg(feature = "verbs")]
+        if let Some(v) = &self.inner.shared.verbs {
+            return Ok(v.device.clone());
+        }
+        Err(self.inner.shared.verbs_why.clone())
+    }
+
     /// Allocates `len` bytes from the engine's fabric pool (sealed, memfd-backed shared memory)
     /// and registers them. Same-host peers map such regions and copy into them directly;
     /// remote peers reach them over TCP like any other region.
     ///
     /// # Errors
     /// [`Error::Unsupported`] when the engine runs without the fabric backend
-    /// (`hixl.Transport=tcp`), [`Error::ResourceExhausted`] past the pool's capacity
+    /// (`hixl.Transport` `tcp` or `verbs`), [`Error::ResourceExhausted`] past the pool's capacity
     /// (`fabric_memory.max_capacity`), or the OS error of creating the memory.
     #[cfg(feature = "fabric")]
     pub fn register_pooled(&self, len: u64, access: Access, name: Option<&str>) -> Result<Region> {
@@ -395,7 +471,7 @@ impl Engine {
             .fabric
             .as_ref()
             .ok_or_else(|| Error::Unsupported {
-                what: "this engine has no fabric pool (hixl.Transport=tcp)".into(),
+                what: "this engine has no fabric pool (hixl.Transport is tcp or verbs)".into(),
             })?;
         let buf = f.pool.alloc(len)?;
         let desc = MemDesc::new(buf.addr(), buf.len());

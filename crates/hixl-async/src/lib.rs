@@ -19,6 +19,8 @@ mod link_state;
 mod server;
 mod tcp;
 mod transfer;
+#[cfg(feature = "verbs")]
+mod verbs;
 
 pub use addr::EngineAddr;
 pub use engine::{Engine, EngineBuilder};

@@ -74,6 +74,9 @@ pub(crate) struct Link {
     /// Ops with copies on the copy engine, so the link's death can cancel the queued ones.
     #[cfg(feature = "fabric")]
     copy_tokens: Mutex<CopyTokens>,
+    /// The RDMA path, when both peers have a device and no better transport serves the peer.
+    #[cfg(feature = "verbs")]
+    verbs: Option<Arc<crate::verbs::VerbsLink>>,
     /// Which transport serves this peer, and why.
     transport: String,
 }
@@ -129,10 +132,13 @@ impl Link {
             m => return Err(unexpected(remote, &m, "welcome")),
         };
         let mut fabric_info = None;
-        let table = loop {
+        let mut verbs_info = None;
+        #[allow(unused_mut)]
+        let mut table = loop {
             match read_frame(&mut s, &mut buf, remote).await? {
                 Message::MemTable(v) => break sort_table(v),
                 m @ Message::FabricInfo { .. } => fabric_info = Some(m),
+                Message::VerbsInfo { device } => verbs_info = Some(device),
                 m => return Err(unexpected(remote, &m, "memory table")),
             }
         };
@@ -167,10 +173,37 @@ impl Link {
         let (fabric, fstream, transport) =
             Self::choose_fabric(&shared, fabric_info.as_ref(), session, &p, &name).await?;
         #[cfg(not(feature = "fabric"))]
-        let transport = {
+        let (fabric, transport) = {
             let _ = fabric_info;
-            "tcp (this build has no fabric backend)".to_string()
+            (
+                None::<()>,
+                "tcp (this build has no fabric backend)".to_string(),
+            )
         };
+        #[cfg(feature = "verbs")]
+        let (verbs, transport) = if fabric.is_some() {
+            (None, transport)
+        } else {
+            let v = Self::choose_verbs(
+                &shared,
+                verbs_info.as_deref(),
+                &mut s,
+                &mut buf,
+                &mut table,
+                &state,
+                &name,
+            )
+            .await?;
+            match v {
+                Ok(v) => {
+                    let d = v.describe.clone();
+                    (Some(v), d)
+                }
+                Err(why) => (None, format!("{transport}; not verbs: {why}")),
+            }
+        };
+        #[cfg(not(feature = "verbs"))]
+        let _ = (&verbs_info, &fabric);
         tracing::info!(peer = %name, "transport: {transport}");
         let link = Arc::new(Link {
             name,
@@ -186,6 +219,8 @@ impl Link {
             fabric,
             #[cfg(feature = "fabric")]
             copy_tokens: Mutex::new(CopyTokens::default()),
+            #[cfg(feature = "verbs")]
+            verbs,
             transport,
         });
         let (r, w) = s.into_split();
@@ -241,7 +276,11 @@ impl Link {
     )> {
         use crate::fabric::client::{FabricLink, PeerInfo};
         let Some(backend) = &shared.fabric else {
-            return Ok((None, None, "tcp (hixl.Transport=tcp)".into()));
+            return Ok((
+                None,
+                None,
+                "tcp (the fabric backend is off: hixl.Transport is tcp or verbs)".into(),
+            ));
         };
         let refuse = |why: String| -> Result<_> {
             if backend.forced {
@@ -277,6 +316,81 @@ impl Link {
         }
         why.push(')');
         Ok((Some(Arc::new(fl)), Some(fs), why))
+    }
+
+    /// Decides whether verbs serves this peer and, if so, connects a queue pair over the
+    /// control connection (before it is split): `VerbsConnect` with our endpoint, the peer's
+    /// device keys, then `VerbsAccept` with its endpoint. `Ok(Err(why))` means "not verbs".
+    #[cfg(feature = "verbs")]
+    #[allow(clippy::too_many_arguments)]
+    async fn choose_verbs(
+        shared: &Arc<Shared>,
+        info: Option<&str>,
+        s: &mut TcpStream,
+        buf: &mut BytesMut,
+        table: &mut Vec<RemoteRegion>,
+        state: &Arc<LinkState>,
+        name: &Arc<str>,
+    ) -> Result<std::result::Result<Arc<crate::verbs::VerbsLink>, String>> {
+        let Some(backend) = &shared.verbs else {
+            return Ok(Err(format!(
+                "this engine has no RDMA device ({})",
+                shared.verbs_why
+            )));
+        };
+        let refuse = |why: String| -> Result<std::result::Result<_, String>> {
+            if backend.forced {
+                Err(Error::Unsupported {
+                    what: format!("hixl.Transport=verbs, but {name} cannot use it: {why}"),
+                })
+            } else {
+                Ok(Err(why))
+            }
+        };
+        let Some(peer_device) = info else {
+            return refuse("the peer offers no verbs (no usable RDMA device there)".into());
+        };
+        let mut qp = match backend.initiator_qp(name) {
+            Ok(q) => q,
+            Err(e) => return refuse(format!("creating a queue pair: {e}")),
+        };
+        let connect = Message::VerbsConnect {
+            endpoint: qp.endpoint().to_bytes().to_vec(),
+        };
+        write_frame(s, &connect, name).await?;
+        let mut keys = HashMap::new();
+        let remote = loop {
+            match read_frame(s, buf, name).await? {
+                Message::VerbsKeys(v) => keys.extend(v),
+                Message::MemTable(v) => *table = sort_table(v),
+                Message::VerbsAccept {
+                    status: 0,
+                    endpoint,
+                    ..
+                } => break hixl_verbs::QpEndpoint::from_bytes(&endpoint)?,
+                Message::VerbsAccept { reason, .. } => {
+                    return refuse(format!("the peer refused a queue pair: {reason}"))
+                }
+                m => return Err(unexpected(name, &m, "verbs accept")),
+            }
+        };
+        if let Err(e) = qp.connect(&remote) {
+            // The peer's QP is connected to ours; it is dropped with the session.
+            return refuse(format!("connecting the queue pair: {e}"));
+        }
+        let c = crate::verbs::Connected {
+            qp,
+            remote,
+            peer_device: peer_device.to_string(),
+            keys,
+        };
+        Ok(Ok(crate::verbs::VerbsLink::start(
+            backend,
+            shared,
+            state.clone(),
+            name.clone(),
+            c,
+        )))
     }
 
     /// Which transport serves this peer, and why.
@@ -355,6 +469,8 @@ impl Link {
         let token = shared.ops.lock().map_err(|_| poisoned())?.insert();
         #[cfg(feature = "fabric")]
         let mut copies: Vec<hixl_fabric::CopyOp> = Vec::new();
+        #[cfg(feature = "verbs")]
+        let (mut wrs, mut wr_leases) = (Vec::new(), Vec::new());
         let built = (|| -> Result<u32> {
             let table = self.table.read().map_err(|_| poisoned())?;
             let regions = shared.regions.lock().map_err(|_| poisoned())?;
@@ -375,6 +491,29 @@ impl Link {
                     let n = self.fabric_parts(&mut copies, token, write, d, &e, &local.data)?;
                     count(n)?;
                     continue;
+                }
+                #[cfg(feature = "verbs")]
+                if let Some(v) = &self.verbs {
+                    if let (Some(lkey), Some(dev)) = (local.data.lkey, v.key(rkey)) {
+                        let l = hixl_verbs::LocalRange {
+                            addr: d.local_addr,
+                            len: d.len,
+                            lkey,
+                        };
+                        let r = hixl_verbs::RemoteRange {
+                            addr: d.remote_addr,
+                            rkey: dev,
+                        };
+                        wrs.push(hixl_verbs::WorkRequest {
+                            token,
+                            op,
+                            local: l,
+                            remote: r,
+                        });
+                        wr_leases.push(Lease::new(&local.data));
+                        count(1)?;
+                        continue;
+                    }
                 }
                 let mut off = 0;
                 while off < d.len {
@@ -450,6 +589,10 @@ impl Link {
                     }),
                 })),
             }
+        }
+        #[cfg(feature = "verbs")]
+        if let Some(v) = &self.verbs {
+            v.submit(token, wrs, wr_leases);
         }
         for (i, batch) in per.into_iter().enumerate() {
             if batch.is_empty() {
@@ -646,9 +789,21 @@ async fn control_reader(mut r: OwnedReadHalf, mut buf: BytesMut, link: Arc<Link>
                 }
             }
             Ok(Message::MemTable(v)) => {
-                if let Ok(mut t) = link.table.write() {
-                    *t = sort_table(v);
+                let v = sort_table(v);
+                #[cfg(feature = "verbs")]
+                if let Some(vl) = &link.verbs {
+                    vl.prune_keys(&v);
                 }
+                if let Ok(mut t) = link.table.write() {
+                    *t = v;
+                }
+            }
+            Ok(Message::VerbsKeys(v)) => {
+                #[cfg(feature = "verbs")]
+                if let Some(vl) = &link.verbs {
+                    vl.update_keys(&v);
+                }
+                let _ = v;
             }
             Ok(Message::Heartbeat { .. }) => {}
             Ok(Message::Disconnect { reason }) => {

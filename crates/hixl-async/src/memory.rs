@@ -106,6 +106,22 @@ pub(crate) enum Owned {
     Fabric(hixl_fabric::FabricBuf),
 }
 
+/// A region's registration with the RDMA device (without the verbs backend, a type with no
+/// values, so the fields that hold one are always empty).
+#[cfg(feature = "verbs")]
+pub(crate) type DeviceMr = hixl_verbs::MemoryRegion;
+/// See the `verbs` variant.
+#[cfg(not(feature = "verbs"))]
+pub(crate) type DeviceMr = std::convert::Infallible;
+
+/// What a region holds on to until it is deregistered: its memory (when the engine owns it)
+/// and its device registration.
+#[derive(Debug, Default)]
+pub(crate) struct Backing {
+    pub(crate) owned: Option<Owned>,
+    pub(crate) mr: Option<DeviceMr>,
+}
+
 /// A registered region's shared state: what keeps its memory alive and counts ops touching it.
 #[derive(Debug)]
 pub(crate) struct RegionInner {
@@ -115,7 +131,17 @@ pub(crate) struct RegionInner {
     pub(crate) kind: MemKind,
     pub(crate) access: Access,
     pub(crate) rkey: u64,
+    /// The device registration, dropped by deregistration once no local op uses it (from then
+    /// on the device refuses the region's keys). Declared before `owned` so that, when an
+    /// engine is dropped without deregistering, it is dropped before the memory is freed.
+    mr: Mutex<Option<DeviceMr>>,
     owned: Mutex<Option<Owned>>,
+    /// Local key of `mr` for work requests of this engine.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub(crate) lkey: Option<u32>,
+    /// Remote key of `mr` that verbs peers present.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    pub(crate) dev_rkey: Option<u32>,
     inflight: AtomicUsize,
     revoked: AtomicBool,
     idle: tokio::sync::Notify,
@@ -129,8 +155,16 @@ impl RegionInner {
         kind: MemKind,
         access: Access,
         rkey: u64,
-        owned: Option<Owned>,
+        backing: Backing,
     ) -> RegionInner {
+        let Backing { owned, mr } = backing;
+        #[cfg(feature = "verbs")]
+        let (lkey, dev_rkey) = match &mr {
+            Some(m) => (Some(m.lkey()), Some(m.rkey())),
+            None => (None, None),
+        };
+        #[cfg(not(feature = "verbs"))]
+        let (lkey, dev_rkey) = (None, None);
         RegionInner {
             id,
             addr,
@@ -139,6 +173,9 @@ impl RegionInner {
             access,
             rkey,
             owned: Mutex::new(owned),
+            mr: Mutex::new(mr),
+            lkey,
+            dev_rkey,
             inflight: AtomicUsize::new(0),
             revoked: AtomicBool::new(false),
             idle: tokio::sync::Notify::new(),
@@ -156,6 +193,13 @@ impl RegionInner {
             }
             notified.await;
         }
+        // No local work request names the region any more: end the device registration
+        // before the memory can be freed or reused (a peer's late RDMA op is refused).
+        let mr = self.mr.lock().ok().and_then(|mut m| m.take());
+        #[cfg(feature = "verbs")]
+        drop(mr);
+        #[cfg(not(feature = "verbs"))]
+        let _ = mr;
         match self.owned.lock().ok().and_then(|mut o| o.take()) {
             Some(Owned::Host(b)) => Some(b),
             #[cfg(feature = "fabric")]

@@ -15,6 +15,14 @@ use crate::engine::Shared;
 use crate::frame_io::{read_frame, tune, write_frame, write_frames};
 use crate::link_state::LinkState;
 
+/// `(rkey, device rkey)` of every exported region registered with the RDMA device.
+fn device_keys(r: &hixl_core::RegionTable<Arc<crate::memory::RegionInner>>) -> Vec<(u64, u32)> {
+    r.iter()
+        .filter(|e| e.access.is_remote())
+        .filter_map(|e| Some((e.rkey, e.data.dev_rkey?)))
+        .collect()
+}
+
 /// How long a new connection may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -27,6 +35,19 @@ pub(crate) struct Session {
     /// The same-host fabric channel, once the initiator opened it.
     #[cfg(feature = "fabric")]
     pub(crate) fabric: Mutex<Option<Arc<crate::fabric::server::FabricChan>>>,
+    /// The target's end of the initiator's RC queue pair, once it asked for one. Nothing is
+    /// posted on it; it lives as long as the session.
+    #[cfg(feature = "verbs")]
+    verbs: Mutex<Option<hixl_verbs::QueuePair>>,
+}
+
+impl Session {
+    fn has_verbs(&self) -> bool {
+        #[cfg(feature = "verbs")]
+        return self.verbs.lock().map(|q| q.is_some()).unwrap_or(false);
+        #[cfg(not(feature = "verbs"))]
+        false
+    }
 }
 
 /// The listening side of an engine.
@@ -112,18 +133,81 @@ impl Server {
             .unwrap_or_default()
     }
 
-    /// Sends the current memory table to every connected initiator.
+    /// Sends the current memory table to every connected initiator (preceded, on verbs
+    /// links, by the regions' device keys, so that a region is never in an initiator's table
+    /// without its key).
     pub(crate) fn broadcast_table(&self) {
-        let table = match self.shared.regions.lock() {
-            Ok(r) => r.exported(),
+        let (table, keys) = match self.shared.regions.lock() {
+            Ok(r) => (r.exported(), device_keys(&r)),
             Err(_) => return,
         };
         let mut b = BytesMut::new();
         Message::MemTable(table).encode(&mut b);
+        let mut kb = BytesMut::new();
+        Message::VerbsKeys(keys).encode(&mut kb);
         if let Ok(s) = self.sessions.lock() {
             for s in s.values() {
+                if s.has_verbs() {
+                    let _ = s.control.send(kb.clone());
+                }
                 let _ = s.control.send(b.clone());
             }
+        }
+    }
+
+    /// Answers an initiator's `VerbsConnect`: a QP connected to its endpoint, then the device
+    /// keys and our endpoint.
+    fn accept_verbs(&self, sess: &Session, endpoint: &[u8]) {
+        let reply = |m: Message| {
+            let mut b = BytesMut::new();
+            m.encode(&mut b);
+            let _ = sess.control.send(b);
+        };
+        let refuse = |status: Status, reason: String| {
+            tracing::info!(peer = %sess.peer, "refusing a queue pair: {reason}");
+            reply(Message::VerbsAccept {
+                status: status.code(),
+                endpoint: Vec::new(),
+                reason,
+            })
+        };
+        #[cfg(feature = "verbs")]
+        {
+            let Some(v) = &self.shared.verbs else {
+                return refuse(Status::Unsupported, "this engine has no RDMA device".into());
+            };
+            let Ok(mut slot) = sess.verbs.lock() else {
+                return refuse(Status::Failed, "session lock poisoned".into());
+            };
+            if slot.is_some() {
+                return refuse(Status::AlreadyConnected, "a queue pair exists".into());
+            }
+            match v.accept(&sess.peer, endpoint) {
+                Ok(qp) => {
+                    let ep = qp.endpoint().to_bytes().to_vec();
+                    *slot = Some(qp);
+                    drop(slot);
+                    let keys = match self.shared.regions.lock() {
+                        Ok(r) => device_keys(&r),
+                        Err(_) => Vec::new(),
+                    };
+                    reply(Message::VerbsKeys(keys));
+                    reply(Message::VerbsAccept {
+                        status: 0,
+                        endpoint: ep,
+                        reason: String::new(),
+                    });
+                }
+                Err(e) => refuse(e.status(), e.to_string()),
+            }
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = endpoint;
+            refuse(
+                Status::Unsupported,
+                "this build has no verbs backend".into(),
+            )
         }
     }
 
@@ -228,6 +312,8 @@ impl Server {
             control: tx,
             #[cfg(feature = "fabric")]
             fabric: Mutex::new(None),
+            #[cfg(feature = "verbs")]
+            verbs: Mutex::new(None),
         });
         // Insert before sending the table so a concurrent registration's broadcast reaches
         // this peer too.
@@ -242,6 +328,7 @@ impl Server {
             .unwrap_or_default();
         if write_frame(&mut s, &welcome, &peer).await.is_err()
             || !self.send_fabric_info(&mut s, &peer).await
+            || !self.send_verbs_info(&mut s, &peer).await
             || write_frame(&mut s, &Message::MemTable(table), &peer)
                 .await
                 .is_err()
@@ -272,6 +359,7 @@ impl Server {
                     let _ = sess.control.send(b);
                 }
                 Ok(Message::Disconnect { reason }) => break format!("peer disconnected: {reason}"),
+                Ok(Message::VerbsConnect { endpoint }) => self.accept_verbs(&sess, &endpoint),
                 Ok(m) => {
                     let e = format!("unexpected {m:?} on the control connection");
                     tracing::warn!(peer = %peer, "closing session: {e}");
@@ -300,6 +388,20 @@ impl Server {
                 pid: f.identity.pid as u32,
                 uid: f.identity.uid,
                 socket: f.socket.clone(),
+            };
+            return write_frame(s, &info, peer).await.is_ok();
+        }
+        let _ = (s, peer);
+        true
+    }
+
+    /// Offers the verbs backend (sent before the memory table). Returns false when the
+    /// socket failed.
+    async fn send_verbs_info(&self, s: &mut TcpStream, peer: &str) -> bool {
+        #[cfg(feature = "verbs")]
+        if let Some(v) = &self.shared.verbs {
+            let info = Message::VerbsInfo {
+                device: v.device.clone(),
             };
             return write_frame(s, &info, peer).await.is_ok();
         }

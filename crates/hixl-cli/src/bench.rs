@@ -39,8 +39,9 @@ pub struct CommArgs {
     /// Seconds to measure each case (and again its baseline).
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
-    /// Transport: `tcp`, `fabric` (same host: shared memory and copy engines) or `auto` (what
-    /// the engine picks for the peer; measured against the TCP baseline).
+    /// Transport: `tcp`, `fabric` (same host: shared memory and copy engines), `verbs` (RDMA;
+    /// builds with the `verbs` feature) or `auto` (what the engine picks for the peer).
+    /// Measured against a raw TCP baseline of the same run.
     #[arg(long, default_value = "tcp")]
     pub transport: String,
     /// With `--transport fabric`: the target registers heap memory (reached by cross-memory
@@ -110,12 +111,15 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
     let fabric = match a.transport.as_str() {
         "tcp" | "auto" => false,
         "fabric" => true,
+        "verbs" if cfg!(feature = "verbs") => false,
         t => {
             return Err(CliError(format!(
-                "transport {t:?} is not available in this build (it has tcp, fabric and auto; see `hixl info`)"
+                "transport {t:?} is not available in this build (it has tcp, fabric{} and auto; see `hixl info`)",
+                if cfg!(feature = "verbs") { ", verbs" } else { "" }
             )))
         }
     };
+    let verbs = a.transport == "verbs";
     let ops: Vec<TransferOp> = match a.op.as_str() {
         "write" => vec![TransferOp::Write],
         "read" => vec![TransferOp::Read],
@@ -151,6 +155,13 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
     let mut target = match &a.target {
         Some(_) => None,
         None if fabric && !a.heap => Some(Target::spawn(&exe, mem, &["--baseline", "--pool"])?),
+        // The target must serve verbs too (the two processes share a host, where `auto`
+        // would pick the fabric).
+        None if verbs => Some(Target::spawn(
+            &exe,
+            mem,
+            &["--baseline", "--option", "hixl.Transport=verbs"],
+        )?),
         None => Some(Target::spawn(&exe, mem, &["--baseline"])?),
     };
     let remote = match (&a.target, &target) {

@@ -13,6 +13,7 @@ pub struct Args {
     pub peer: Option<String>,
 }
 
+#[cfg_attr(feature = "verbs", allow(dead_code))]
 fn rdma_devices() -> Vec<String> {
     std::fs::read_dir("/sys/class/infiniband")
         .map(|d| {
@@ -21,6 +22,63 @@ fn rdma_devices() -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The verbs line: whether an engine can use RDMA here and why not, then every device with its
+/// ports and GIDs.
+#[cfg(feature = "verbs")]
+async fn verbs_report() {
+    let engine = hixl::Engine::builder("127.0.0.1")
+        .option("hixl.Transport", "verbs")
+        .build()
+        .await;
+    match engine.as_ref().map(|e| e.verbs_status()) {
+        Ok(Ok(dev)) => println!(
+            "  verbs   available: RDMA WRITE/READ over {dev} (one-sided, no CPU on the target) to peers on other hosts that have an active device too; same-host peers take the fabric"
+        ),
+        Ok(Err(why)) => println!("  verbs   not available: {why}"),
+        Err(e) => println!("  verbs   not available: {e}"),
+    }
+    match hixl::verbs::query_devices() {
+        Ok(devs) => {
+            for d in devs {
+                println!(
+                    "  device {}: firmware {:?}, max_qp_wr {}, max_cqe {}, max_mr_size {}",
+                    d.name, d.fw_ver, d.max_qp_wr, d.max_cqe, d.max_mr_size
+                );
+                for p in &d.ports {
+                    println!(
+                        "    port {}: {}, {}, active mtu {}, max message {} bytes, lid {}",
+                        p.port,
+                        p.state,
+                        p.link_layer,
+                        p.active_mtu
+                            .map(|m| m.to_string())
+                            .unwrap_or_else(|| "unknown".into()),
+                        p.max_msg_size,
+                        p.lid
+                    );
+                    for g in &p.gids {
+                        println!("      {g}");
+                    }
+                }
+            }
+        }
+        Err(e) => println!("  devices: {e}"),
+    }
+}
+
+#[cfg(not(feature = "verbs"))]
+async fn verbs_report() {
+    let devs = rdma_devices();
+    if devs.is_empty() {
+        println!("  verbs   not available: no RDMA device on this machine (/sys/class/infiniband is empty or missing), and this build has no verbs backend (build hixl-cli with --features verbs)");
+    } else {
+        println!(
+            "  verbs   not in this build: RDMA devices present ({}); build hixl-cli with --features verbs (needs libibverbs-dev) to use them",
+            devs.join(", ")
+        );
+    }
 }
 
 fn ptrace_scope() -> Option<String> {
@@ -51,15 +109,7 @@ pub async fn run(a: Args) -> CliResult {
         ),
         Err(e) => println!("  fabric  not available: {e}"),
     }
-    let devs = rdma_devices();
-    if devs.is_empty() {
-        println!("  verbs   not available: no RDMA device on this machine (/sys/class/infiniband is empty or missing), and the verbs backend is not in this build");
-    } else {
-        println!(
-            "  verbs   not in this build: RDMA devices present ({}), but the verbs backend is not implemented yet",
-            devs.join(", ")
-        );
-    }
+    verbs_report().await;
     println!("memory kinds: host (device memory needs a device runtime; none in this build)");
     if let Some(p) = a.peer {
         let e = hixl::Engine::builder("127.0.0.1").build().await?;

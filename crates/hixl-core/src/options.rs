@@ -64,6 +64,20 @@ pub struct Options {
     /// `hixl.FabricBusyPollUs` (hixl extension): how long an idle fabric copy stream spins
     /// before sleeping, 0–10000 µs, default 0 (an idle engine uses no CPU).
     pub fabric_busy_poll_us: u64,
+    /// `hixl.VerbsDevice` (hixl extension): the RDMA device to use (e.g. `mlx5_0`, `rxe0`);
+    /// unset or empty picks the first device with an active port.
+    pub verbs_device: Option<String>,
+    /// `hixl.VerbsPort` (hixl extension): the device port, 1–255, default 1.
+    pub verbs_port: u8,
+    /// `hixl.VerbsGidIndex` (hixl extension): source GID index for RoCE, 0–255; unset picks the
+    /// port's first RoCE v2 GID.
+    pub verbs_gid_index: Option<u8>,
+    /// `hixl.VerbsTimeout` (hixl extension): local ACK timeout exponent of the QPs
+    /// (4.096 µs × 2^n per try), 1–31, default 14 (~67 ms).
+    pub verbs_timeout: u8,
+    /// `hixl.VerbsRetryCount` (hixl extension): transport retries before an op fails, 0–7,
+    /// default 7.
+    pub verbs_retry_count: u8,
 }
 
 impl Default for Options {
@@ -82,6 +96,11 @@ impl Default for Options {
             heartbeat_interval_ms: 1000,
             heartbeat_miss_limit: 5,
             fabric_busy_poll_us: 0,
+            verbs_device: None,
+            verbs_port: 1,
+            verbs_gid_index: None,
+            verbs_timeout: 14,
+            verbs_retry_count: 7,
         }
     }
 }
@@ -115,6 +134,12 @@ const UINT_KEYS: &[UintKey] = &[
         empty: None, store: |o, v| o.heartbeat_miss_limit = v as u32 },
     UintKey { key: "hixl.FabricBusyPollUs", min: 0, max: 10_000, multiple_of: 1, size: false,
         empty: None, store: |o, v| o.fabric_busy_poll_us = v },
+    UintKey { key: "hixl.VerbsPort", min: 1, max: 255, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.verbs_port = v as u8 },
+    UintKey { key: "hixl.VerbsTimeout", min: 1, max: 31, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.verbs_timeout = v as u8 },
+    UintKey { key: "hixl.VerbsRetryCount", min: 0, max: 7, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.verbs_retry_count = v as u8 },
 ];
 
 /// ADXL spellings and the HIXL key each one stands for.
@@ -152,7 +177,8 @@ impl Options {
         "GlobalResourceConfig", "AutoConnect", "LocalCommRes",
         "adxl.BufferPool", "adxl.RdmaTrafficClass", "adxl.RdmaServiceLevel", "adxl.LocalCommRes",
         "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.HeartbeatIntervalMs",
-        "hixl.HeartbeatMissLimit", "hixl.FabricBusyPollUs",
+        "hixl.HeartbeatMissLimit", "hixl.FabricBusyPollUs", "hixl.VerbsDevice", "hixl.VerbsPort",
+        "hixl.VerbsGidIndex", "hixl.VerbsTimeout", "hixl.VerbsRetryCount",
     ];
 
     /// Parses and stores one option. Only this key's own value is checked; the cross-key check
@@ -188,6 +214,22 @@ impl Options {
             "hixl.Transport" => {
                 self.transport = TransportChoice::from_name(v)
                     .ok_or_else(|| err("expected one of auto, tcp, fabric, verbs".to_owned()))?;
+            }
+            "hixl.VerbsDevice" => {
+                if v.len() > 64 || !v.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(err("expected a device name such as mlx5_0 or rxe0".into()));
+                }
+                self.verbs_device = (!v.is_empty()).then(|| v.to_owned());
+            }
+            "hixl.VerbsGidIndex" => {
+                self.verbs_gid_index = if v.is_empty() {
+                    None
+                } else {
+                    let n = parse_uint(v).filter(|n| *n <= 255).ok_or_else(|| {
+                        err("expected an integer in 0..=255, or empty for auto".into())
+                    })?;
+                    Some(n as u8)
+                };
             }
             _ => {
                 return Err(Error::UnknownOption {
@@ -664,6 +706,42 @@ mod tests {
             opts(&[("GlobalResourceConfig", " ")]).unwrap(),
             Options::default()
         );
+    }
+
+    #[test]
+    fn verbs_keys() {
+        let o = opts(&[
+            ("hixl.VerbsDevice", "rxe0"),
+            ("hixl.VerbsGidIndex", "1"),
+            ("hixl.VerbsPort", "2"),
+            ("hixl.VerbsTimeout", "18"),
+            ("hixl.VerbsRetryCount", "3"),
+        ])
+        .unwrap();
+        assert_eq!(o.verbs_device.as_deref(), Some("rxe0"));
+        assert_eq!(
+            (
+                o.verbs_gid_index,
+                o.verbs_port,
+                o.verbs_timeout,
+                o.verbs_retry_count
+            ),
+            (Some(1), 2, 18, 3)
+        );
+        let d = Options::default();
+        assert_eq!(
+            (d.verbs_device.clone(), d.verbs_gid_index, d.verbs_timeout),
+            (None, None, 14)
+        );
+        assert_eq!(
+            opts(&[("hixl.VerbsGidIndex", "")]).unwrap().verbs_gid_index,
+            None
+        );
+        assert!(set_err("hixl.VerbsGidIndex", "256").contains("0..=255"));
+        assert!(set_err("hixl.VerbsDevice", "a b").contains("device name"));
+        assert!(set_err("hixl.VerbsTimeout", "0").contains("range"));
+        assert!(set_err("hixl.VerbsRetryCount", "8").contains("range"));
+        assert!(set_err("hixl.VerbsPort", "0").contains("range"));
     }
 
     proptest! {

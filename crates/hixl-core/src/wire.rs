@@ -144,8 +144,16 @@ pub mod ty {
     pub const REVOKE: u8 = 15;
     /// [`super::Message::RevokeAck`]
     pub const REVOKE_ACK: u8 = 16;
+    /// [`super::Message::VerbsInfo`]
+    pub const VERBS_INFO: u8 = 17;
+    /// [`super::Message::VerbsConnect`]
+    pub const VERBS_CONNECT: u8 = 18;
+    /// [`super::Message::VerbsAccept`]
+    pub const VERBS_ACCEPT: u8 = 19;
+    /// [`super::Message::VerbsKeys`]
+    pub const VERBS_KEYS: u8 = 20;
     /// The highest type number.
-    pub const LAST: u8 = REVOKE_ACK;
+    pub const LAST: u8 = VERBS_KEYS;
 }
 
 /// What a new TCP connection is for.
@@ -291,7 +299,33 @@ pub enum Message {
         /// The region's rkey.
         rkey: u64,
     },
+    /// The target has an active RDMA device and offers the verbs transport (sent before the
+    /// memory table).
+    VerbsInfo {
+        /// The device's name, for the initiator's log and `Peer::transport`.
+        device: String,
+    },
+    /// The initiator asks for an RC queue pair connected to its own.
+    VerbsConnect {
+        /// The initiator's queue-pair endpoint (`hixl_verbs::QpEndpoint`, ≤ 64 bytes).
+        endpoint: Vec<u8>,
+    },
+    /// The target's answer to `VerbsConnect`.
+    VerbsAccept {
+        /// HIXL status code: 0 when the QP is connected and `endpoint` is the target's.
+        status: u32,
+        /// The target's queue-pair endpoint (empty on refusal).
+        endpoint: Vec<u8>,
+        /// Why not, on refusal.
+        reason: String,
+    },
+    /// Device keys of the sender's exported regions: `(rkey of the memory table, the memory
+    /// region's device rkey)`. Sent on verbs links before every memory table.
+    VerbsKeys(Vec<(u64, u32)>),
 }
+
+/// Longest queue-pair endpoint a `VerbsConnect`/`VerbsAccept` may carry.
+pub const MAX_ENDPOINT: usize = 64;
 
 /// Size of the body of a data request frame.
 pub const DATA_REQ_BODY: usize = 32;
@@ -468,6 +502,32 @@ impl Message {
                 out.put_u64_le(*rkey);
                 ty::REVOKE_ACK
             }
+            Message::VerbsInfo { device } => {
+                put_bytes(out, device.as_bytes());
+                ty::VERBS_INFO
+            }
+            Message::VerbsConnect { endpoint } => {
+                put_bytes(out, endpoint);
+                ty::VERBS_CONNECT
+            }
+            Message::VerbsAccept {
+                status,
+                endpoint,
+                reason,
+            } => {
+                out.put_u32_le(*status);
+                put_bytes(out, endpoint);
+                put_bytes(out, reason.as_bytes());
+                ty::VERBS_ACCEPT
+            }
+            Message::VerbsKeys(v) => {
+                out.put_u32_le(v.len() as u32);
+                for (rkey, dev) in v {
+                    out.put_u64_le(*rkey);
+                    out.put_u32_le(*dev);
+                }
+                ty::VERBS_KEYS
+            }
         };
         let body_len = (out.len() - body_start) as u32;
         out[start + 5] = t;
@@ -641,6 +701,31 @@ impl Message {
             ty::REVOKE_ACK => Message::RevokeAck {
                 rkey: r.u64("rkey")?,
             },
+            ty::VERBS_INFO => Message::VerbsInfo {
+                device: r.string("verbs device", MAX_NAME)?,
+            },
+            ty::VERBS_CONNECT => Message::VerbsConnect {
+                endpoint: r.bytes("endpoint", MAX_ENDPOINT)?.to_vec(),
+            },
+            ty::VERBS_ACCEPT => Message::VerbsAccept {
+                status: r.u32("status")?,
+                endpoint: r.bytes("endpoint", MAX_ENDPOINT)?.to_vec(),
+                reason: r.string("reason", MAX_NAME)?,
+            },
+            ty::VERBS_KEYS => {
+                let n = r.u32("verbs key count")?;
+                if u64::from(n) * 12 > r.0.len() as u64 {
+                    return Err(WireError::BadField {
+                        field: "verbs key count",
+                        value: n.into(),
+                    });
+                }
+                let mut v = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    v.push((r.u64("verbs rkey")?, r.u32("device rkey")?));
+                }
+                Message::VerbsKeys(v)
+            }
             other => return Err(WireError::BadType(other)),
         };
         if !r.0.is_empty() {
@@ -792,6 +877,24 @@ mod tests {
             }]),
             Message::Revoke { rkey: 9 },
             Message::RevokeAck { rkey: 9 },
+            Message::VerbsInfo {
+                device: "rxe0".into(),
+            },
+            Message::VerbsConnect {
+                endpoint: vec![1; 32],
+            },
+            Message::VerbsAccept {
+                status: 0,
+                endpoint: vec![2; 32],
+                reason: String::new(),
+            },
+            Message::VerbsAccept {
+                status: 8,
+                endpoint: vec![],
+                reason: "no queue pair".into(),
+            },
+            Message::VerbsKeys(vec![(9, 0x1234), (u64::MAX, u32::MAX)]),
+            Message::VerbsKeys(vec![]),
         ]
     }
 

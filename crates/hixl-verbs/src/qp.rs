@@ -72,11 +72,17 @@ impl Default for QpConfig {
 }
 
 impl QpConfig {
-    /// The defaults with the engine's `RdmaTrafficClass` and `RdmaServiceLevel` options.
+    /// The defaults with the engine's options applied: `RdmaTrafficClass`,
+    /// `RdmaServiceLevel`, `hixl.VerbsPort`, `hixl.VerbsGidIndex`, `hixl.VerbsTimeout` and
+    /// `hixl.VerbsRetryCount`.
     pub fn from_options(o: &Options) -> QpConfig {
         QpConfig {
             traffic_class: o.rdma_traffic_class,
             service_level: o.rdma_service_level,
+            port: o.verbs_port,
+            gid_index: o.verbs_gid_index,
+            timeout: o.verbs_timeout,
+            retry_cnt: o.verbs_retry_count,
             ..QpConfig::default()
         }
     }

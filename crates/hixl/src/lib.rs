@@ -16,3 +16,8 @@ pub use hixl_core::{
 /// LLM-DataDist over hixl (feature `datadist`): the KV-cache layer inference servers use.
 #[cfg(feature = "datadist")]
 pub use hixl_datadist as datadist;
+
+/// The RDMA verbs layer (devices, ports, GIDs, memory regions, queue pairs), for tools that
+/// want to look below the engine, such as `hixl info`.
+#[cfg(feature = "verbs")]
+pub use hixl_verbs as verbs;

@@ -42,9 +42,12 @@ impl std::fmt::Debug for FabricBackend {
 }
 
 impl FabricBackend {
-    /// The backend the options ask for, or `None` with `hixl.Transport=tcp`.
+    /// The backend the options ask for, or `None` with `hixl.Transport=tcp` or `verbs`.
     pub(crate) fn new(options: &Options, instance: u64) -> Result<Option<FabricBackend>> {
-        if options.transport == TransportChoice::Tcp {
+        if matches!(
+            options.transport,
+            TransportChoice::Tcp | TransportChoice::Verbs
+        ) {
             return Ok(None);
         }
         let fm = &options.global.fabric_memory;
