@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the hixl-verbs test binaries on the host and runs them inside the Soft-RoCE guest of
-# tools/softroce-vm.sh with HIXL_VERBS_DEVICE=rxe0 (on the host, without it, they skip).
+# Builds the verbs test binaries (hixl-verbs, and the engine's tests/verbs.rs) and the hixl
+# command with the verbs feature on the host, and runs them inside the Soft-RoCE guest of
+# tools/softroce-vm.sh with HIXL_VERBS_DEVICE=rxe0 (on the host, without it, the tests skip),
+# followed by `hixl info` and `hixl bench comm --transport verbs`.
 #
 #   tools/verbs-tests.sh                 # build, boot, run every hixl-verbs test binary
 #   tools/verbs-tests.sh -- --skip kill  # extra arguments go to each test binary
@@ -19,8 +21,11 @@ bins=$( {
   cargo test -p hixl-async --features verbs --test verbs --no-run --message-format=json | exes
 } | sort -u)
 [ -n "$bins" ] || { echo "verbs-tests: no test binaries built" >&2; exit 1; }
-echo "verbs-tests: built in $((SECONDS - t0))s:" $bins
-tools/softroce-vm.sh build $bins
+# The hixl command with the verbs transport, for `hixl info` and `hixl bench comm` in the guest.
+cli=$(cargo build -p hixl-cli --features verbs --message-format=json | exes | grep '/hixl$' | head -n 1)
+[ -n "$cli" ] || { echo "verbs-tests: the hixl command did not build" >&2; exit 1; }
+echo "verbs-tests: built in $((SECONDS - t0))s:" $bins "$cli"
+tools/softroce-vm.sh build $bins "$cli"
 # Each binary runs with two test threads (the guest has two vCPUs); a failing binary does not
 # stop the others, the status is the first failure's.
 args="--test-threads=2 $*"
@@ -29,6 +34,11 @@ for b in $bins; do
   n=$(basename "$b")
   cmd="$cmd; echo '=== $n'; /extra/$n $args || rc=\$?"
 done
+# The command over real verbs: what it sees, then a short benchmark (in a TCG guest these
+# figures measure correctness, not speed; `hixl bench` fails if any transfer fails).
+cmd="$cmd; echo '=== hixl info'; /extra/hixl info || rc=\$?"
+cmd="$cmd; echo '=== hixl bench comm --transport verbs'"
+cmd="$cmd; /extra/hixl bench comm --transport verbs --op both --blocks 16K,128K,2M --total 8M --duration 0.5 || rc=\$?"
 cmd="$cmd; exit \$rc"
 tools/softroce-vm.sh run "$cmd"
 echo "verbs-tests: total ${SECONDS}s"

@@ -158,10 +158,11 @@ fn target_config(cfg: &QpConfig) -> QpConfig {
     }
 }
 
-/// Leases of one transfer's posted work requests.
+/// Leases of one transfer's posted work requests, and the link they were posted on.
 struct Hold {
     parts: usize,
     _leases: Vec<Lease>,
+    link: Weak<VerbsLink>,
 }
 
 /// The verbs completion queue as the reactor sees it: draining also releases leases of
@@ -173,7 +174,7 @@ pub(crate) struct VerbsSource {
 }
 
 impl VerbsSource {
-    fn hold(&self, token: Token, parts: usize, leases: Vec<Lease>) {
+    fn hold(&self, token: Token, parts: usize, leases: Vec<Lease>, link: Weak<VerbsLink>) {
         if let Ok(mut h) = self.holds.lock() {
             match h.get_mut(&token) {
                 Some(x) => {
@@ -186,11 +187,19 @@ impl VerbsSource {
                         Hold {
                             parts,
                             _leases: leases,
+                            link,
                         },
                     );
                 }
             }
         }
+    }
+
+    /// The error of the link `token` was posted on, if that link is down: a request flushed
+    /// because the link closed reports why the link closed, not just "flushed".
+    fn link_error(&self, token: Token) -> Option<Error> {
+        let link = self.holds.lock().ok()?.get(&token)?.link.upgrade()?;
+        link.state.error()
     }
 
     fn release(&self, token: Token, parts: usize) {
@@ -242,8 +251,13 @@ impl CompletionSource for VerbsSource {
             return 0;
         }
         let mut failed = false;
-        for (token, r) in &out[start..] {
-            failed |= r.is_err();
+        for (token, r) in &mut out[start..] {
+            if r.is_err() {
+                failed = true;
+                if let Some(e) = self.link_error(*token) {
+                    *r = Err(e);
+                }
+            }
             self.release(*token, 1);
         }
         for l in self.live_links() {
@@ -292,6 +306,8 @@ pub(crate) struct VerbsLink {
     keys: RwLock<HashMap<u64, u32>>,
     /// What `Peer::transport` says.
     pub(crate) describe: String,
+    /// This link, for the holds of its requests.
+    me: Weak<VerbsLink>,
 }
 
 impl std::fmt::Debug for VerbsLink {
@@ -327,7 +343,8 @@ impl VerbsLink {
             qp.endpoint().mtu.min(remote.mtu),
             qp.endpoint().gid_index,
         );
-        let l = Arc::new(VerbsLink {
+        let l = Arc::new_cyclic(|me| VerbsLink {
+            me: me.clone(),
             peer,
             shared: Arc::downgrade(shared),
             source: backend.source.clone(),
@@ -393,7 +410,7 @@ impl VerbsLink {
             };
             return self.fail_now(&wrs, &e);
         }
-        self.source.hold(token, wrs.len(), leases);
+        self.source.hold(token, wrs.len(), leases, self.me.clone());
         if let Ok(mut b) = self.backlog.lock() {
             b.extend(wrs);
         }
