@@ -40,6 +40,69 @@ pub(crate) struct Shared {
     pub(crate) verbs: Option<Arc<crate::verbs::VerbsBackend>>,
     /// Why this engine does (or does not) have the verbs backend.
     pub(crate) verbs_why: String,
+    /// Liveness of control connections (`hixl.HeartbeatIntervalMs`, `hixl.HeartbeatMissLimit`).
+    pub(crate) heartbeat: Heartbeat,
+    /// The shared secret connects are authenticated with (`hixl.AuthSecret` or
+    /// `HIXL_AUTH_SECRET`), if any.
+    pub(crate) auth: Option<hixl_core::auth::Secret>,
+}
+
+/// The secret of `hixl.AuthSecret`, else of the `HIXL_AUTH_SECRET` environment variable.
+fn auth_secret(options: &Options) -> Result<Option<hixl_core::auth::Secret>> {
+    use hixl_core::auth::SECRET_ENV;
+    if let Some(s) = &options.auth_secret {
+        return Ok(Some(s.clone()));
+    }
+    match std::env::var(SECRET_ENV) {
+        Ok(v) if !v.trim().is_empty() => {
+            let mut o = Options::default();
+            o.set("hixl.AuthSecret", &v)
+                .map_err(|e| Error::InvalidOption {
+                    key: SECRET_ENV.into(),
+                    value: "<redacted>".into(),
+                    reason: match e {
+                        Error::InvalidOption { reason, .. } => reason,
+                        e => e.to_string(),
+                    },
+                })?;
+            Ok(o.auth_secret)
+        }
+        Ok(_) => Ok(None),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(Error::InvalidOption {
+            key: SECRET_ENV.into(),
+            value: "<redacted>".into(),
+            reason: "not valid UTF-8".into(),
+        }),
+    }
+}
+
+/// How often each end of a control connection probes the other, and how many probes may go
+/// unanswered before the link is declared dead.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heartbeat {
+    pub(crate) interval: Duration,
+    pub(crate) miss_limit: u32,
+}
+
+impl Heartbeat {
+    /// Silence longer than this kills a link.
+    pub(crate) fn bound(&self) -> Duration {
+        self.interval * self.miss_limit
+    }
+
+    /// The error of a link that went silent.
+    pub(crate) fn lost(&self, peer: &str, silent: Duration) -> Error {
+        Error::PeerLost {
+            peer: peer.to_string(),
+            cause: format!(
+                "no heartbeat answer for {} ms ({} probes at {} ms intervals missed; the peer is dead or the network is cut)",
+                silent.as_millis(),
+                self.miss_limit,
+                self.interval.as_millis()
+            ),
+        }
+    }
 }
 
 impl Shared {
@@ -165,6 +228,7 @@ impl EngineBuilder {
             Some(sa) => engine_name(sa),
             None => addr.ip.to_string(),
         };
+        let auth = auth_secret(&options)?;
         let cq = Arc::new(CompletionQueue::new().map_err(|e| Error::io("creating eventfd", e))?);
         let ops = Arc::new(Mutex::new(OpTable::new()));
         let instance = random_u64();
@@ -203,6 +267,11 @@ impl EngineBuilder {
             #[cfg(feature = "verbs")]
             verbs,
             verbs_why,
+            heartbeat: Heartbeat {
+                interval: Duration::from_millis(options.heartbeat_interval_ms),
+                miss_limit: options.heartbeat_miss_limit,
+            },
+            auth,
         });
         let (shutdown, rx) = watch::channel(false);
         tokio::spawn(reactor.run(rx.clone()));

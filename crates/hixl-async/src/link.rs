@@ -79,6 +79,9 @@ pub(crate) struct Link {
     verbs: Option<Arc<crate::verbs::VerbsLink>>,
     /// Which transport serves this peer, and why.
     transport: String,
+    /// When the control connection last delivered a frame (ms since `born`).
+    last_rx: AtomicU64,
+    born: std::time::Instant,
 }
 
 fn refusal(peer: &str, status: u32, reason: String) -> Error {
@@ -99,6 +102,58 @@ fn unexpected(peer: &str, m: &Message, wanted: &str) -> Error {
 fn sort_table(mut v: Vec<RemoteRegion>) -> Vec<RemoteRegion> {
     v.sort_by_key(|r| r.addr);
     v
+}
+
+/// The initiator's half of the challenge-response of [`hixl_core::auth`]: answers a
+/// challenge and checks the target's proof, or refuses a target that does not authenticate
+/// when we have a secret. Returns the frame that follows (the `Welcome`, or a refusal).
+async fn authenticate(
+    shared: &Shared,
+    s: &mut TcpStream,
+    buf: &mut BytesMut,
+    remote: &str,
+    first: Message,
+) -> Result<Message> {
+    use hixl_core::auth::nonce;
+    let failed = |reason: String| Error::AuthFailed {
+        peer: remote.to_string(),
+        reason,
+    };
+    match (first, &shared.auth) {
+        (Message::AuthChallenge { nonce: nt }, Some(secret)) => {
+            let ni = nonce().map_err(|e| Error::io("drawing an authentication nonce", e))?;
+            let answer = Message::AuthResponse {
+                nonce: ni.to_vec(),
+                mac: secret.initiator_mac(&nt, &ni).to_vec(),
+            };
+            write_frame(s, &answer, remote).await?;
+            match read_frame(s, buf, remote).await? {
+                Message::AuthProof { mac } if secret.verify_target(&nt, &ni, &mac) => {
+                    read_frame(s, buf, remote).await
+                }
+                Message::AuthProof { .. } => Err(failed(
+                    "the peer's proof does not match our shared secret: it does not know it".into(),
+                )),
+                Message::Refuse { reason, .. } => Err(failed(reason)),
+                m => Err(unexpected(remote, &m, "authentication proof")),
+            }
+        }
+        (Message::AuthChallenge { .. }, None) => {
+            // Tell the target why, so that its log names the problem too.
+            let none = Message::AuthResponse {
+                nonce: Vec::new(),
+                mac: Vec::new(),
+            };
+            let _ = write_frame(s, &none, remote).await;
+            Err(failed(
+                "the peer requires a shared secret and this engine has none (set hixl.AuthSecret or HIXL_AUTH_SECRET)".into(),
+            ))
+        }
+        (Message::Welcome { .. }, Some(_)) => Err(failed(
+            "the peer did not authenticate itself (it has no shared secret configured); its memory table is not accepted".into(),
+        )),
+        (m, _) => Ok(m),
+    }
 }
 
 /// Connection parameters of one link.
@@ -126,7 +181,9 @@ impl Link {
         };
         write_frame(&mut s, &hello, remote).await?;
         let mut buf = BytesMut::with_capacity(4096);
-        let session = match read_frame(&mut s, &mut buf, remote).await? {
+        let first = read_frame(&mut s, &mut buf, remote).await?;
+        let first = authenticate(&shared, &mut s, &mut buf, remote, first).await?;
+        let session = match first {
             Message::Welcome { session, .. } => session,
             Message::Refuse { status, reason } => return Err(refusal(remote, status, reason)),
             m => return Err(unexpected(remote, &m, "welcome")),
@@ -222,10 +279,13 @@ impl Link {
             #[cfg(feature = "verbs")]
             verbs,
             transport,
+            last_rx: AtomicU64::new(0),
+            born: std::time::Instant::now(),
         });
         let (r, w) = s.into_split();
         tokio::spawn(write_frames(w, rx, link.state.clone(), link.name.clone()));
         tokio::spawn(control_reader(r, buf, link.clone()));
+        tokio::spawn(probe(link.clone(), shared.heartbeat));
         #[cfg(feature = "fabric")]
         if let (Some(f), Some(fs)) = (&link.fabric, fstream) {
             tokio::spawn(crate::fabric::client::writer(
@@ -770,6 +830,46 @@ fn poisoned() -> Error {
     }
 }
 
+/// Probes the peer every heartbeat interval on the control connection and kills the link when
+/// nothing (no answer, nor any other frame) has arrived for `interval × miss_limit`.
+async fn probe(link: Arc<Link>, hb: crate::engine::Heartbeat) {
+    let mut tick = tokio::time::interval(hb.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seq = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = link.state.dead() => return,
+        }
+        let silent = link.silence();
+        if silent > hb.bound() {
+            let e = hb.lost(&link.name, silent);
+            tracing::warn!(peer = %link.name, "closing link: {e}");
+            link.state.kill(e);
+            return;
+        }
+        seq = (seq + 1) & !hixl_core::wire::HEARTBEAT_FROM_TARGET;
+        let mut b = BytesMut::with_capacity(24);
+        Message::Heartbeat { seq }.encode(&mut b);
+        if link.control.send(b).is_err() {
+            return;
+        }
+    }
+}
+
+impl Link {
+    fn heard(&self) {
+        let ms = self.born.elapsed().as_millis() as u64;
+        self.last_rx.store(ms, Ordering::Relaxed);
+    }
+
+    /// How long the control connection has been silent.
+    fn silence(&self) -> Duration {
+        let now = self.born.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_rx.load(Ordering::Relaxed)))
+    }
+}
+
 async fn control_reader(mut r: OwnedReadHalf, mut buf: BytesMut, link: Arc<Link>) {
     let mut dead = link.state.subscribe();
     let err = loop {
@@ -777,6 +877,9 @@ async fn control_reader(mut r: OwnedReadHalf, mut buf: BytesMut, link: Arc<Link>
             m = read_frame(&mut r, &mut buf, &link.name) => m,
             _ = dead.changed() => break None,
         };
+        if m.is_ok() {
+            link.heard();
+        }
         match m {
             Ok(Message::NotifyAck { seq, status }) => {
                 let w = link
@@ -805,7 +908,14 @@ async fn control_reader(mut r: OwnedReadHalf, mut buf: BytesMut, link: Arc<Link>
                 }
                 let _ = v;
             }
-            Ok(Message::Heartbeat { .. }) => {}
+            Ok(Message::Heartbeat { seq }) => {
+                // Answer the target's probes; our own answered ones need nothing more.
+                if seq & hixl_core::wire::HEARTBEAT_FROM_TARGET != 0 {
+                    let mut b = BytesMut::with_capacity(24);
+                    Message::Heartbeat { seq }.encode(&mut b);
+                    let _ = link.control.send(b);
+                }
+            }
             Ok(Message::Disconnect { reason }) => {
                 break Some(Error::PeerLost {
                     peer: link.name.to_string(),

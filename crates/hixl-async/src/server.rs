@@ -251,6 +251,11 @@ impl Server {
                     let reason = hixl_core::wire::REFUSE_SELF.to_string();
                     return Self::refuse(&mut s, Status::ParamInvalid, reason, &from).await;
                 }
+                if let Some(secret) = &self.shared.auth {
+                    if !Self::authenticate(&mut s, &mut buf, &from, &engine, secret).await {
+                        return;
+                    }
+                }
                 self.serve_control(s, buf, Arc::from(engine.as_str())).await
             }
             Message::Hello {
@@ -286,6 +291,57 @@ impl Server {
                 tracing::warn!(peer = %from, "closing connection: expected hello, got {m:?}");
             }
         }
+    }
+
+    /// The target's half of the challenge-response of [`hixl_core::auth`]; true when the
+    /// initiator proved it knows the secret (and our proof is sent). Otherwise the initiator
+    /// has been refused with the reason, which is also logged.
+    async fn authenticate(
+        s: &mut TcpStream,
+        buf: &mut BytesMut,
+        from: &str,
+        engine: &str,
+        secret: &hixl_core::auth::Secret,
+    ) -> bool {
+        use hixl_core::auth::{nonce, NONCE_LEN};
+        let nt = match nonce() {
+            Ok(n) => n,
+            Err(e) => {
+                let reason = format!("authentication unavailable: no random nonce: {e}");
+                Self::refuse(s, Status::Failed, reason, from).await;
+                return false;
+            }
+        };
+        let challenge = Message::AuthChallenge { nonce: nt.to_vec() };
+        if write_frame(s, &challenge, from).await.is_err() {
+            return false;
+        }
+        let m = tokio::time::timeout(HELLO_TIMEOUT, read_frame(s, buf, from)).await;
+        let reason = match m {
+            Ok(Ok(Message::AuthResponse { mac, .. })) if mac.is_empty() => format!(
+                "authentication required: this engine has a shared secret and {engine} sent no proof (set hixl.AuthSecret or HIXL_AUTH_SECRET on it)"
+            ),
+            Ok(Ok(Message::AuthResponse { nonce, mac }))
+                if nonce.len() == NONCE_LEN && secret.verify_initiator(&nt, &nonce, &mac) =>
+            {
+                let proof = Message::AuthProof {
+                    mac: secret.target_mac(&nt, &nonce).to_vec(),
+                };
+                return write_frame(s, &proof, from).await.is_ok();
+            }
+            Ok(Ok(Message::AuthResponse { .. })) => format!(
+                "authentication failed: the proof from {engine} does not match this engine's shared secret"
+            ),
+            Ok(Ok(m)) => format!("authentication failed: expected an answer to the challenge, got {m:?}"),
+            Ok(Err(e)) => {
+                tracing::warn!(peer = %from, engine, "authentication: connection lost: {e}");
+                return false;
+            }
+            Err(_) => format!("authentication failed: no answer within {HELLO_TIMEOUT:?}"),
+        };
+        tracing::warn!(peer = %from, engine, "refusing: {reason}");
+        Self::refuse(s, Status::Failed, reason, from).await;
+        false
     }
 
     async fn serve_control(self: Arc<Self>, mut s: TcpStream, mut buf: BytesMut, peer: Arc<str>) {
@@ -339,11 +395,34 @@ impl Server {
         tracing::debug!(peer = %peer, session = id, "initiator connected");
         let (mut r, w) = s.into_split();
         let writer = tokio::spawn(write_frames(w, rx, sess.state.clone(), peer.clone()));
+        // Our own probes: the initiator answers them, so a dead initiator or a cut network is
+        // noticed within interval × miss limit even when the initiator sends nothing.
+        let hb = self.shared.heartbeat;
+        let mut tick = tokio::time::interval(hb.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_rx = tokio::time::Instant::now();
+        let mut seq = 0u64;
         let reason = loop {
             let m = tokio::select! {
                 m = read_frame(&mut r, &mut buf, &peer) => m,
                 _ = sess.state.dead() => break "closed".to_string(),
+                _ = tick.tick() => {
+                    let silent = last_rx.elapsed();
+                    if silent > hb.bound() {
+                        let e = hb.lost(&peer, silent);
+                        tracing::warn!(peer = %peer, "closing session: {e}");
+                        break e.to_string();
+                    }
+                    seq = (seq + 1) | hixl_core::wire::HEARTBEAT_FROM_TARGET;
+                    let mut b = BytesMut::with_capacity(24);
+                    Message::Heartbeat { seq }.encode(&mut b);
+                    let _ = sess.control.send(b);
+                    continue;
+                }
             };
+            if m.is_ok() {
+                last_rx = tokio::time::Instant::now();
+            }
             match m {
                 Ok(Message::Notify { seq, name, msg }) => {
                     let mut b = BytesMut::new();
@@ -354,9 +433,12 @@ impl Server {
                     let _ = sess.control.send(b);
                 }
                 Ok(Message::Heartbeat { seq }) => {
-                    let mut b = BytesMut::new();
-                    Message::Heartbeat { seq }.encode(&mut b);
-                    let _ = sess.control.send(b);
+                    // Answer the initiator's probes, not the answers to ours.
+                    if seq & hixl_core::wire::HEARTBEAT_FROM_TARGET == 0 {
+                        let mut b = BytesMut::new();
+                        Message::Heartbeat { seq }.encode(&mut b);
+                        let _ = sess.control.send(b);
+                    }
                 }
                 Ok(Message::Disconnect { reason }) => break format!("peer disconnected: {reason}"),
                 Ok(Message::VerbsConnect { endpoint }) => self.accept_verbs(&sess, &endpoint),

@@ -201,6 +201,15 @@ pub enum Error {
         /// Why.
         cause: String,
     },
+    /// Mutual authentication with a peer failed: a wrong or missing shared secret on either
+    /// side, or a peer that could not prove it knows the secret.
+    #[error("authentication with {peer} failed: {reason}")]
+    AuthFailed {
+        /// The peer.
+        peer: String,
+        /// What did not match, and what to check.
+        reason: String,
+    },
     /// The peer refused a request with a status.
     #[error("{peer} refused the request: {status}: {message}")]
     Remote {
@@ -268,7 +277,10 @@ impl Error {
             Error::NotifyQueueFull { .. } | Error::ResourceExhausted { .. } => {
                 Status::ResourceExhausted
             }
-            Error::PeerLost { .. } | Error::Protocol { .. } | Error::Io { .. } => Status::Failed,
+            Error::PeerLost { .. }
+            | Error::Protocol { .. }
+            | Error::Io { .. }
+            | Error::AuthFailed { .. } => Status::Failed,
             Error::Remote { status, .. } => *status,
         }
     }

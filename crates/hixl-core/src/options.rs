@@ -27,6 +27,8 @@ pub use global::{
 const DEFAULT_TRAFFIC_CLASS: u64 = 132;
 const DEFAULT_SERVICE_LEVEL: u64 = 4;
 const MIB: u64 = 1 << 20;
+/// Shortest `hixl.AuthSecret`.
+const MIN_SECRET: usize = 16;
 const GIB: u64 = 1 << 30;
 
 /// Typed, validated initialize options. `Default` gives HIXL's defaults.
@@ -78,6 +80,10 @@ pub struct Options {
     /// `hixl.VerbsRetryCount` (hixl extension): transport retries before an op fails, 0–7,
     /// default 7.
     pub verbs_retry_count: u8,
+    /// `hixl.AuthSecret` (hixl extension): a shared secret (at least 16 bytes) that makes
+    /// connect run a mutual HMAC-SHA256 challenge-response before any memory table is sent.
+    /// When unset, the engine reads `HIXL_AUTH_SECRET` from the environment at build.
+    pub auth_secret: Option<crate::auth::Secret>,
 }
 
 impl Default for Options {
@@ -101,6 +107,7 @@ impl Default for Options {
             verbs_gid_index: None,
             verbs_timeout: 14,
             verbs_retry_count: 7,
+            auth_secret: None,
         }
     }
 }
@@ -178,7 +185,7 @@ impl Options {
         "adxl.BufferPool", "adxl.RdmaTrafficClass", "adxl.RdmaServiceLevel", "adxl.LocalCommRes",
         "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.HeartbeatIntervalMs",
         "hixl.HeartbeatMissLimit", "hixl.FabricBusyPollUs", "hixl.VerbsDevice", "hixl.VerbsPort",
-        "hixl.VerbsGidIndex", "hixl.VerbsTimeout", "hixl.VerbsRetryCount",
+        "hixl.VerbsGidIndex", "hixl.VerbsTimeout", "hixl.VerbsRetryCount", "hixl.AuthSecret",
     ];
 
     /// Parses and stores one option. Only this key's own value is checked; the cross-key check
@@ -214,6 +221,23 @@ impl Options {
             "hixl.Transport" => {
                 self.transport = TransportChoice::from_name(v)
                     .ok_or_else(|| err("expected one of auto, tcp, fabric, verbs".to_owned()))?;
+            }
+            "hixl.AuthSecret" => {
+                if v.is_empty() {
+                    self.auth_secret = None;
+                } else if v.len() < MIN_SECRET {
+                    // The value is a secret: the error must not echo it.
+                    return Err(invalid(
+                        key,
+                        "<redacted>",
+                        format!(
+                            "a secret of {} bytes is too short (at least {MIN_SECRET})",
+                            v.len()
+                        ),
+                    ));
+                } else {
+                    self.auth_secret = Some(crate::auth::Secret::new(v.as_bytes()));
+                }
             }
             "hixl.VerbsDevice" => {
                 if v.len() > 64 || !v.bytes().all(|b| b.is_ascii_graphic()) {
@@ -268,7 +292,12 @@ impl Options {
                 } else {
                     format!("given more than once (also as {first:?})")
                 };
-                return Err(invalid(k, v, reason));
+                let shown = if canon == "hixl.AuthSecret" {
+                    "<redacted>"
+                } else {
+                    v
+                };
+                return Err(invalid(k, shown, reason));
             }
             seen.push((canon, k.to_owned()));
             opts.set(k, v)?;
@@ -706,6 +735,32 @@ mod tests {
             opts(&[("GlobalResourceConfig", " ")]).unwrap(),
             Options::default()
         );
+    }
+
+    #[test]
+    fn auth_secret_is_validated_and_never_echoed() {
+        let o = opts(&[("hixl.AuthSecret", "0123456789abcdef")]).unwrap();
+        assert_eq!(o.auth_secret.as_ref().map(|s| s.len()), Some(16));
+        assert!(!format!("{o:?}").contains("0123456789abcdef"));
+        let e = Options::default()
+            .set("hixl.AuthSecret", "short-secret")
+            .unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.contains("too short") && !m.contains("short-secret"),
+            "{m}"
+        );
+        let e = opts(&[
+            ("hixl.AuthSecret", "0123456789abcdef"),
+            ("hixl.AuthSecret", "0123456789abcdef"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("more than once") && !e.contains("0123456789abcdef"),
+            "{e}"
+        );
+        assert_eq!(opts(&[("hixl.AuthSecret", "")]).unwrap().auth_secret, None);
     }
 
     #[test]

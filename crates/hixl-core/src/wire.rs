@@ -152,8 +152,14 @@ pub mod ty {
     pub const VERBS_ACCEPT: u8 = 19;
     /// [`super::Message::VerbsKeys`]
     pub const VERBS_KEYS: u8 = 20;
+    /// [`super::Message::AuthChallenge`]
+    pub const AUTH_CHALLENGE: u8 = 21;
+    /// [`super::Message::AuthResponse`]
+    pub const AUTH_RESPONSE: u8 = 22;
+    /// [`super::Message::AuthProof`]
+    pub const AUTH_PROOF: u8 = 23;
     /// The highest type number.
-    pub const LAST: u8 = VERBS_KEYS;
+    pub const LAST: u8 = AUTH_PROOF;
 }
 
 /// What a new TCP connection is for.
@@ -242,7 +248,9 @@ pub enum Message {
         /// HIXL status code (`RESOURCE_EXHAUSTED` when the queue is full).
         status: u32,
     },
-    /// Liveness probe; answered with a heartbeat of the same sequence number.
+    /// Liveness probe on a control connection, answered with a heartbeat of the same
+    /// sequence number. Both ends probe, each at its own interval: the target's probes have
+    /// [`HEARTBEAT_FROM_TARGET`] set, so neither end answers an answer.
     Heartbeat {
         /// Sequence number.
         seq: u64,
@@ -322,7 +330,31 @@ pub enum Message {
     /// Device keys of the sender's exported regions: `(rkey of the memory table, the memory
     /// region's device rkey)`. Sent on verbs links before every memory table.
     VerbsKeys(Vec<(u64, u32)>),
+    /// A target with a shared secret challenges a new control connection (before `Welcome`);
+    /// see [`crate::auth`].
+    AuthChallenge {
+        /// The target's nonce.
+        nonce: Vec<u8>,
+    },
+    /// The initiator's answer: its nonce and MAC (both empty when it has no secret).
+    AuthResponse {
+        /// The initiator's nonce.
+        nonce: Vec<u8>,
+        /// HMAC-SHA256 over both nonces.
+        mac: Vec<u8>,
+    },
+    /// The target's proof that it knows the secret too.
+    AuthProof {
+        /// HMAC-SHA256 over both nonces, with the target's label.
+        mac: Vec<u8>,
+    },
 }
+
+/// Bit set in the sequence numbers of heartbeats a target originates.
+pub const HEARTBEAT_FROM_TARGET: u64 = 1 << 63;
+
+/// Longest nonce or MAC an authentication message may carry.
+pub const MAX_AUTH: usize = 64;
 
 /// Longest queue-pair endpoint a `VerbsConnect`/`VerbsAccept` may carry.
 pub const MAX_ENDPOINT: usize = 64;
@@ -520,6 +552,19 @@ impl Message {
                 put_bytes(out, reason.as_bytes());
                 ty::VERBS_ACCEPT
             }
+            Message::AuthChallenge { nonce } => {
+                put_bytes(out, nonce);
+                ty::AUTH_CHALLENGE
+            }
+            Message::AuthResponse { nonce, mac } => {
+                put_bytes(out, nonce);
+                put_bytes(out, mac);
+                ty::AUTH_RESPONSE
+            }
+            Message::AuthProof { mac } => {
+                put_bytes(out, mac);
+                ty::AUTH_PROOF
+            }
             Message::VerbsKeys(v) => {
                 out.put_u32_le(v.len() as u32);
                 for (rkey, dev) in v {
@@ -712,6 +757,16 @@ impl Message {
                 endpoint: r.bytes("endpoint", MAX_ENDPOINT)?.to_vec(),
                 reason: r.string("reason", MAX_NAME)?,
             },
+            ty::AUTH_CHALLENGE => Message::AuthChallenge {
+                nonce: r.bytes("nonce", MAX_AUTH)?.to_vec(),
+            },
+            ty::AUTH_RESPONSE => Message::AuthResponse {
+                nonce: r.bytes("nonce", MAX_AUTH)?.to_vec(),
+                mac: r.bytes("mac", MAX_AUTH)?.to_vec(),
+            },
+            ty::AUTH_PROOF => Message::AuthProof {
+                mac: r.bytes("mac", MAX_AUTH)?.to_vec(),
+            },
             ty::VERBS_KEYS => {
                 let n = r.u32("verbs key count")?;
                 if u64::from(n) * 12 > r.0.len() as u64 {
@@ -895,6 +950,16 @@ mod tests {
             },
             Message::VerbsKeys(vec![(9, 0x1234), (u64::MAX, u32::MAX)]),
             Message::VerbsKeys(vec![]),
+            Message::AuthChallenge { nonce: vec![3; 32] },
+            Message::AuthResponse {
+                nonce: vec![4; 32],
+                mac: vec![5; 32],
+            },
+            Message::AuthResponse {
+                nonce: vec![],
+                mac: vec![],
+            },
+            Message::AuthProof { mac: vec![6; 32] },
         ]
     }
 
