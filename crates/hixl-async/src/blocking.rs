@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use hixl_core::{
-    Access, Error, MemDesc, MemKind, Notify, OpDesc, Result, TransferOp, TransferStatus,
+    Access, AsyncConnectStatus, Error, MemDesc, MemKind, Notify, OpDesc, Result, TransferOp,
+    TransferStatus,
 };
 use tokio::runtime::Runtime;
 
@@ -392,6 +393,50 @@ impl Hixl {
         })
     }
 
+    /// Queues a connect and returns at once (HIXL `ConnectAsync`); tasks for one peer run in
+    /// order. Poll [`Hixl::get_async_connect_status`].
+    ///
+    /// # Errors
+    /// [`Error::NotInitialized`], [`Error::InvalidTimeout`] for `timeout_ms <= 0`,
+    /// [`Error::InvalidAddress`], [`Error::ResourceExhausted`] when the queue is full.
+    pub fn connect_async(&self, remote: &str, timeout_ms: i32) -> Result<()> {
+        self.with(|i| {
+            let t = check_timeout(timeout_ms)?;
+            let _ctx = i.rt.enter();
+            i.engine.connect_async(remote, t)
+        })
+    }
+
+    /// Queues a disconnect (HIXL `DisconnectAsync`).
+    ///
+    /// # Errors
+    /// As [`Hixl::connect_async`].
+    pub fn disconnect_async(&self, remote: &str, timeout_ms: i32) -> Result<()> {
+        self.with(|i| {
+            let t = check_timeout(timeout_ms)?;
+            let _ctx = i.rt.enter();
+            i.engine.disconnect_async(remote, t)
+        })
+    }
+
+    /// The state the latest async task for `remote` left (HIXL `GetAsyncConnectStatus`).
+    ///
+    /// # Errors
+    /// [`Error::NotInitialized`], [`Error::InvalidAddress`].
+    pub fn get_async_connect_status(&self, remote: &str) -> Result<AsyncConnectStatus> {
+        self.with(|i| i.engine.async_connect_status(remote))
+    }
+
+    /// Every peer's async connect state (HIXL `GetAsyncConnectStatus` for all).
+    ///
+    /// # Errors
+    /// [`Error::NotInitialized`].
+    pub fn get_all_async_connect_status(
+        &self,
+    ) -> Result<std::collections::HashMap<String, AsyncConnectStatus>> {
+        self.with(|i| Ok(i.engine.async_connect_statuses()))
+    }
+
     /// Moves data and waits until every byte landed (HIXL `TransferSync`). `Read` copies
     /// remote → local, `Write` local → remote; local ranges must be registered here, remote
     /// ranges inside memory the peer registered. Nothing moves if any descriptor is invalid.
@@ -411,7 +456,7 @@ impl Hixl {
     ) -> Result<()> {
         self.with_blocking("transfer_sync", |i| {
             let t = check_timeout(timeout_ms)?;
-            let peer = i.engine.peer(remote)?;
+            let peer = i.block_on("transfer_sync", i.engine.peer_or_connect(remote))??;
             i.block_on("transfer_sync", async move {
                 peer.transfer(op, descs).timeout(t).await
             })?
@@ -437,7 +482,15 @@ impl Hixl {
         user_data: u64,
     ) -> Result<TransferReq> {
         self.with(|i| {
-            let peer = i.engine.peer(remote)?;
+            // AutoConnect: connect first (blocking, as HIXL does); otherwise a lookup.
+            let peer = match i.engine.peer(remote) {
+                Ok(p) if p.is_connected() || !i.engine.auto_connects() => p,
+                Err(e) if !i.engine.auto_connects() => return Err(e),
+                _ => {
+                    not_in_runtime("transfer_async")?;
+                    i.block_on("transfer_async", i.engine.peer_or_connect(remote))??
+                }
+            };
             let mut reqs = lock(&i.reqs);
             if reqs.len() >= MAX_OUTSTANDING_REQUESTS {
                 return Err(Error::ResourceExhausted {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use hixl_core::region::OsRkeys;
 use hixl_core::{
-    Access, Error, MemDesc, MemKind, Notify, OpDesc, OpTable, Options, RegionId, RegionTable,
-    Result, TransferOp,
+    Access, AsyncConnectStatus, Error, MemDesc, MemKind, Notify, OpDesc, OpTable, Options,
+    RegionId, RegionTable, Result, TransferOp,
 };
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -143,6 +143,51 @@ struct EngineInner {
     server: Option<Arc<Server>>,
     links: Mutex<HashMap<String, LinkSlot>>,
     shutdown: watch::Sender<bool>,
+    /// `AutoConnect=1`, or `channel_pool.*` configured: transfers connect lazily and dead
+    /// links are dropped from the table.
+    auto_connect: bool,
+    /// `ConnectAsync`/`DisconnectAsync` queues, one per peer.
+    async_conn: Mutex<HashMap<String, AsyncQueue>>,
+    /// Tasks queued on all of them (bounded by `connect_pool.task_queue_capacity`).
+    async_pending: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// AutoConnect and the channel pool connect with HIXL's fixed timeout (`kAutoConnectTimeout`).
+const AUTO_CONNECT_TIMEOUT: Duration = Duration::from_millis(3000);
+
+/// One peer's `ConnectAsync`/`DisconnectAsync` queue: tasks run in FIFO order on one worker;
+/// the reported status is that of the latest task.
+#[derive(Debug)]
+struct AsyncQueue {
+    tx: tokio::sync::mpsc::UnboundedSender<AsyncTask>,
+    status: Arc<Mutex<(u64, AsyncConnectStatus)>>,
+    next: u64,
+}
+
+#[derive(Debug)]
+enum AsyncTask {
+    Connect(u64, Duration),
+    Disconnect(u64, Duration),
+}
+
+/// Removes a `Connecting` placeholder when a connect is abandoned (its future dropped, e.g.
+/// by a caller's own timeout), so the peer can be connected again.
+struct ConnectingSlot<'a> {
+    links: &'a Mutex<HashMap<String, LinkSlot>>,
+    key: &'a str,
+    armed: bool,
+}
+
+impl Drop for ConnectingSlot<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Ok(mut l) = self.links.lock() {
+                if matches!(l.get(self.key), Some(LinkSlot::Connecting)) {
+                    l.remove(self.key);
+                }
+            }
+        }
+    }
 }
 
 impl Drop for EngineInner {
@@ -299,10 +344,13 @@ impl EngineBuilder {
                 addr,
                 listen,
                 instance,
-                options,
                 server,
                 links: Mutex::new(HashMap::new()),
                 shutdown,
+                auto_connect: options.auto_connect || options.global.channel_pool.configured,
+                async_conn: Mutex::new(HashMap::new()),
+                async_pending: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+                options,
             }),
         })
     }
@@ -623,8 +671,14 @@ impl Engine {
                 Some(LinkSlot::Connecting) => return Err(Error::AlreadyConnected { peer: key }),
                 _ => {}
             }
+            self.make_room(&mut links, &key)?;
             links.insert(key.clone(), LinkSlot::Connecting);
         }
+        let mut slot = ConnectingSlot {
+            links: &self.inner.links,
+            key: &key,
+            armed: true,
+        };
         let params = LinkParams {
             local_name: &self.inner.shared.name,
             instance: self.inner.instance,
@@ -643,10 +697,16 @@ impl Engine {
                 after: timeout,
             }),
         };
+        slot.armed = false;
         let mut links = self.inner.links.lock().map_err(|_| poisoned())?;
         match r {
             Ok(link) => {
-                links.insert(key, LinkSlot::Up(link.clone()));
+                links.insert(key.clone(), LinkSlot::Up(link.clone()));
+                self.evict_idle(&mut links, &key);
+                drop(links);
+                if self.inner.auto_connect {
+                    self.forget_when_dead(&key, &link);
+                }
                 Ok(Peer {
                     link,
                     shared: self.inner.shared.clone(),
@@ -669,6 +729,279 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// Whether transfers connect lazily (`AutoConnect=1`, or a configured channel pool).
+    pub fn auto_connects(&self) -> bool {
+        self.inner.auto_connect
+    }
+
+    /// Link-count marks of the channel pool: `(max, high, low)` with HIXL's rounding,
+    /// `max(1, ⌊max·waterline⌋)`.
+    fn pool_marks(&self) -> (usize, usize, usize) {
+        let cp = &self.inner.options.global.channel_pool;
+        (cp.max_channel as usize, cp.high_mark(), cp.low_mark())
+    }
+
+    /// Before a new link: when the table is full (`channel_pool.max_channel`), evict idle
+    /// links; refuse with RESOURCE_EXHAUSTED if every link is busy.
+    fn make_room(&self, links: &mut HashMap<String, LinkSlot>, key: &str) -> Result<()> {
+        let (max, _, low) = self.pool_marks();
+        if links.len() < max {
+            return Ok(());
+        }
+        self.evict_down_to(links, key, low.min(max - 1));
+        if links.len() >= max {
+            return Err(Error::ResourceExhausted {
+                what: format!(
+                    "{} links are open (channel_pool.max_channel = {max}) and none is idle",
+                    links.len()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// After a new link: once the count reaches the high waterline, idle links are evicted
+    /// (least recently used first) down to the low waterline. A link with an op in flight,
+    /// abandoned or not, or a notify awaiting its ack, is never evicted; nor is `keep`.
+    fn evict_idle(&self, links: &mut HashMap<String, LinkSlot>, keep: &str) {
+        let (_, high, low) = self.pool_marks();
+        if links.len() >= high {
+            self.evict_down_to(links, keep, low);
+        }
+    }
+
+    fn evict_down_to(&self, links: &mut HashMap<String, LinkSlot>, keep: &str, target: usize) {
+        let Ok(ops) = self.inner.shared.ops.lock() else {
+            return;
+        };
+        // Dead links go first, then idle ones by age.
+        let mut idle: Vec<(bool, u64, String)> = links
+            .iter()
+            .filter_map(|(k, v)| match v {
+                LinkSlot::Up(l) if k != keep && (l.state.is_dead() || !l.busy(&ops)) => {
+                    Some((!l.state.is_dead(), l.last_used(), k.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        drop(ops);
+        idle.sort();
+        for (_, _, k) in idle {
+            if links.len() <= target {
+                break;
+            }
+            if let Some(LinkSlot::Up(l)) = links.remove(&k) {
+                tracing::info!(peer = %k, "channel pool: closing an idle link");
+                l.close_because(
+                    "evicted by the channel pool (idle)",
+                    Error::PeerLost {
+                        peer: k.clone(),
+                        cause: "evicted by the channel pool (an idle link, closed to make room; transfers through the engine reconnect)".into(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// AutoConnect: drops a dead link from the table, so the next transfer reconnects.
+    fn forget_when_dead(&self, key: &str, link: &Arc<Link>) {
+        let (inner, key, link) = (Arc::downgrade(&self.inner), key.to_string(), link.clone());
+        tokio::spawn(async move {
+            link.state.dead().await;
+            if let Some(inner) = inner.upgrade() {
+                if let Ok(mut l) = inner.links.lock() {
+                    if matches!(l.get(&key), Some(LinkSlot::Up(x)) if Arc::ptr_eq(x, &link)) {
+                        l.remove(&key);
+                        tracing::info!(peer = %key, "auto-connect: dropped a dead link");
+                    }
+                }
+            }
+        });
+    }
+
+    /// The peer `remote`; with AutoConnect (or a configured channel pool), connects first
+    /// when there is no live link, within HIXL's 3000 ms.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`] without AutoConnect; else those of [`Engine::connect`].
+    pub async fn peer_or_connect(&self, remote: &str) -> Result<Peer> {
+        match self.peer(remote) {
+            Ok(p) if p.is_connected() || !self.inner.auto_connect => return Ok(p),
+            Err(e) if !self.inner.auto_connect => return Err(e),
+            _ => {}
+        }
+        let deadline = tokio::time::Instant::now() + AUTO_CONNECT_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: "auto-connect",
+                    peer: remote.to_string(),
+                    after: AUTO_CONNECT_TIMEOUT,
+                });
+            }
+            match self.connect(remote, left).await {
+                Err(Error::AlreadyConnected { .. }) => {
+                    // Connected meanwhile, or another task is connecting: use or wait for it.
+                    if let Ok(p) = self.peer(remote) {
+                        if p.is_connected() {
+                            return Ok(p);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Queues a connect to `remote` and returns at once (HIXL `ConnectAsync`). Tasks for one
+    /// peer run in order; [`Engine::async_connect_status`] reports the latest one's state.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTimeout`], [`Error::InvalidAddress`], [`Error::ResourceExhausted`]
+    /// past `connect_pool.task_queue_capacity` queued tasks.
+    pub fn connect_async(&self, remote: &str, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::InvalidTimeout { millis: 0 });
+        }
+        self.queue_async(remote, |id| AsyncTask::Connect(id, timeout))
+    }
+
+    /// Queues a disconnect from `remote` (HIXL `DisconnectAsync`).
+    ///
+    /// # Errors
+    /// As [`Engine::connect_async`].
+    pub fn disconnect_async(&self, remote: &str, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::InvalidTimeout { millis: 0 });
+        }
+        self.queue_async(remote, |id| AsyncTask::Disconnect(id, timeout))
+    }
+
+    fn queue_async(&self, remote: &str, task: impl FnOnce(u64) -> AsyncTask) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        let key = self.key(remote)?;
+        let cap = self.inner.options.global.connect_pool.task_queue_capacity as usize;
+        if self.inner.async_pending.fetch_add(1, Ordering::SeqCst) >= cap {
+            self.inner.async_pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::ResourceExhausted {
+                what: format!("{cap} connect tasks are queued (connect_pool.task_queue_capacity)"),
+            });
+        }
+        let mut queues = self.inner.async_conn.lock().map_err(|_| poisoned())?;
+        let q = queues
+            .entry(key.clone())
+            .or_insert_with(|| self.start_async_worker(&key));
+        q.next += 1;
+        let t = task(q.next);
+        let pending = match t {
+            AsyncTask::Connect(..) => AsyncConnectStatus::ConnectPending,
+            AsyncTask::Disconnect(..) => AsyncConnectStatus::DisconnectPending,
+        };
+        if let Ok(mut s) = q.status.lock() {
+            *s = (q.next, pending);
+        }
+        if q.tx.send(t).is_err() {
+            self.inner.async_pending.fetch_sub(1, Ordering::SeqCst);
+            return Err(Error::InvalidParam {
+                what: "the engine is shutting down".into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn start_async_worker(&self, key: &str) -> AsyncQueue {
+        use std::sync::atomic::Ordering;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<AsyncTask>();
+        let status = Arc::new(Mutex::new((0u64, AsyncConnectStatus::NotConnect)));
+        let (weak, st, key, pending) = (
+            Arc::downgrade(&self.inner),
+            status.clone(),
+            key.to_string(),
+            self.inner.async_pending.clone(),
+        );
+        tokio::spawn(async move {
+            let set = |id: u64, v: AsyncConnectStatus| {
+                if let Ok(mut s) = st.lock() {
+                    if s.0 == id {
+                        s.1 = v;
+                    }
+                }
+            };
+            while let Some(task) = rx.recv().await {
+                let Some(inner) = weak.upgrade() else { break };
+                let engine = Engine { inner };
+                match task {
+                    AsyncTask::Connect(id, t) => {
+                        set(id, AsyncConnectStatus::Connecting);
+                        let r = engine.connect(&key, t).await;
+                        let ok = matches!(r, Ok(_) | Err(Error::AlreadyConnected { .. }));
+                        if let Err(e) = &r {
+                            if !ok {
+                                tracing::warn!(peer = %key, "async connect failed: {e}");
+                            }
+                        }
+                        set(
+                            id,
+                            if ok {
+                                AsyncConnectStatus::Connected
+                            } else {
+                                AsyncConnectStatus::ConnectFailed
+                            },
+                        );
+                    }
+                    AsyncTask::Disconnect(id, t) => {
+                        set(id, AsyncConnectStatus::Disconnecting);
+                        let _ = tokio::time::timeout(t, engine.disconnect(&key)).await;
+                        set(id, AsyncConnectStatus::NotConnect);
+                    }
+                }
+                pending.fetch_sub(1, Ordering::SeqCst);
+            }
+        });
+        AsyncQueue {
+            tx,
+            status,
+            next: 0,
+        }
+    }
+
+    /// The state the latest `connect_async`/`disconnect_async` task for `remote` left (HIXL
+    /// `GetAsyncConnectStatus`); without any, whether a live link exists.
+    ///
+    /// # Errors
+    /// [`Error::InvalidAddress`].
+    pub fn async_connect_status(&self, remote: &str) -> Result<AsyncConnectStatus> {
+        let key = self.key(remote)?;
+        let queued = self
+            .inner
+            .async_conn
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(&key)
+            .and_then(|q| q.status.lock().ok().map(|s| s.1));
+        Ok(match queued {
+            Some(AsyncConnectStatus::Connected) | None => match self.peer(&key) {
+                Ok(p) if p.is_connected() => AsyncConnectStatus::Connected,
+                _ if queued.is_some() => AsyncConnectStatus::ConnectFailed,
+                _ => AsyncConnectStatus::NotConnect,
+            },
+            Some(s) => s,
+        })
+    }
+
+    /// [`Engine::async_connect_status`] of every peer with a queue or a link.
+    pub fn async_connect_statuses(&self) -> HashMap<String, AsyncConnectStatus> {
+        let mut keys: Vec<String> = self.peers();
+        if let Ok(q) = self.inner.async_conn.lock() {
+            keys.extend(q.keys().cloned());
+        }
+        keys.into_iter()
+            .filter_map(|k| Some((k.clone(), self.async_connect_status(&k).ok()?)))
+            .collect()
     }
 
     fn is_self(&self, sa: SocketAddr) -> bool {
@@ -741,7 +1074,27 @@ impl Engine {
     }
 
     /// Posts a transfer to `remote` by name (HIXL's `TransferAsync`); see [`Peer::transfer`].
+    /// With `AutoConnect=1` (or a configured channel pool) a missing or dead link is
+    /// connected first (within 3000 ms, as in HIXL); the transfer is posted as soon as it is
+    /// up, whether or not the returned future is polled.
     pub fn transfer(&self, remote: &str, op: TransferOp, descs: &[OpDesc]) -> Transfer {
+        if self.inner.auto_connect && !matches!(self.peer(remote), Ok(p) if p.is_connected()) {
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return Transfer::failed(
+                    self.inner.shared.clone(),
+                    Error::InvalidParam {
+                        what: "auto-connect needs a tokio runtime".into(),
+                    },
+                    Arc::from(remote),
+                );
+            };
+            let (me, r, d) = (self.clone(), remote.to_string(), descs.to_vec());
+            let task = rt.spawn(async move {
+                let p = me.peer_or_connect(&r).await?;
+                Ok(p.transfer(op, &d))
+            });
+            return Transfer::connecting(self.inner.shared.clone(), task, Arc::from(remote));
+        }
         match self.peer(remote) {
             Ok(p) => p.transfer(op, descs),
             Err(e) => Transfer::failed(self.inner.shared.clone(), e, Arc::from(remote)),

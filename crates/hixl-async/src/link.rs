@@ -33,18 +33,17 @@ const INLINE_BYTES: u64 = 64 << 10;
 #[cfg(feature = "fabric")]
 const INLINE_OPS: usize = 4;
 
-/// Ops of a link with copies queued on the copy engine, so the link's death can cancel them.
-/// Finished ops are pruned only when the list has doubled since the last prune: amortized
-/// O(1) per submit, and the op table is not locked on every submission.
-#[cfg(feature = "fabric")]
+/// Tokens of a link's ops: those with copies queued on the copy engine (so the link's death
+/// can cancel them), and all of them (so the channel pool can tell a busy link from an idle
+/// one). Finished ops are pruned only when the list has doubled since the last prune:
+/// amortized O(1) per submit, and the op table is not locked on every submission.
 #[derive(Debug, Default)]
-struct CopyTokens {
+struct TokenLog {
     tokens: Vec<Token>,
     prune_at: usize,
 }
 
-#[cfg(feature = "fabric")]
-impl CopyTokens {
+impl TokenLog {
     fn record(&mut self, token: Token, ops: &Mutex<hixl_core::OpTable<std::task::Waker>>) {
         if self.tokens.len() >= self.prune_at {
             if let Ok(o) = ops.lock() {
@@ -54,6 +53,15 @@ impl CopyTokens {
         }
         self.tokens.push(token);
     }
+}
+
+/// Milliseconds since the first call in this process (a clock links can be compared by).
+fn now_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
 }
 
 /// What the initiator keeps per connected peer.
@@ -73,7 +81,11 @@ pub(crate) struct Link {
     fabric: Option<Arc<crate::fabric::client::FabricLink>>,
     /// Ops with copies on the copy engine, so the link's death can cancel the queued ones.
     #[cfg(feature = "fabric")]
-    copy_tokens: Mutex<CopyTokens>,
+    copy_tokens: Mutex<TokenLog>,
+    /// Every op of the link, for [`Link::busy`].
+    ops: Mutex<TokenLog>,
+    /// When the link was last used for a transfer or notify (`now_ms`).
+    last_used: AtomicU64,
     /// The RDMA path, when both peers have a device and no better transport serves the peer.
     #[cfg(feature = "verbs")]
     verbs: Option<Arc<crate::verbs::VerbsLink>>,
@@ -275,7 +287,9 @@ impl Link {
             #[cfg(feature = "fabric")]
             fabric,
             #[cfg(feature = "fabric")]
-            copy_tokens: Mutex::new(CopyTokens::default()),
+            copy_tokens: Mutex::new(TokenLog::default()),
+            ops: Mutex::new(TokenLog::default()),
+            last_used: AtomicU64::new(now_ms()),
             #[cfg(feature = "verbs")]
             verbs,
             transport,
@@ -453,6 +467,32 @@ impl Link {
         )))
     }
 
+    /// Marks the link used now.
+    fn touch(&self) {
+        self.last_used.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// When the link was last used (for least-recently-used eviction).
+    pub(crate) fn last_used(&self) -> u64 {
+        self.last_used.load(Ordering::Relaxed)
+    }
+
+    /// Whether an op of this link may still touch memory or wait for an answer (posted,
+    /// waited on or abandoned with parts outstanding): such a link is never evicted.
+    pub(crate) fn busy(&self, ops: &hixl_core::OpTable<std::task::Waker>) -> bool {
+        use hixl_core::Phase;
+        if self.notify_waiters.lock().map_or(true, |w| !w.is_empty()) {
+            return true;
+        }
+        let Ok(t) = self.ops.lock() else { return true };
+        t.tokens.iter().any(|&t| {
+            matches!(
+                ops.phase(t),
+                Some(Phase::Staged | Phase::Posted | Phase::Waiting | Phase::Abandoned)
+            )
+        })
+    }
+
     /// Which transport serves this peer, and why.
     pub(crate) fn transport(&self) -> &str {
         &self.transport
@@ -609,6 +649,10 @@ impl Link {
             what: e.to_string(),
         })?;
         drop(ops);
+        self.touch();
+        if let Ok(mut t) = self.ops.lock() {
+            t.record(token, &shared.ops);
+        }
         #[cfg(feature = "fabric")]
         if !copies.is_empty() {
             match &shared.fabric {
@@ -750,6 +794,7 @@ impl Link {
         if let Some(e) = self.state.error() {
             return Err(e);
         }
+        self.touch();
         let seq = self.notify_seq.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.notify_waiters
@@ -808,6 +853,17 @@ impl Link {
             peer: self.name.to_string(),
             cause: cause.into(),
         })
+    }
+
+    /// Orderly close with `cause` as the link's error (what later uses of it report).
+    pub(crate) fn close_because(&self, reason: &str, cause: Error) {
+        let mut b = BytesMut::new();
+        Message::Disconnect {
+            reason: reason.into(),
+        }
+        .encode(&mut b);
+        let _ = self.control.send(b);
+        self.state.kill(cause);
     }
 
     /// Orderly close: tells the peer, then ends every task of the link. In-flight ops fail.

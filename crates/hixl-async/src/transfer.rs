@@ -26,6 +26,8 @@ pub struct Transfer {
 }
 
 enum State {
+    /// AutoConnect: the link is being set up by a task, which then posts the transfer.
+    Connecting(tokio::task::JoinHandle<Result<Transfer>>),
     Posted(Token),
     Failed(Option<Error>),
     Done(TransferStatus),
@@ -59,6 +61,20 @@ impl Transfer {
         }
     }
 
+    /// A transfer whose link is still being connected (AutoConnect); `task` posts it.
+    pub(crate) fn connecting(
+        shared: Arc<Shared>,
+        task: tokio::task::JoinHandle<Result<Transfer>>,
+        peer: Arc<str>,
+    ) -> Transfer {
+        Transfer {
+            shared,
+            state: State::Connecting(task),
+            deadline: None,
+            peer,
+        }
+    }
+
     /// Bounds the wait: past `after` the future resolves with [`Error::Timeout`] (HIXL
     /// `TIMEOUT`) and the op is abandoned as on drop.
     pub fn timeout(mut self, after: Duration) -> Transfer {
@@ -76,6 +92,7 @@ impl Transfer {
                 .ok()
                 .and_then(|o| o.status(*t))
                 .unwrap_or(TransferStatus::Failed),
+            State::Connecting(_) => TransferStatus::Waiting,
             State::Failed(_) => TransferStatus::Failed,
             State::Done(s) => *s,
         }
@@ -87,7 +104,38 @@ impl Future for Transfer {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         let this = &mut *self;
+        if let State::Connecting(task) = &mut this.state {
+            match Pin::new(task).poll(cx) {
+                Poll::Ready(Ok(Ok(mut posted))) => {
+                    // Adopt the posted op; the inner handle must not abandon it on drop.
+                    this.state =
+                        std::mem::replace(&mut posted.state, State::Done(TransferStatus::Failed));
+                }
+                Poll::Ready(Ok(Err(e))) => this.state = State::Failed(Some(e)),
+                Poll::Ready(Err(e)) => {
+                    this.state = State::Failed(Some(Error::InvalidParam {
+                        what: format!("the auto-connect task ended: {e}"),
+                    }))
+                }
+                Poll::Pending => {
+                    if let Some((sleep, after)) = &mut this.deadline {
+                        if sleep.as_mut().poll(cx).is_ready() {
+                            // The task finishes the connect (bounded) and drops what it posts.
+                            let after = *after;
+                            this.state = State::Done(TransferStatus::TimedOut);
+                            return Poll::Ready(Err(Error::Timeout {
+                                what: "transfer (while auto-connecting)",
+                                peer: this.peer.to_string(),
+                                after,
+                            }));
+                        }
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
         let token = match &mut this.state {
+            State::Connecting(_) => return Poll::Pending,
             State::Posted(t) => *t,
             State::Failed(e) => {
                 let e = e.take().unwrap_or(Error::UnknownRequest { req: 0 });

@@ -3,36 +3,18 @@
 //! declare the other dead within `hixl.HeartbeatIntervalMs × hixl.HeartbeatMissLimit`, and
 //! every in-flight op must fail naming the peer and the cause.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use hixl_async::{Engine, HostBuffer};
 use hixl_core::wire::{Channel, Message, HEARTBEAT_FROM_TARGET};
-use hixl_core::{Access, Error, MemKind, OpDesc, RemoteRegion};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use hixl_core::{Error, OpDesc};
+use tokio::net::TcpStream;
 
 const INTERVAL_MS: u64 = 50;
 const MISS: u64 = 4;
-
-async fn send(s: &mut TcpStream, m: Message) {
-    let mut b = BytesMut::new();
-    m.encode(&mut b);
-    s.write_all(&b).await.expect("write frame");
-}
-
-/// Reads one frame; `None` at EOF or on a reset.
-async fn recv(s: &mut TcpStream, buf: &mut BytesMut) -> Option<Message> {
-    loop {
-        if let Some(m) = Message::decode(buf).expect("well-formed frame") {
-            return Some(m);
-        }
-        match s.read_buf(buf).await {
-            Ok(0) | Err(_) => return None,
-            Ok(_) => {}
-        }
-    }
-}
 
 fn engine_builder(addr: &str) -> hixl_async::EngineBuilder {
     Engine::builder(addr)
@@ -44,62 +26,8 @@ fn engine_builder(addr: &str) -> hixl_async::EngineBuilder {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_target_fails_in_flight_ops_within_the_heartbeat_bound() {
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = l.local_addr().expect("addr").to_string();
-    let name = addr.clone();
     // A target that completes the handshake, accepts the data connection, then never answers.
-    let fake = tokio::spawn(async move {
-        let mut conns = Vec::new();
-        let (mut c, _) = l.accept().await.expect("accept control");
-        let mut buf = BytesMut::new();
-        assert!(matches!(
-            recv(&mut c, &mut buf).await,
-            Some(Message::Hello {
-                channel: Channel::Control,
-                ..
-            })
-        ));
-        send(
-            &mut c,
-            Message::Welcome {
-                engine: name.clone(),
-                session: 7,
-            },
-        )
-        .await;
-        let region = RemoteRegion {
-            addr: 0x10_0000,
-            len: 1 << 20,
-            rkey: 99,
-            access: Access::REMOTE_RW,
-            kind: MemKind::Host,
-            name: Some("kv".into()),
-        };
-        send(&mut c, Message::MemTable(vec![region])).await;
-        let (mut d, _) = l.accept().await.expect("accept data");
-        let mut dbuf = BytesMut::new();
-        assert!(matches!(
-            recv(&mut d, &mut dbuf).await,
-            Some(Message::Hello {
-                channel: Channel::Data,
-                session: 7,
-                ..
-            })
-        ));
-        send(
-            &mut d,
-            Message::Welcome {
-                engine: name,
-                session: 7,
-            },
-        )
-        .await;
-        conns.push(c);
-        conns.push(d);
-        // Silent from here on; keep the sockets open.
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        drop(conns);
-    });
+    let (addr, fake) = common::silent_target(1, Duration::from_secs(30)).await;
     let e = engine_builder("127.0.0.1").build().await.expect("engine");
     let local = e
         .register(HostBuffer::zeroed(1 << 20).expect("buf"))
@@ -109,7 +37,7 @@ async fn silent_target_fails_in_flight_ops_within_the_heartbeat_bound() {
         .await
         .expect("connect");
     let t0 = Instant::now();
-    let w = p.write(&[OpDesc::new(local.addr(), 0x10_0000, 4096)]);
+    let w = p.write(&[OpDesc::new(local.addr(), common::SILENT_ADDR, 4096)]);
     let n = p.notify_timeout("n", "m", Duration::from_secs(20));
     let (w, n) = tokio::join!(w, n);
     let took = t0.elapsed();
@@ -141,7 +69,7 @@ async fn target_probes_a_silent_initiator_and_drops_its_session() {
     let mut c = TcpStream::connect(target.local_engine())
         .await
         .expect("connect");
-    send(
+    common::send(
         &mut c,
         Message::Hello {
             engine: "127.0.0.1:1".into(),
@@ -154,9 +82,10 @@ async fn target_probes_a_silent_initiator_and_drops_its_session() {
     let mut buf = BytesMut::new();
     let (mut probes, mut welcomed) = (0, false);
     // Read until the target closes the connection; never answer its probes.
-    while let Some(m) = tokio::time::timeout(Duration::from_secs(10), recv(&mut c, &mut buf))
-        .await
-        .expect("the target closes a silent session within its heartbeat bound")
+    while let Some(m) =
+        tokio::time::timeout(Duration::from_secs(10), common::recv(&mut c, &mut buf))
+            .await
+            .expect("the target closes a silent session within its heartbeat bound")
     {
         match m {
             Message::Welcome { .. } => welcomed = true,

@@ -101,6 +101,33 @@ impl OpDesc {
     }
 }
 
+/// State of a link as `ConnectAsync`/`DisconnectAsync` leave it (HIXL `AsyncConnectStatus`):
+/// the status of the latest task queued for that peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AsyncConnectStatus {
+    /// No link, and no task queued.
+    NotConnect,
+    /// A connect is queued behind earlier tasks for the peer.
+    ConnectPending,
+    /// The connect is running.
+    Connecting,
+    /// Connected.
+    Connected,
+    /// The connect failed (the error is logged; a synchronous `connect` returns it).
+    ConnectFailed,
+    /// A disconnect is queued.
+    DisconnectPending,
+    /// The disconnect is running.
+    Disconnecting,
+}
+
+impl AsyncConnectStatus {
+    /// HIXL's numeric value, in declaration order (`NOT_CONNECT = 0` ... `DISCONNECTING = 6`).
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+}
+
 /// State of an asynchronous transfer (HIXL `TransferStatus`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TransferStatus {

@@ -9,8 +9,9 @@
 
 pub use hixl_async::*;
 pub use hixl_core::{
-    options, wire, Access, Error, MemDesc, MemKind, Notify, OpDesc, Options, RegionId,
-    RemoteRegion, Result, Status, TransferOp, TransferStatus, NOTIFY_MAX_LEN, NOTIFY_MAX_PENDING,
+    options, wire, Access, AsyncConnectStatus, Error, MemDesc, MemKind, Notify, OpDesc, Options,
+    RegionId, RemoteRegion, Result, Status, TransferOp, TransferStatus, NOTIFY_MAX_LEN,
+    NOTIFY_MAX_PENDING,
 };
 
 /// LLM-DataDist over hixl (feature `datadist`): the KV-cache layer inference servers use.

@@ -81,6 +81,9 @@ pub struct ChannelPool {
     /// `channel_pool.low_waterline`: in (0, 1), below `high_waterline`. HIXL documents no
     /// default; hixl uses 0.7.
     pub low_waterline: f64,
+    /// Whether any `channel_pool.*` key was given. As in HIXL, a configured channel pool also
+    /// connects lazily inside transfers (like `AutoConnect`). The link limit applies always.
+    pub configured: bool,
 }
 
 impl Default for ChannelPool {
@@ -89,6 +92,7 @@ impl Default for ChannelPool {
             max_channel: 512,
             high_waterline: 0.9,
             low_waterline: 0.7,
+            configured: false,
         }
     }
 }
@@ -215,6 +219,7 @@ impl GlobalResourceConfig {
             }
         }
         let (mut high, mut low) = (None, None);
+        cfg.channel_pool.configured = flat.iter().any(|(k, _)| k.starts_with("channel_pool."));
         for (i, (k, v)) in flat.iter().enumerate() {
             if flat.iter().take(i).any(|(p, _)| p == k) {
                 return Err(format!("key {k:?} given more than once"));
@@ -455,6 +460,7 @@ mod tests {
             max_channel: 10,
             high_waterline: 0.3,
             low_waterline: 0.1,
+            configured: true,
         };
         assert_eq!(g.channel_pool, cp);
         let c = &g.comm_resource_config;
@@ -518,6 +524,7 @@ mod tests {
             max_channel: max,
             high_waterline: high,
             low_waterline: low,
+            configured: true,
         };
         let p = pool(10, 0.3, 0.1);
         assert_eq!(
