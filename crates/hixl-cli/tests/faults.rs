@@ -137,32 +137,35 @@ fn target_role() {
     });
 }
 
-/// Starts the target in namespace `ns` with a `mem`-byte region named `kv`.
-fn spawn_target(ns: &str, mem: u64) -> Target {
+/// The command line of a target with a `mem`-byte region named `kv`.
+fn target_cmd(mem: u64) -> Vec<String> {
     let exe = std::env::current_exe().unwrap();
-    let exe = exe.to_str().unwrap();
-    let mem = format!("HIXL_FAULTS_MEM={mem}");
-    let ip = format!("HIXL_FAULTS_IP={IP_A}");
-    let role = format!("{ROLE_VAR}=target");
-    Target::spawn_with(
-        Path::new("ip"),
-        &[
-            "netns",
-            "exec",
-            ns,
-            "env",
-            &role,
-            &mem,
-            &ip,
-            exe,
+    let mut cmd: Vec<String> = vec![
+        "env".into(),
+        format!("{ROLE_VAR}=target"),
+        format!("HIXL_FAULTS_MEM={mem}"),
+        format!("HIXL_FAULTS_IP={IP_A}"),
+        exe.to_str().unwrap().into(),
+    ];
+    cmd.extend(
+        [
             "target_role",
             "--exact",
             "--ignored",
             "--nocapture",
             "--test-threads=1",
-        ],
-    )
-    .unwrap()
+        ]
+        .map(String::from),
+    );
+    cmd
+}
+
+/// Starts a target in namespace `ns` (`ip netns exec` also gives it its own mount namespace).
+fn spawn_target(ns: &str, mem: u64) -> Target {
+    let mut args = vec!["netns", "exec", ns];
+    let cmd = target_cmd(mem);
+    args.extend(cmd.iter().map(String::as_str));
+    Target::spawn_with(Path::new("ip"), &args).unwrap()
 }
 
 /// The target's whole region, dumped by the target itself (no network involved).
@@ -960,8 +963,10 @@ async fn initiator(lay: &Layout) -> (Engine, Region) {
 async fn connect(e: &Engine, target: &str) -> Peer {
     let p = e.connect(target, Duration::from_secs(5)).await.unwrap();
     // Across network namespaces the fabric cannot serve the peer: its Unix abstract socket
-    // exists only in the target's network namespace (and `ip netns exec` gives the target its
-    // own mount namespace too), so the engine must have fallen back to TCP.
+    // exists only in the target's network namespace. The engine must have fallen back to TCP.
+    // (For targets started by `ip netns exec` it does so because their mount namespace
+    // differs; for one sharing our mount namespace see
+    // auto_falls_back_to_tcp_for_a_peer_in_another_netns_sharing_our_mounts.)
     assert!(
         p.transport().starts_with("tcp"),
         "expected a TCP fallback across namespaces: {}",
@@ -1273,6 +1278,47 @@ fn disconnect_from_a_silent_peer_lets_go() {
             }
         );
         drop(target);
+    });
+}
+
+/// A same-host peer in another network namespace but in our mount namespace (as `nsenter
+/// --net`, or a launcher that only calls setns, leaves it): the fabric's abstract Unix socket
+/// is per network namespace, so it cannot be reached, and with `hixl.Transport=auto` the
+/// engine must fall back to TCP.
+///
+/// Ignored because it fails with this engine: the same-host check compares boot id and mount
+/// namespace only, so the fabric is chosen, its socket refuses the connection
+/// (ECONNREFUSED), and that error fails the whole connect instead of falling back.
+#[test]
+#[ignore = "fails until auto falls back to tcp when the peer's fabric socket is unreachable"]
+fn auto_falls_back_to_tcp_for_a_peer_in_another_netns_sharing_our_mounts() {
+    let Some(g) = NetGuard::create(
+        "auto_falls_back_to_tcp_for_a_peer_in_another_netns_sharing_our_mounts",
+        "mounts",
+        &["ip"],
+    ) else {
+        return;
+    };
+    in_namespace_b(&g, |net| async move {
+        // Started from a thread inside namespace A: the target shares our mount namespace.
+        let a = net.a.clone();
+        let target = std::thread::spawn(move || {
+            enter_netns(&a).unwrap();
+            let cmd = target_cmd(1 << 20);
+            let args: Vec<&str> = cmd[1..].iter().map(String::as_str).collect();
+            Target::spawn_with(Path::new(&cmd[0]), &args).unwrap()
+        })
+        .join()
+        .unwrap();
+        let e = Engine::builder(IP_B).build().await.unwrap();
+        let local = e.register(HostBuffer::zeroed(1 << 20).unwrap()).unwrap();
+        let peer = connect(&e, &target.engine).await;
+        let kv = peer.region("kv").unwrap().addr;
+        peer.write(&[OpDesc::new(local.addr(), kv, 1 << 20)])
+            .timeout(Duration::from_secs(5))
+            .await
+            .unwrap();
+        target.stop();
     });
 }
 
