@@ -1,7 +1,7 @@
 //! A `hixl serve` target run as a child process, as the demo, the benchmark and the
 //! two-process tests use it.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -119,6 +119,20 @@ impl Target {
                 }
             }
         }
+    }
+
+    /// Writes one line to the target's standard input, for targets that take commands there.
+    ///
+    /// # Errors
+    /// When the target's standard input is closed or the write fails.
+    pub fn send_line(&mut self, line: &str) -> CliResult {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| CliError("the target's standard input is closed".into()))?;
+        writeln!(stdin, "{line}")?;
+        stdin.flush()?;
+        Ok(())
     }
 
     /// Kills the process at once (SIGKILL), as a crash would.
