@@ -374,7 +374,13 @@ impl Link {
             );
         }
         let (fl, fs) =
-            FabricLink::establish(backend, &info, session, p.local_name, name.clone()).await?;
+            match FabricLink::establish(backend, &info, session, p.local_name, name.clone()).await
+            {
+                Ok(x) => x,
+                // E.g. a peer that shares our boot id and mounts but not our network
+                // namespace, where its abstract fabric socket does not exist.
+                Err(e) => return refuse(format!("the fabric channel could not be opened: {e}")),
+            };
         let fallback = fl.fallback.lock().ok().and_then(|f| f.clone());
         if let (true, Some(why)) = (backend.forced, &fallback) {
             return refuse(why.clone());

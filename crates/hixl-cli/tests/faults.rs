@@ -1237,7 +1237,6 @@ fn link_cut_mid_transfer() {
 /// lease on the local region, and `deregister` waits until TCP gives up
 /// (`net.ipv4.tcp_retries2`, about 15 minutes by default) or the link heals.
 #[test]
-#[ignore = "fails until a disconnect wakes data writers blocked on a full socket"]
 fn disconnect_from_a_silent_peer_lets_go() {
     let Some(g) = NetGuard::create(
         "disconnect_from_a_silent_peer_lets_go",
@@ -1290,7 +1289,6 @@ fn disconnect_from_a_silent_peer_lets_go() {
 /// namespace only, so the fabric is chosen, its socket refuses the connection
 /// (ECONNREFUSED), and that error fails the whole connect instead of falling back.
 #[test]
-#[ignore = "fails until auto falls back to tcp when the peer's fabric socket is unreachable"]
 fn auto_falls_back_to_tcp_for_a_peer_in_another_netns_sharing_our_mounts() {
     let Some(g) = NetGuard::create(
         "auto_falls_back_to_tcp_for_a_peer_in_another_netns_sharing_our_mounts",

@@ -14,7 +14,7 @@ use hixl_core::{Error, Status, Token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::completion::Completion;
 use crate::engine::Shared;
@@ -124,7 +124,8 @@ async fn writer(
             _ = dead.changed() => break,
             b = rx.recv() => match b { Some(b) => b, None => break },
         };
-        if let Err(e) = send_batch(&mut w, batch, &inflight, &shared, &peer, &mut hdrs).await {
+        let sent = send_batch(&mut w, &mut dead, batch, &inflight, &shared, &peer, &mut hdrs);
+        if let Err(e) = sent.await {
             state.kill(e);
             break;
         }
@@ -139,8 +140,13 @@ async fn writer(
 
 /// Sends one op's parts. Returns an error only when the connection is unusable; parts not
 /// yet handed to the reader's queue are failed here.
+///
+/// Every socket write races the link's death: a peer that stopped reading (frozen, or the
+/// network cut) must not keep this task blocked in a full socket buffer after the link was
+/// closed, or the link's in-flight parts would never fail and their leases never drop.
 async fn send_batch(
     w: &mut OwnedWriteHalf,
+    dead: &mut watch::Receiver<bool>,
     batch: Vec<Part>,
     inflight: &Inflight,
     shared: &Shared,
@@ -169,7 +175,7 @@ async fn send_batch(
     let mut it = batch.into_iter().enumerate();
     while let Some((i, part)) = it.next() {
         if i > 0 && i % RECHECK == 0 && !wanted() {
-            flush(w, hdrs, peer).await?;
+            flush(w, dead, hdrs, peer).await?;
             fail_parts(
                 shared,
                 std::iter::once(part).chain(it.map(|(_, p)| p)),
@@ -186,17 +192,17 @@ async fn send_batch(
             let hold = part.lease.clone();
             if let Err(p) = push(inflight, part) {
                 let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
-                let _ = flush(w, hdrs, peer).await;
+                let _ = flush(w, dead, hdrs, peer).await;
                 return Err(e);
             }
             // SAFETY: ptr..ptr+len lies in a registered region (checked at submit) on which
             // `hold` keeps a lease, so the memory stays valid until this write returns.
             let payload = unsafe { std::slice::from_raw_parts(ptr.0 as *const u8, len) };
             let r = if hdrs.is_empty() {
-                write_two(w, &hdr, payload).await
+                write_or_dead(w, dead, &hdr, payload).await
             } else {
                 hdrs.extend_from_slice(&hdr);
-                let r = write_two(w, hdrs, payload).await;
+                let r = write_or_dead(w, dead, hdrs, payload).await;
                 hdrs.clear();
                 r
             };
@@ -210,19 +216,19 @@ async fn send_batch(
         } else {
             if let Err(p) = push(inflight, part) {
                 let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
-                let _ = flush(w, hdrs, peer).await;
+                let _ = flush(w, dead, hdrs, peer).await;
                 return Err(e);
             }
             hdrs.extend_from_slice(&hdr);
             if hdrs.len() >= READ_REQ_BATCH * DATA_REQ_FRAME {
-                if let Err(e) = flush(w, hdrs, peer).await {
+                if let Err(e) = flush(w, dead, hdrs, peer).await {
                     fail_parts(shared, it.map(|(_, p)| p), &e);
                     return Err(e);
                 }
             }
         }
     }
-    flush(w, hdrs, peer).await
+    flush(w, dead, hdrs, peer).await
 }
 
 fn push(inflight: &Inflight, part: Part) -> Result<(), Part> {
@@ -246,13 +252,34 @@ fn fail_rest(shared: &Shared, peer: &str, p: Part, rest: impl Iterator<Item = Pa
     e
 }
 
-async fn flush(w: &mut OwnedWriteHalf, hdrs: &mut Vec<u8>, peer: &str) -> Result<(), Error> {
+async fn flush(
+    w: &mut OwnedWriteHalf,
+    dead: &mut watch::Receiver<bool>,
+    hdrs: &mut Vec<u8>,
+    peer: &str,
+) -> Result<(), Error> {
     if hdrs.is_empty() {
         return Ok(());
     }
-    let r = w.write_all(hdrs).await;
+    let r = write_or_dead(w, dead, hdrs, &[]).await;
     hdrs.clear();
     r.map_err(|e| lost(peer, e))
+}
+
+/// [`write_two`], abandoned when the link dies (the socket is shut down after that anyway).
+async fn write_or_dead(
+    w: &mut OwnedWriteHalf,
+    dead: &mut watch::Receiver<bool>,
+    a: &[u8],
+    b: &[u8],
+) -> std::io::Result<()> {
+    if *dead.borrow() {
+        return Err(std::io::Error::other("link closed"));
+    }
+    tokio::select! {
+        r = write_two(w, a, b) => r,
+        _ = dead.changed() => Err(std::io::Error::other("link closed while sending")),
+    }
 }
 
 /// Writes `a` then `b` with as few syscalls as the kernel allows.
