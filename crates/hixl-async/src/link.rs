@@ -369,18 +369,26 @@ impl Link {
             return refuse("the peer offers no fabric channel".into());
         };
         if !backend.identity.same_host(&info.identity) {
-            return refuse(
-                "the peer is on another host (boot id or mount namespace differ)".into(),
-            );
+            return refuse(if backend.identity.boot_id != info.identity.boot_id {
+                "the peer is on another host (its boot id differs)".into()
+            } else {
+                "the peer is on this host but in another mount namespace (a container), where our memfds and sockets do not reach".into()
+            });
         }
-        let (fl, fs) =
-            match FabricLink::establish(backend, &info, session, p.local_name, name.clone()).await
-            {
-                Ok(x) => x,
-                // E.g. a peer that shares our boot id and mounts but not our network
-                // namespace, where its abstract fabric socket does not exist.
-                Err(e) => return refuse(format!("the fabric channel could not be opened: {e}")),
-            };
+        let (fl, fs) = match FabricLink::establish(
+            backend,
+            &info,
+            session,
+            p.local_name,
+            name.clone(),
+        )
+        .await
+        {
+            Ok(x) => x,
+            // E.g. a peer that shares our boot id and mounts but not our network
+            // namespace, where its abstract fabric socket does not exist.
+            Err(e) => return refuse(format!("the fabric channel could not be opened: {e}")),
+        };
         let fallback = fl.fallback.lock().ok().and_then(|f| f.clone());
         if let (true, Some(why)) = (backend.forced, &fallback) {
             return refuse(why.clone());

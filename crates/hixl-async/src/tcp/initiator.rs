@@ -124,7 +124,9 @@ async fn writer(
             _ = dead.changed() => break,
             b = rx.recv() => match b { Some(b) => b, None => break },
         };
-        let sent = send_batch(&mut w, &mut dead, batch, &inflight, &shared, &peer, &mut hdrs);
+        let sent = send_batch(
+            &mut w, &mut dead, batch, &inflight, &shared, &peer, &mut hdrs,
+        );
         if let Err(e) = sent.await {
             state.kill(e);
             break;
