@@ -451,6 +451,12 @@ impl Link {
             match read_frame(s, buf, name).await? {
                 Message::VerbsKeys(v) => keys.extend(v),
                 Message::MemTable(v) => *table = sort_table(v),
+                // The target's liveness probes start with the session; answer them here too.
+                Message::Heartbeat { seq } => {
+                    if seq & hixl_core::wire::HEARTBEAT_FROM_TARGET != 0 {
+                        write_frame(s, &Message::Heartbeat { seq }, name).await?;
+                    }
+                }
                 Message::VerbsAccept {
                     status: 0,
                     endpoint,

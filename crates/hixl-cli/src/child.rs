@@ -135,6 +135,14 @@ impl Target {
         Ok(())
     }
 
+    /// Hands over the rest of the target's standard output, a line per item, to a caller
+    /// that reads it itself (a thread routing lines to several waiters, say). After this,
+    /// [`Target::wait_line`] reports the target as exited.
+    pub fn take_lines(&mut self) -> Receiver<String> {
+        let (_closed, none) = mpsc::channel();
+        std::mem::replace(&mut self.lines, none)
+    }
+
     /// Kills the process at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -1,10 +1,11 @@
-//! The `hixl` command: a loopback demo, a target server, benchmarks and machine info.
+//! The `hixl` command: a loopback demo, a target server, benchmarks, a soak and machine info.
 
 mod bench;
 mod demo;
 mod info;
 mod kv;
 mod serve;
+mod soak;
 
 use hixl_cli::util;
 
@@ -33,9 +34,16 @@ enum Cmd {
     Bench(bench::Bench),
     /// Version, and which transports this machine can use and why.
     Info(info::Args),
+    /// Mixed workload (sizes, READ/WRITE, batches, notifies, drops, tiny timeouts, disconnects)
+    /// against a target process over tcp and fabric for a set time; every byte verified, every
+    /// op accounted for, memory of both processes watched. Exits non-zero on any violation.
+    Soak(soak::Args),
     /// The peer cluster of `hixl bench kv` (an LLM-DataDist instance with a model's caches).
     #[command(hide = true)]
     KvServe(kv::ServeArgs),
+    /// The target process of `hixl soak`.
+    #[command(hide = true)]
+    SoakServe(soak::ServeArgs),
 }
 
 fn main() {
@@ -70,6 +78,8 @@ fn main() {
             Cmd::Bench(b) => bench::run(b).await,
             Cmd::Info(a) => info::run(a).await,
             Cmd::KvServe(a) => kv::serve(a).await,
+            Cmd::Soak(a) => soak::run(a).await,
+            Cmd::SoakServe(a) => soak::serve(a).await,
         }
     });
     if let Err(e) = r {

@@ -116,16 +116,19 @@ async fn writer(
     state: Arc<LinkState>,
     peer: Arc<str>,
 ) {
-    let mut dead = state.subscribe();
+    let mut live = Live {
+        dead: state.subscribe(),
+        state: &state,
+    };
     let mut hdrs: Vec<u8> = Vec::with_capacity(READ_REQ_BATCH * DATA_REQ_FRAME);
     loop {
         let batch = tokio::select! {
             biased;
-            _ = dead.changed() => break,
+            _ = live.dead.changed() => break,
             b = rx.recv() => match b { Some(b) => b, None => break },
         };
         let sent = send_batch(
-            &mut w, &mut dead, batch, &inflight, &shared, &peer, &mut hdrs,
+            &mut w, &mut live, batch, &inflight, &shared, &peer, &mut hdrs,
         );
         if let Err(e) = sent.await {
             state.kill(e);
@@ -140,6 +143,20 @@ async fn writer(
     }
 }
 
+/// The writer's view of its link's liveness.
+struct Live<'a> {
+    dead: watch::Receiver<bool>,
+    state: &'a LinkState,
+}
+
+impl Live<'_> {
+    /// `e`, unless the link is already down: then the link's cause (an op cut off by our own
+    /// disconnect reports NOT_CONNECTED like the others, not the socket error it caused).
+    fn cause(&self, e: Error) -> Error {
+        self.state.error().unwrap_or(e)
+    }
+}
+
 /// Sends one op's parts. Returns an error only when the connection is unusable; parts not
 /// yet handed to the reader's queue are failed here.
 ///
@@ -148,7 +165,7 @@ async fn writer(
 /// closed, or the link's in-flight parts would never fail and their leases never drop.
 async fn send_batch(
     w: &mut OwnedWriteHalf,
-    dead: &mut watch::Receiver<bool>,
+    live: &mut Live<'_>,
     batch: Vec<Part>,
     inflight: &Inflight,
     shared: &Shared,
@@ -177,7 +194,7 @@ async fn send_batch(
     let mut it = batch.into_iter().enumerate();
     while let Some((i, part)) = it.next() {
         if i > 0 && i % RECHECK == 0 && !wanted() {
-            flush(w, dead, hdrs, peer).await?;
+            flush(w, &mut live.dead, hdrs, peer).await?;
             fail_parts(
                 shared,
                 std::iter::once(part).chain(it.map(|(_, p)| p)),
@@ -194,43 +211,43 @@ async fn send_batch(
             let hold = part.lease.clone();
             if let Err(p) = push(inflight, part) {
                 let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
-                let _ = flush(w, dead, hdrs, peer).await;
+                let _ = flush(w, &mut live.dead, hdrs, peer).await;
                 return Err(e);
             }
             // SAFETY: ptr..ptr+len lies in a registered region (checked at submit) on which
             // `hold` keeps a lease, so the memory stays valid until this write returns.
             let payload = unsafe { std::slice::from_raw_parts(ptr.0 as *const u8, len) };
             let r = if hdrs.is_empty() {
-                write_or_dead(w, dead, &hdr, payload).await
+                write_or_dead(w, &mut live.dead, &hdr, payload).await
             } else {
                 hdrs.extend_from_slice(&hdr);
-                let r = write_or_dead(w, dead, hdrs, payload).await;
+                let r = write_or_dead(w, &mut live.dead, hdrs, payload).await;
                 hdrs.clear();
                 r
             };
             drop(hold);
             if let Err(e) = r {
                 // The parts not yet queued for the reader would never complete otherwise.
-                let e = lost(peer, e);
+                let e = live.cause(lost(peer, e));
                 fail_parts(shared, it.map(|(_, p)| p), &e);
                 return Err(e);
             }
         } else {
             if let Err(p) = push(inflight, part) {
                 let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
-                let _ = flush(w, dead, hdrs, peer).await;
+                let _ = flush(w, &mut live.dead, hdrs, peer).await;
                 return Err(e);
             }
             hdrs.extend_from_slice(&hdr);
             if hdrs.len() >= READ_REQ_BATCH * DATA_REQ_FRAME {
-                if let Err(e) = flush(w, dead, hdrs, peer).await {
+                if let Err(e) = flush(w, &mut live.dead, hdrs, peer).await {
                     fail_parts(shared, it.map(|(_, p)| p), &e);
                     return Err(e);
                 }
             }
         }
     }
-    flush(w, dead, hdrs, peer).await
+    flush(w, &mut live.dead, hdrs, peer).await
 }
 
 fn push(inflight: &Inflight, part: Part) -> Result<(), Part> {
@@ -495,7 +512,9 @@ async fn read_loop(
                 // on which p.lease is held until after this read completes.
                 let dst = unsafe { std::slice::from_raw_parts_mut(p.local.0, len as usize) };
                 if let Err(e) = r.read_exact(dst).await {
-                    let e = lost(peer, e);
+                    // If the link was closed (our own disconnect shuts the socket down), the
+                    // part fails with the link's cause like every other part of the link.
+                    let e = state.error().unwrap_or_else(|| lost(peer, e));
                     fail_parts(shared, [p], &e);
                     return Err(e);
                 }

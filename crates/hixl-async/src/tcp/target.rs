@@ -25,7 +25,12 @@ pub(crate) async fn serve(stream: TcpStream, peer: Arc<str>, shared: Arc<Shared>
     let (mut rd, mut wr) = stream.into_split();
     match serve_loop(&mut rd, &mut wr, &peer, &shared).await {
         Ok(()) => tracing::debug!(peer = %peer, "data connection closed"),
-        Err(e) => tracing::warn!(peer = %peer, "closing data connection: {e}"),
+        // A peer that breaks the protocol is worth a warning; one that went away (reset,
+        // broken pipe: an initiator disconnecting mid-read, or dying) is not.
+        Err(e @ hixl_core::Error::Protocol { .. }) => {
+            tracing::warn!(peer = %peer, "closing data connection: {e}")
+        }
+        Err(e) => tracing::debug!(peer = %peer, "closing data connection: {e}"),
     }
 }
 
