@@ -194,7 +194,7 @@ async fn send_batch(
     let mut it = batch.into_iter().enumerate();
     while let Some((i, part)) = it.next() {
         if i > 0 && i % RECHECK == 0 && !wanted() {
-            flush(w, &mut live.dead, hdrs, peer).await?;
+            flush(w, live, hdrs, peer).await?;
             fail_parts(
                 shared,
                 std::iter::once(part).chain(it.map(|(_, p)| p)),
@@ -211,7 +211,7 @@ async fn send_batch(
             let hold = part.lease.clone();
             if let Err(p) = push(inflight, part) {
                 let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
-                let _ = flush(w, &mut live.dead, hdrs, peer).await;
+                let _ = flush(w, live, hdrs, peer).await;
                 return Err(e);
             }
             // SAFETY: ptr..ptr+len lies in a registered region (checked at submit) on which
@@ -235,19 +235,19 @@ async fn send_batch(
         } else {
             if let Err(p) = push(inflight, part) {
                 let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
-                let _ = flush(w, &mut live.dead, hdrs, peer).await;
+                let _ = flush(w, live, hdrs, peer).await;
                 return Err(e);
             }
             hdrs.extend_from_slice(&hdr);
             if hdrs.len() >= READ_REQ_BATCH * DATA_REQ_FRAME {
-                if let Err(e) = flush(w, &mut live.dead, hdrs, peer).await {
+                if let Err(e) = flush(w, live, hdrs, peer).await {
                     fail_parts(shared, it.map(|(_, p)| p), &e);
                     return Err(e);
                 }
             }
         }
     }
-    flush(w, &mut live.dead, hdrs, peer).await
+    flush(w, live, hdrs, peer).await
 }
 
 fn push(inflight: &Inflight, part: Part) -> Result<(), Part> {
@@ -273,16 +273,16 @@ fn fail_rest(shared: &Shared, peer: &str, p: Part, rest: impl Iterator<Item = Pa
 
 async fn flush(
     w: &mut OwnedWriteHalf,
-    dead: &mut watch::Receiver<bool>,
+    live: &mut Live<'_>,
     hdrs: &mut Vec<u8>,
     peer: &str,
 ) -> Result<(), Error> {
     if hdrs.is_empty() {
         return Ok(());
     }
-    let r = write_or_dead(w, dead, hdrs, &[]).await;
+    let r = write_or_dead(w, &mut live.dead, hdrs, &[]).await;
     hdrs.clear();
-    r.map_err(|e| lost(peer, e))
+    r.map_err(|e| live.cause(lost(peer, e)))
 }
 
 /// [`write_two`], abandoned when the link dies (the socket is shut down after that anyway).
