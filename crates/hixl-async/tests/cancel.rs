@@ -18,6 +18,11 @@
 //! - the target's region deregisters within a bound; the buffers come back and are registered
 //!   again for the next round; RSS and open fds do not grow across rounds.
 //!
+//! The other tests pin down single behaviours: a deadline against a peer that never answers
+//! (and deregistration waiting for the timed-out op until the link goes), a deadline on an op
+//! queued behind a long one on each transport, and a dropped op queued behind a long one,
+//! which must move nothing (ignored on the fabric, where it does: see the tests).
+//!
 //! `HIXL_CANCEL_SEED` replays a run's decisions (timing still varies), `HIXL_CANCEL_ROUNDS`
 //! runs more rounds per transport. The seed is printed at the start of each test.
 
@@ -1316,7 +1321,8 @@ fn deadline_behind_a_long_op_fabric_cma() {
 }
 
 /// An op dropped while all its parts are still queued behind a long op moves no byte: "parts
-/// not yet sent are never sent". Returns how many of its bytes landed.
+/// not yet sent are never sent". Returns how many of its destination bytes changed (its data
+/// is random: were it all to land, about 1 byte in 256 would still read unchanged).
 async fn dropped_while_queued(mode: Mode) -> usize {
     let mut rng = Rng::new(seed(&format!("dropped while queued over {mode:?}")));
     let (rig, remote, local, peer, rr) = queued_rig(mode, &mut rng).await;
