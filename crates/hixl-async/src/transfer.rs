@@ -173,9 +173,7 @@ impl Future for Transfer {
         if let Some((sleep, after)) = &mut this.deadline {
             if sleep.as_mut().poll(cx).is_ready() {
                 let after = *after;
-                if let Ok(mut ops) = this.shared.ops.lock() {
-                    ops.abandon(token);
-                }
+                abandon(&this.shared, token);
                 this.state = State::Done(TransferStatus::TimedOut);
                 return Poll::Ready(Err(Error::Timeout {
                     what: "transfer",
@@ -191,9 +189,25 @@ impl Future for Transfer {
 impl Drop for Transfer {
     fn drop(&mut self) {
         if let State::Posted(t) = self.state {
-            if let Ok(mut ops) = self.shared.ops.lock() {
-                ops.abandon(t);
-            }
+            abandon(&self.shared, t);
+        }
+    }
+}
+
+/// The owner of `token` went away (dropped, or its deadline passed): the op is parked until
+/// its outstanding parts are done, and parts not yet started are not started. TCP writers
+/// check before sending; fabric copies still queued on a copy stream are withdrawn here.
+fn abandon(shared: &Shared, token: Token) {
+    if let Ok(mut ops) = shared.ops.lock() {
+        ops.abandon(token);
+    }
+    #[cfg(feature = "fabric")]
+    if let Some(f) = &shared.fabric {
+        if f.copy.queued() > 0 {
+            let e = Error::InvalidParam {
+                what: "transfer was dropped or timed out before this copy started".into(),
+            };
+            f.copy.cancel_queued(|t| t == token, &e);
         }
     }
 }

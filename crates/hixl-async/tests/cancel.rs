@@ -1362,10 +1362,6 @@ fn a_dropped_op_queued_behind_another_sends_nothing_tcp() {
 
 #[cfg(feature = "fabric")]
 #[test]
-#[ignore = "engine bug: dropping a fabric transfer does not cancel its copies still queued on \
-            the copy engine (Transfer::drop only marks the op Abandoned; CopyEngine::cancel_queued \
-            runs only when the link dies), so every queued part still runs, against the \
-            documented 'parts not yet sent are never sent'"]
 fn a_dropped_op_queued_behind_another_copies_nothing_fabric_pool() {
     let _serial = serial();
     let changed = runtime().block_on(dropped_while_queued(Mode::FabricPool));
@@ -1377,8 +1373,6 @@ fn a_dropped_op_queued_behind_another_copies_nothing_fabric_pool() {
 
 #[cfg(feature = "fabric")]
 #[test]
-#[ignore = "engine bug: as for the pool, queued cross-memory-attach copies of a dropped \
-            fabric transfer still run"]
 fn a_dropped_op_queued_behind_another_copies_nothing_fabric_cma() {
     let _serial = serial();
     let changed = runtime().block_on(dropped_while_queued(Mode::FabricCma));
