@@ -438,6 +438,28 @@ impl VerbsLink {
             drop((backlog, qp));
             return self.fail(&wrs, &e);
         }
+        // Requests of transfers dropped or timed out while they waited are not posted.
+        let mut dropped = Vec::new();
+        if let Some(sh) = self.shared.upgrade() {
+            if let Ok(ops) = sh.ops.lock() {
+                if backlog.iter().any(|w| !ops.is_wanted(w.token)) {
+                    dropped = backlog
+                        .iter()
+                        .filter(|w| !ops.is_wanted(w.token))
+                        .copied()
+                        .collect();
+                    backlog.retain(|w| ops.is_wanted(w.token));
+                }
+            }
+        }
+        if !dropped.is_empty() {
+            let e = Error::InvalidParam {
+                what: "transfer was dropped or timed out before this request was posted".into(),
+            };
+            drop((backlog, qp));
+            self.fail(&dropped, &e);
+            return self.pump();
+        }
         let mut room = self.capacity.saturating_sub(q.outstanding());
         let mut n = 0;
         for w in backlog.iter() {

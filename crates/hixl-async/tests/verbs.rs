@@ -332,6 +332,61 @@ fn thousands_of_descriptors_per_call() {
 }
 
 #[test]
+fn a_dropped_transfer_posts_nothing_more_from_its_backlog() {
+    let Some(dev) = device("a_dropped_transfer_posts_nothing_more_from_its_backlog") else {
+        return;
+    };
+    rt().block_on(async {
+        let (a, b) = (engine(&dev).await, engine(&dev).await);
+        const N: usize = 8000; // the send queue takes 2048; the rest waits in the backlog
+        const B: usize = 1024;
+        let target = b
+            .register_with(
+                HostBuffer::zeroed(N * B).expect("buf"),
+                hixl_core::Access::REMOTE_RW,
+                Some("t"),
+            )
+            .expect("register");
+        let src = a
+            .register(HostBuffer::zeroed(N * B).expect("buf"))
+            .expect("register");
+        let mut data = vec![0u8; N * B];
+        pattern(5, 0, &mut data);
+        src.write_at(0, &data).expect("fill");
+        let p = connect(&a, b.local_engine()).await;
+        let descs: Vec<OpDesc> = (0..N)
+            .map(|i| {
+                OpDesc::new(
+                    src.addr() + (i * B) as u64,
+                    target.addr() + (i * B) as u64,
+                    B as u64,
+                )
+            })
+            .collect();
+        drop(p.write(&descs));
+        let deadline = Instant::now() + T;
+        while a.ops_in_flight() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(a.ops_in_flight(), 0, "the abandoned op is reaped");
+        let landed = (0..N)
+            .filter(|&i| region_bytes(&target, (i * B) as u64, B) == data[i * B..(i + 1) * B])
+            .count();
+        println!("{landed} of {N} blocks landed before the drop took effect");
+        assert!(
+            landed < N,
+            "requests still in the backlog were posted after the drop"
+        );
+        // The link is fine: a new transfer completes.
+        p.write(&descs[..16])
+            .timeout(T)
+            .await
+            .expect("write after the drop");
+        assert!(p.is_connected());
+    });
+}
+
+#[test]
 fn remote_range_outside_the_peers_regions_is_refused_before_posting() {
     let Some(dev) = device("remote_range_outside_the_peers_regions") else {
         return;
