@@ -372,8 +372,9 @@ impl VerbsLink {
         self.keys.read().ok()?.get(&rkey).copied()
     }
 
-    /// Takes the peer's key list: merged in (an entry whose region is gone is never looked
-    /// up: lookups start from the memory table), then pruned to `live` rkeys when given.
+    /// Takes the peer's key list, merged in: an entry whose region is gone is never looked up
+    /// (lookups start from the memory table), and [`VerbsLink::prune_keys`] drops it with the
+    /// next table.
     pub(crate) fn update_keys(&self, v: &[(u64, u32)]) {
         if let Ok(mut k) = self.keys.write() {
             k.extend(v.iter().copied());
