@@ -37,9 +37,15 @@ impl LinkState {
         self.cause.get().is_some()
     }
 
-    /// A receiver that changes when the link dies.
+    /// A receiver whose `changed()` resolves when the link dies, or at once if it is dead
+    /// already. (A plain watch receiver has seen the value current at subscription, so a task
+    /// that subscribes after the death would otherwise wait for a change that never comes.)
     pub(crate) fn subscribe(&self) -> watch::Receiver<bool> {
-        self.tx.subscribe()
+        let mut rx = self.tx.subscribe();
+        if *rx.borrow() {
+            rx.mark_changed();
+        }
+        rx
     }
 
     /// Resolves once the link is dead.
@@ -50,5 +56,29 @@ impl LinkState {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_receiver_made_after_the_death_sees_it() {
+        let s = LinkState::new();
+        s.kill(Error::NotConnected { peer: "p".into() });
+        let mut rx = s.subscribe();
+        tokio::time::timeout(std::time::Duration::from_secs(1), rx.changed())
+            .await
+            .expect("changed() resolves at once")
+            .expect("sender alive");
+        let alive = LinkState::new();
+        let mut live = alive.subscribe();
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(20), live.changed())
+                .await
+                .is_err(),
+            "a live link's receiver waits"
+        );
     }
 }
