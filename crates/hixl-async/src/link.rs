@@ -168,6 +168,19 @@ async fn authenticate(
     }
 }
 
+/// Kills a half-built link's state when dropped (unless disarmed by taking the state).
+struct KillOnDrop(Option<Arc<LinkState>>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.kill(Error::InvalidParam {
+                what: "connect did not complete".into(),
+            });
+        }
+    }
+}
+
 /// Connection parameters of one link.
 pub(crate) struct LinkParams<'a> {
     pub(crate) local_name: &'a str,
@@ -233,6 +246,9 @@ impl Link {
         }
         let name: Arc<str> = Arc::from(remote);
         let state = Arc::new(LinkState::new());
+        // Until the link is built, an error or a dropped connect future must end the data
+        // connections' tasks (and close their sockets): nothing else would.
+        let mut unbuilt = KillOnDrop(Some(state.clone()));
         let conns = data
             .into_iter()
             .map(|d| DataConn::spawn(d, name.clone(), shared.clone(), state.clone()))
@@ -296,6 +312,7 @@ impl Link {
             last_rx: AtomicU64::new(0),
             born: std::time::Instant::now(),
         });
+        unbuilt.0 = None;
         let (r, w) = s.into_split();
         tokio::spawn(write_frames(w, rx, link.state.clone(), link.name.clone()));
         tokio::spawn(control_reader(r, buf, link.clone()));

@@ -11,16 +11,13 @@ use hixl_core::{Access, AsyncConnectStatus, Error, OpDesc, TransferOp};
 
 const T: Duration = Duration::from_secs(5);
 
-async fn target(port: u16) -> (Engine, Region) {
-    let b = Engine::builder(format!("127.0.0.1:{port}")).option("hixl.Transport", "tcp");
-    let b = if port == 0 {
-        Engine::builder("127.0.0.1")
-            .option("hixl.Transport", "tcp")
-            .ephemeral_port()
-    } else {
-        b
-    };
-    let e = b.build().await.expect("target");
+async fn target() -> (Engine, Region) {
+    let e = Engine::builder("127.0.0.1")
+        .option("hixl.Transport", "tcp")
+        .ephemeral_port()
+        .build()
+        .await
+        .expect("target");
     let r = e
         .register_with(
             HostBuffer::zeroed(1 << 16).expect("buf"),
@@ -43,7 +40,7 @@ async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_connect_connects_inside_transfers_and_again_after_the_peer_restarts() {
-    let (t1, r1) = target(0).await;
+    let (t1, r1) = target().await;
     let addr = t1.local_engine().to_string();
     let port: u16 = addr
         .rsplit(':')
@@ -76,8 +73,30 @@ async fn auto_connect_connects_inside_transfers_and_again_after_the_peer_restart
     t1.shutdown(Duration::from_millis(100)).await;
     drop(t1);
     eventually("the dead link to be dropped", || init.peers().is_empty()).await;
-    // A new target on the same port: the next transfer reconnects.
-    let (t2, r2) = target(port).await;
+    // A new target on the same port (once the old listener task has let go of it): the next
+    // transfer reconnects.
+    let mut tries = 0;
+    let (t2, r2) = loop {
+        let b = Engine::builder(format!("127.0.0.1:{port}")).option("hixl.Transport", "tcp");
+        match b.build().await {
+            Ok(e) => {
+                let r = e
+                    .register_with(
+                        HostBuffer::zeroed(1 << 16).expect("buf"),
+                        Access::REMOTE_RW,
+                        Some("kv"),
+                    )
+                    .expect("register");
+                break (e, r);
+            }
+            Err(e) if tries < 150 => {
+                tries += 1;
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("port {port} not free again: {e}"),
+        }
+    };
     local.write_at(0, b"again").expect("fill");
     init.transfer(
         &addr,
@@ -94,7 +113,7 @@ async fn auto_connect_connects_inside_transfers_and_again_after_the_peer_restart
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_auto_connect_a_transfer_to_an_unconnected_peer_is_not_connected() {
-    let (t, r) = target(0).await;
+    let (t, r) = target().await;
     let init = Engine::builder("127.0.0.1")
         .build()
         .await
@@ -132,8 +151,8 @@ async fn channel_pool_evicts_idle_links_and_never_busy_ones() {
     let (silent, _s) = common::silent_target(1, Duration::from_secs(30)).await;
     let busy = init.connect(&silent, T).await.expect("connect silent");
     let pending = busy.write(&[OpDesc::new(local.addr(), common::SILENT_ADDR, 64)]);
-    let (t1, _) = target(0).await;
-    let (t2, r2) = target(0).await;
+    let (t1, _) = target().await;
+    let (t2, r2) = target().await;
     let p1 = init
         .connect(t1.local_engine(), T)
         .await
@@ -191,7 +210,7 @@ async fn a_full_pool_of_busy_links_refuses_a_new_one() {
             task,
         ));
     }
-    let (t, _) = target(0).await;
+    let (t, _) = target().await;
     let e = init
         .connect(t.local_engine(), T)
         .await
@@ -208,7 +227,7 @@ async fn a_full_pool_of_busy_links_refuses_a_new_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_async_reports_the_latest_tasks_state() {
-    let (t, _) = target(0).await;
+    let (t, _) = target().await;
     let addr = t.local_engine().to_string();
     let init = Engine::builder("127.0.0.1")
         .build()
@@ -268,7 +287,7 @@ async fn a_connect_abandoned_by_its_caller_frees_the_peer_for_the_next_one() {
 #[test]
 fn blocking_facade_auto_connects_in_transfer_sync_and_async() {
     let rt = tokio::runtime::Runtime::new().expect("rt");
-    let (t, r) = rt.block_on(target(0));
+    let (t, r) = rt.block_on(target());
     let addr = t.local_engine().to_string();
     let h = Hixl::new();
     h.initialize(

@@ -491,7 +491,10 @@ async fn read_loop(
                 }
                 if status != 0 {
                     if len != 0 {
-                        return Err(protocol(peer, "refused read carries a payload"));
+                        // The part was popped: fail it here, or its op would wait forever.
+                        let e = protocol(peer, "refused read carries a payload");
+                        fail_parts(shared, [p], &e);
+                        return Err(e);
                     }
                     let e = refused(peer, &p, status);
                     shared.complete(Completion {

@@ -1,0 +1,110 @@
+//! A connect that fails after it opened its data connections must close them and end their
+//! tasks (alone in this binary, so that the process's fd count is a clean signal).
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use hixl_async::Engine;
+use hixl_core::wire::{Channel, Message};
+use hixl_core::Error;
+
+fn fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A target that welcomes the control and `streams` data connections but offers no fabric
+/// channel; an initiator forced onto the fabric refuses it only after its data connections
+/// are up. Returns once the initiator has closed every data connection.
+async fn fake_without_fabric(l: tokio::net::TcpListener, streams: usize) {
+    let name = l.local_addr().expect("addr").to_string();
+    let (mut c, _) = l.accept().await.expect("accept control");
+    let mut buf = BytesMut::new();
+    let _hello = common::recv(&mut c, &mut buf).await;
+    common::send(
+        &mut c,
+        Message::Welcome {
+            engine: name.clone(),
+            session: 9,
+        },
+    )
+    .await;
+    common::send(&mut c, Message::MemTable(vec![])).await;
+    let mut data = Vec::new();
+    for _ in 0..streams {
+        let (mut d, _) = l.accept().await.expect("accept data");
+        let mut b = BytesMut::new();
+        assert!(matches!(
+            common::recv(&mut d, &mut b).await,
+            Some(Message::Hello {
+                channel: Channel::Data,
+                ..
+            })
+        ));
+        common::send(
+            &mut d,
+            Message::Welcome {
+                engine: name.clone(),
+                session: 9,
+            },
+        )
+        .await;
+        data.push((d, b));
+    }
+    for (mut d, mut b) in data {
+        let closed =
+            tokio::time::timeout(Duration::from_secs(5), common::recv(&mut d, &mut b)).await;
+        assert!(
+            matches!(closed, Ok(None)),
+            "data connection left open: {closed:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_that_fails_after_opening_data_connections_leaks_nothing() {
+    let init = Engine::builder("127.0.0.1")
+        .option("hixl.Transport", "fabric")
+        .option("hixl.TcpStreams", "4")
+        .build()
+        .await
+        .expect("initiator");
+    // Warm up (runtime threads, eventfds), then count.
+    let warm = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = warm.local_addr().expect("addr").to_string();
+    let f = tokio::spawn(fake_without_fabric(warm, 4));
+    assert!(init.connect(&addr, Duration::from_secs(5)).await.is_err());
+    f.await.expect("fake");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = fds();
+    for _ in 0..10 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        let f = tokio::spawn(fake_without_fabric(l, 4));
+        let e = init
+            .connect(&addr, Duration::from_secs(5))
+            .await
+            .expect_err("no fabric offered");
+        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+        f.await.expect("the initiator closed its data connections");
+    }
+    let mut after = fds();
+    for _ in 0..100 {
+        if after <= before {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        after = fds();
+    }
+    assert!(
+        after <= before,
+        "fds {before} -> {after} after 10 failed connects (4 data connections each)"
+    );
+}

@@ -1,0 +1,104 @@
+//! Targets that answer with frames the protocol forbids: the initiator's op must fail at once
+//! with a protocol error naming the peer, never wait for its timeout.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use hixl_async::{Engine, HostBuffer};
+use hixl_core::wire::{Channel, Message};
+use hixl_core::{Access, Error, MemKind, OpDesc, RemoteRegion};
+use tokio::io::AsyncWriteExt;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_read_that_carries_a_payload_fails_its_op() {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    let name = addr.clone();
+    let fake = tokio::spawn(async move {
+        let (mut c, _) = l.accept().await.expect("accept control");
+        let mut buf = BytesMut::new();
+        let _hello = common::recv(&mut c, &mut buf).await;
+        common::send(
+            &mut c,
+            Message::Welcome {
+                engine: name.clone(),
+                session: 3,
+            },
+        )
+        .await;
+        let region = RemoteRegion {
+            addr: 0x10_0000,
+            len: 1 << 20,
+            rkey: 5,
+            access: Access::REMOTE_RW,
+            kind: MemKind::Host,
+            name: None,
+        };
+        common::send(&mut c, Message::MemTable(vec![region])).await;
+        let (mut d, _) = l.accept().await.expect("accept data");
+        let mut b = BytesMut::new();
+        assert!(matches!(
+            common::recv(&mut d, &mut b).await,
+            Some(Message::Hello {
+                channel: Channel::Data,
+                ..
+            })
+        ));
+        common::send(
+            &mut d,
+            Message::Welcome {
+                engine: name,
+                session: 3,
+            },
+        )
+        .await;
+        let Some(Message::ReadReq(r)) = common::recv(&mut d, &mut b).await else {
+            panic!("expected a read request");
+        };
+        // A refusal must not carry data; this one announces (and sends) 8 bytes.
+        common::send(
+            &mut d,
+            Message::ReadResp {
+                id: r.id,
+                status: 103_900,
+                len: 8,
+            },
+        )
+        .await;
+        d.write_all(&[0xee; 8]).await.expect("payload");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        drop((c, d));
+    });
+    let e = Engine::builder("127.0.0.1")
+        .option("hixl.Transport", "tcp")
+        .option("hixl.TcpStreams", "1")
+        .build()
+        .await
+        .expect("engine");
+    let local = e
+        .register(HostBuffer::zeroed(4096).expect("buf"))
+        .expect("register");
+    let p = e
+        .connect(&addr, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let t0 = Instant::now();
+    let err = p
+        .read(&[OpDesc::new(local.addr(), 0x10_0000, 64)])
+        .timeout(Duration::from_secs(8))
+        .await
+        .expect_err("a protocol violation");
+    assert!(matches!(err, Error::Protocol { .. }), "{err:?}");
+    assert!(err.to_string().contains(&addr), "{err}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "failed after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(e.ops_in_flight(), 0);
+    fake.abort();
+}
