@@ -1,5 +1,5 @@
 //! Writes the seed corpus of the live-engine targets (`target_control`, `target_data`,
-//! `initiator_handshake`, `auth_handshake`) in the input format of `hixl_fuzz::In`. Run from
+//! `initiator_handshake`, `auth_handshake`, `initiator_data`) in the input format of `hixl_fuzz::In`. Run from
 //! `fuzz/`: `cargo run --example gen_live_corpus` (stable is fine).
 
 use std::path::Path;
@@ -441,6 +441,73 @@ fn seeds_auth() -> Vec<(&'static str, Vec<u8>)> {
     v
 }
 
+fn seeds_initiator_data() -> Vec<(&'static str, Vec<u8>)> {
+    // First byte: how many transfers (each: kind byte, even = write; local offset, remote
+    // offset, length - 1 as u16), then the fake's script: 0 answer, 1 refuse (status),
+    // 2 wrong id (xor), 3 wrong length (u16), 4 refused read with a payload (status, u8 len),
+    // 5 the other kind of answer, 6 raw bytes, 7 arbitrary frame, 8 pause, 9 close.
+    fn ops(o: &mut Out, list: &[(bool, u16, u16, u16)]) {
+        o.u8(list.len() as u8);
+        for &(write, local, remote, len) in list {
+            o.u8(if write { 0 } else { 1 })
+                .u16(local)
+                .u16(remote)
+                .u16(len - 1);
+        }
+    }
+    let mut v = Vec::new();
+    let wr = [(true, 0, 0, 100), (false, 200, 0, 100)];
+    let mut o = Out::default();
+    ops(&mut o, &wr);
+    o.u8(0).u8(0);
+    v.push(("write_read_answered", o.0));
+
+    let mut o = Out::default();
+    ops(&mut o, &[(false, 0, 0, 10000)]);
+    o.u8(0).u8(8).u8(0).u8(0);
+    v.push(("three_parts", o.0));
+
+    let mut o = Out::default();
+    ops(&mut o, &wr);
+    o.u8(1).u32(103_900).u8(1).u32(103_900);
+    v.push(("refused", o.0));
+
+    let mut o = Out::default();
+    ops(&mut o, &[(false, 0, 0, 64)]);
+    o.u8(2).u64(1);
+    v.push(("wrong_id", o.0));
+
+    let mut o = Out::default();
+    ops(&mut o, &[(false, 0, 0, 64)]);
+    o.u8(3).u16(5);
+    v.push(("wrong_len", o.0));
+
+    // (A refused read that announces a payload, script step 4, is the reproducer in
+    // artifacts-found/initiator_data-refused-read-with-payload: not a seed while it hangs.)
+
+    let mut o = Out::default();
+    ops(&mut o, &wr);
+    o.u8(5).u8(5);
+    v.push(("wrong_kind", o.0));
+
+    let mut o = Out::default();
+    ops(&mut o, &[(false, 0, 0, 10000)]);
+    o.u8(0).u8(9);
+    v.push(("close_mid_transfer", o.0));
+
+    let mut o = Out::default();
+    ops(&mut o, &[(true, 0, 0, 8)]);
+    o.u8(6).blob8(&hixl_core::wire::encode_ack(999, 0));
+    o.u8(0);
+    v.push(("unsolicited_ack", o.0));
+
+    let mut o = Out::default();
+    ops(&mut o, &[(false, 0, 0, 8)]);
+    o.u8(6).blob8(b"HIXL\x01\x0b\x00\x00\x14\x00\x00\x00");
+    v.push(("raw_partial_answer", o.0));
+    v
+}
+
 fn main() -> std::io::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
     for (target, seeds) in [
@@ -448,6 +515,7 @@ fn main() -> std::io::Result<()> {
         ("target_data", seeds_data()),
         ("initiator_handshake", seeds_initiator()),
         ("auth_handshake", seeds_auth()),
+        ("initiator_data", seeds_initiator_data()),
     ] {
         let dir = root.join(target);
         std::fs::create_dir_all(&dir)?;

@@ -31,6 +31,13 @@ use tokio::runtime::Runtime;
 pub fn runtime() -> &'static Runtime {
     static RT: OnceLock<Runtime> = OnceLock::new();
     RT.get_or_init(|| {
+        // libFuzzer's `main` is C++, so Rust's start-up code that ignores SIGPIPE never ran:
+        // a write to a socket the peer closed (tokio's vectored writes are plain `writev`)
+        // would kill the process instead of failing with EPIPE, as it does in any Rust binary.
+        // SAFETY: setting a signal's disposition to SIG_IGN has no preconditions.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
         if std::env::var_os("HIXL_FUZZ_LOG").is_some() {
             let _ = tracing_subscriber::fmt()
                 .with_max_level(tracing::Level::DEBUG)
