@@ -33,10 +33,10 @@ const INLINE_BYTES: u64 = 64 << 10;
 #[cfg(feature = "fabric")]
 const INLINE_OPS: usize = 4;
 
-/// Tokens of a link's ops: those with copies queued on the copy engine (so the link's death
-/// can cancel them), and all of them (so the channel pool can tell a busy link from an idle
-/// one). Finished ops are pruned only when the list has doubled since the last prune:
-/// amortized O(1) per submit, and the op table is not locked on every submission.
+/// Tokens of a link's ops, so that the channel pool can tell a busy link from an idle one and
+/// the link's death can cancel its copies still queued on the copy engine. Finished ops are
+/// pruned only when the list has doubled since the last prune: amortized O(1) per submit, and
+/// the op table is not locked on every submission.
 #[derive(Debug, Default)]
 struct TokenLog {
     tokens: Vec<Token>,
@@ -79,10 +79,8 @@ pub(crate) struct Link {
     /// The same-host fast path, when the peer is on this host and the options allow it.
     #[cfg(feature = "fabric")]
     fabric: Option<Arc<crate::fabric::client::FabricLink>>,
-    /// Ops with copies on the copy engine, so the link's death can cancel the queued ones.
-    #[cfg(feature = "fabric")]
-    copy_tokens: Mutex<TokenLog>,
-    /// Every op of the link, for [`Link::busy`].
+    /// Every op of the link: for [`Link::busy`], and so that the link's death can cancel its
+    /// copies still queued on the copy engine.
     ops: Mutex<TokenLog>,
     /// When the link was last used for a transfer or notify (`now_ms`).
     last_used: AtomicU64,
@@ -302,8 +300,6 @@ impl Link {
             chunk: p.chunk.max(4096),
             #[cfg(feature = "fabric")]
             fabric,
-            #[cfg(feature = "fabric")]
-            copy_tokens: Mutex::new(TokenLog::default()),
             ops: Mutex::new(TokenLog::default()),
             last_used: AtomicU64::new(now_ms()),
             #[cfg(feature = "verbs")]
@@ -330,7 +326,7 @@ impl Link {
             tokio::spawn(async move {
                 l.state.dead().await;
                 let tokens: std::collections::HashSet<Token> = l
-                    .copy_tokens
+                    .ops
                     .lock()
                     .map(|t| t.tokens.iter().copied().collect())
                     .unwrap_or_default();
@@ -696,11 +692,6 @@ impl Link {
                 Some(b) => {
                     let small = copies.len() <= INLINE_OPS
                         && copies.iter().map(|c| c.kind.len()).sum::<u64>() <= INLINE_BYTES;
-                    if !small {
-                        if let Ok(mut t) = self.copy_tokens.lock() {
-                            t.record(token, &shared.ops);
-                        }
-                    }
                     let submitted = if small {
                         // SAFETY: as below; the copies run before this call returns.
                         let done = unsafe { b.copy.run_inline(copies) };
