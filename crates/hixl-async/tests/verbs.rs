@@ -445,11 +445,14 @@ fn deregistration_revokes_device_access_and_the_peer_can_reconnect() {
         let p = connect(&a, b.local_engine()).await;
         let (taddr, saddr) = (target.addr(), src.addr());
         // A stream of WRITEs into the region while it is deregistered.
+        // Writes completed so far: the region is deregistered only after the first one, so
+        // that the stream is known to be flowing when the deregistration hits it.
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let writer = {
-            let p = p.clone();
+            let (p, done) = (p.clone(), done.clone());
             tokio::spawn(async move {
                 let (mut ok, mut failed, mut last) = (0, 0, None);
-                let until = Instant::now() + Duration::from_secs(3);
+                let mut until = Instant::now() + Duration::from_secs(3);
                 while Instant::now() < until {
                     let descs: Vec<OpDesc> = (0..4)
                         .map(|i| {
@@ -461,17 +464,28 @@ fn deregistration_revokes_device_access_and_the_peer_can_reconnect() {
                         })
                         .collect();
                     match p.write(&descs).timeout(T).await {
-                        Ok(()) => ok += 1,
+                        Ok(()) => {
+                            ok += 1;
+                            done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
                         Err(e) => {
                             failed += 1;
                             last = Some(e);
                         }
                     }
+                    if ok == 0 && failed == 0 {
+                        // A slow guest: keep going until the first write is through.
+                        until = until.max(Instant::now() + Duration::from_secs(1));
+                    }
                 }
                 (ok, failed, last)
             })
         };
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let deadline = Instant::now() + T;
+        while done.load(std::sync::atomic::Ordering::SeqCst) == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let buf = b
             .deregister(&target)
             .await
