@@ -251,7 +251,9 @@ async fn fake(
     name: String,
     connected: tokio::sync::oneshot::Receiver<()>,
     parts: u64,
+    log: Arc<Mutex<Vec<String>>>,
 ) {
+    let note = |m: String| log.lock().unwrap_or_else(|e| e.into_inner()).push(m);
     let Ok((mut c, _)) = l.accept().await else {
         return;
     };
@@ -293,6 +295,7 @@ async fn fake(
     }
     // Nothing more until connect has returned (bytes right behind the welcome would fail it).
     let _ = connected.await;
+    note("connected".into());
     let mut reqs = Requests {
         buf: BytesMut::new(),
         left: parts,
@@ -307,8 +310,15 @@ async fn fake(
             Act::Raw(b) => b,
             a => {
                 let Some(r) = reqs.next(&mut d).await else {
+                    note(format!("{a:?}: no request"));
                     continue;
                 };
+                note(format!(
+                    "{a:?}: request {} id {:#x} len {}",
+                    if r.write { "write" } else { "read" },
+                    r.id,
+                    r.len
+                ));
                 match (a, r.write) {
                     (Act::Answer, true) => encode_ack(r.id, 0).to_vec(),
                     (Act::Answer, false) => {
@@ -351,13 +361,16 @@ async fn fake(
                 }
             }
         };
+        note(format!("sent {} bytes", out.len()));
         if !out.is_empty() && d.write_all(&out).await.is_err() {
+            note("write failed".into());
             break;
         }
     }
     // Closing both connections must fail whatever is still outstanding.
     let _ = d.shutdown().await;
     let _ = c.shutdown().await;
+    note("closed".into());
     drop((c, d));
 }
 
@@ -373,7 +386,15 @@ async fn run(ctx: &mut Ctx, data: &[u8]) {
         .filter(|o| o.local_off + o.len <= L_LEN as u64 && o.remote_off + o.len <= R_LEN)
         .map(|o| o.len.div_ceil(4096))
         .sum();
-    let f = tokio::spawn(fake(ctx.listener.clone(), acts, ctx.key.clone(), rx, parts));
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let f = tokio::spawn(fake(
+        ctx.listener.clone(),
+        acts,
+        ctx.key.clone(),
+        rx,
+        parts,
+        log.clone(),
+    ));
     let peer = match ctx.engine.connect(&ctx.key, Duration::from_secs(5)).await {
         Ok(p) => p,
         Err(e) => panic!("invariant violated: connect to a valid fake target failed: {e}"),
@@ -395,7 +416,11 @@ async fn run(ctx: &mut Ctx, data: &[u8]) {
     for (o, r) in ops.iter().zip(&results) {
         if let Err(hixl_core::Error::Timeout { .. }) = r {
             panic!(
-                "invariant violated: a transfer {o:?} never completed although the target closed the link (it timed out after {TRANSFER_TIMEOUT:?})"
+                "invariant violated: a transfer {o:?} never completed although the target closed the link (it timed out after {TRANSFER_TIMEOUT:?}); link error {:?}, ops in flight {}, fake finished {}, fake's log {:?}",
+                peer.error(),
+                ctx.engine.ops_in_flight(),
+                f.is_finished(),
+                log.lock().unwrap_or_else(|e| e.into_inner())
             );
         }
     }
