@@ -3,6 +3,8 @@
 //! error before any memory table is accepted; a target that cannot prove the secret is not
 //! trusted.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -11,7 +13,6 @@ use bytes::BytesMut;
 use hixl_async::{Engine, HostBuffer};
 use hixl_core::wire::{Channel, Message};
 use hixl_core::{Access, Error, OpDesc};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const SECRET: &str = "kv-cluster-secret-0001";
@@ -27,24 +28,6 @@ async fn engine(listen: bool, secret: Option<&str>) -> Engine {
         b = b.option("hixl.AuthSecret", s);
     }
     b.build().await.expect("engine")
-}
-
-async fn send(s: &mut TcpStream, m: Message) {
-    let mut b = BytesMut::new();
-    m.encode(&mut b);
-    s.write_all(&b).await.expect("write frame");
-}
-
-async fn recv(s: &mut TcpStream, buf: &mut BytesMut) -> Option<Message> {
-    loop {
-        if let Some(m) = Message::decode(buf).expect("well-formed frame") {
-            return Some(m);
-        }
-        match s.read_buf(buf).await {
-            Ok(0) | Err(_) => return None,
-            Ok(_) => {}
-        }
-    }
 }
 
 fn auth_reason(e: &Error) -> &str {
@@ -111,7 +94,7 @@ async fn missing_secret_on_the_initiator_is_refused_on_both_sides() {
     let mut s = TcpStream::connect(target.local_engine())
         .await
         .expect("tcp");
-    send(
+    common::send(
         &mut s,
         Message::Hello {
             engine: "127.0.0.1".into(),
@@ -122,10 +105,10 @@ async fn missing_secret_on_the_initiator_is_refused_on_both_sides() {
     .await;
     let mut buf = BytesMut::new();
     assert!(matches!(
-        recv(&mut s, &mut buf).await,
+        common::recv(&mut s, &mut buf).await,
         Some(Message::AuthChallenge { nonce }) if nonce.len() == 32
     ));
-    send(
+    common::send(
         &mut s,
         Message::AuthResponse {
             nonce: vec![0; 32],
@@ -133,14 +116,14 @@ async fn missing_secret_on_the_initiator_is_refused_on_both_sides() {
         },
     )
     .await;
-    match recv(&mut s, &mut buf).await {
+    match common::recv(&mut s, &mut buf).await {
         Some(Message::Refuse { reason, .. }) => {
             assert!(reason.contains("sent no proof"), "{reason}")
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert!(
-        recv(&mut s, &mut buf).await.is_none(),
+        common::recv(&mut s, &mut buf).await.is_none(),
         "then the target closes"
     );
 }
@@ -151,7 +134,7 @@ async fn a_forged_proof_is_refused_without_a_welcome_or_table() {
     let mut s = TcpStream::connect(target.local_engine())
         .await
         .expect("tcp");
-    send(
+    common::send(
         &mut s,
         Message::Hello {
             engine: "127.0.0.1".into(),
@@ -161,13 +144,13 @@ async fn a_forged_proof_is_refused_without_a_welcome_or_table() {
     )
     .await;
     let mut buf = BytesMut::new();
-    let Some(Message::AuthChallenge { nonce: nt }) = recv(&mut s, &mut buf).await else {
+    let Some(Message::AuthChallenge { nonce: nt }) = common::recv(&mut s, &mut buf).await else {
         panic!("expected a challenge");
     };
     // A MAC computed with the wrong key.
     let wrong = hixl_core::auth::Secret::new(OTHER);
     let ni = [7u8; 32];
-    send(
+    common::send(
         &mut s,
         Message::AuthResponse {
             nonce: ni.to_vec(),
@@ -176,7 +159,7 @@ async fn a_forged_proof_is_refused_without_a_welcome_or_table() {
     )
     .await;
     let mut seen = Vec::new();
-    while let Some(m) = recv(&mut s, &mut buf).await {
+    while let Some(m) = common::recv(&mut s, &mut buf).await {
         seen.push(m);
     }
     assert!(
@@ -194,11 +177,11 @@ async fn a_target_that_cannot_prove_the_secret_is_not_trusted() {
     let rogue = tokio::spawn(async move {
         let (mut c, _) = l.accept().await.expect("accept");
         let mut buf = BytesMut::new();
-        let _hello = recv(&mut c, &mut buf).await;
-        send(&mut c, Message::AuthChallenge { nonce: vec![1; 32] }).await;
-        let _answer = recv(&mut c, &mut buf).await;
-        send(&mut c, Message::AuthProof { mac: vec![0; 32] }).await;
-        send(
+        let _hello = common::recv(&mut c, &mut buf).await;
+        common::send(&mut c, Message::AuthChallenge { nonce: vec![1; 32] }).await;
+        let _answer = common::recv(&mut c, &mut buf).await;
+        common::send(&mut c, Message::AuthProof { mac: vec![0; 32] }).await;
+        common::send(
             &mut c,
             Message::Welcome {
                 engine: "rogue".into(),
@@ -206,8 +189,8 @@ async fn a_target_that_cannot_prove_the_secret_is_not_trusted() {
             },
         )
         .await;
-        send(&mut c, Message::MemTable(vec![])).await;
-        recv(&mut c, &mut buf).await
+        common::send(&mut c, Message::MemTable(vec![])).await;
+        common::recv(&mut c, &mut buf).await
     });
     let init = engine(false, Some(SECRET)).await;
     let e = init.connect(&addr, T).await.expect_err("rogue target");

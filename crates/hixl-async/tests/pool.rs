@@ -28,6 +28,19 @@ async fn target() -> (Engine, Region) {
     (e, r)
 }
 
+/// A tcp initiator with one data connection per link and the channel pool `pool`; its
+/// heartbeats are slow enough that silent targets keep their links for the whole test.
+async fn pooled_initiator(pool: &str) -> Engine {
+    Engine::builder("127.0.0.1")
+        .option("hixl.Transport", "tcp")
+        .option("hixl.TcpStreams", "1")
+        .option("GlobalResourceConfig", pool)
+        .option("hixl.HeartbeatIntervalMs", "60000")
+        .build()
+        .await
+        .expect("initiator")
+}
+
 async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     for _ in 0..500 {
         if f() {
@@ -135,15 +148,7 @@ async fn without_auto_connect_a_transfer_to_an_unconnected_peer_is_not_connected
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channel_pool_evicts_idle_links_and_never_busy_ones() {
     // max 4 links; at 2 (0.5 × 4) evict down to 1 (0.25 × 4).
-    let pool = r#"{"channel_pool.max_channel": 4, "channel_pool.high_waterline": 0.5, "channel_pool.low_waterline": 0.25}"#;
-    let init = Engine::builder("127.0.0.1")
-        .option("hixl.Transport", "tcp")
-        .option("hixl.TcpStreams", "1")
-        .option("GlobalResourceConfig", pool)
-        .option("hixl.HeartbeatIntervalMs", "60000")
-        .build()
-        .await
-        .expect("initiator");
+    let init = pooled_initiator(r#"{"channel_pool.max_channel": 4, "channel_pool.high_waterline": 0.5, "channel_pool.low_waterline": 0.25}"#).await;
     let local = init
         .register(HostBuffer::zeroed(1 << 16).expect("buf"))
         .expect("register");
@@ -189,15 +194,7 @@ async fn channel_pool_evicts_idle_links_and_never_busy_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_pool_of_busy_links_refuses_a_new_one() {
-    let pool = r#"{"channel_pool.max_channel": 2, "channel_pool.high_waterline": 0.9, "channel_pool.low_waterline": 0.5}"#;
-    let init = Engine::builder("127.0.0.1")
-        .option("hixl.Transport", "tcp")
-        .option("hixl.TcpStreams", "1")
-        .option("GlobalResourceConfig", pool)
-        .option("hixl.HeartbeatIntervalMs", "60000")
-        .build()
-        .await
-        .expect("initiator");
+    let init = pooled_initiator(r#"{"channel_pool.max_channel": 2, "channel_pool.high_waterline": 0.9, "channel_pool.low_waterline": 0.5}"#).await;
     let local = init
         .register(HostBuffer::zeroed(4096).expect("buf"))
         .expect("register");
