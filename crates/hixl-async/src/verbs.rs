@@ -195,13 +195,6 @@ impl VerbsSource {
         }
     }
 
-    /// The error of the link `token` was posted on, if that link is down: a request flushed
-    /// because the link closed reports why the link closed, not just "flushed".
-    fn link_error(&self, token: Token) -> Option<Error> {
-        let link = self.holds.lock().ok()?.get(&token)?.link.upgrade()?;
-        link.state.error()
-    }
-
     fn release(&self, token: Token, parts: usize) {
         let gone = self.holds.lock().ok().and_then(|mut h| {
             let x = h.get_mut(&token)?;
@@ -250,16 +243,30 @@ impl CompletionSource for VerbsSource {
         if n == 0 {
             return 0;
         }
+        // One pass under one lock of the hold table: a flushed request reports why its link
+        // closed, and each completion releases one part of its transfer's hold. Holds that
+        // reach zero are dropped after the lock (a lease drop may wake a deregistration).
         let mut failed = false;
-        for (token, r) in &mut out[start..] {
-            if r.is_err() {
-                failed = true;
-                if let Some(e) = self.link_error(*token) {
-                    *r = Err(e);
+        let mut finished = Vec::new();
+        if let Ok(mut holds) = self.holds.lock() {
+            for (token, r) in &mut out[start..] {
+                let Some(h) = holds.get_mut(token) else {
+                    continue;
+                };
+                if r.is_err() {
+                    failed = true;
+                    if let Some(e) = h.link.upgrade().and_then(|l| l.state.error()) {
+                        *r = Err(e);
+                    }
+                }
+                h.parts = h.parts.saturating_sub(1);
+                if h.parts == 0 {
+                    finished.extend(holds.remove(token));
                 }
             }
-            self.release(*token, 1);
         }
+        drop(finished);
+        failed |= out[start..].iter().any(|(_, r)| r.is_err());
         for l in self.live_links() {
             if failed {
                 l.check_failed();
