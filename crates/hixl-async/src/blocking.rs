@@ -641,9 +641,8 @@ impl Hixl {
         const AUTO_CONNECT: i32 = FeatureType::AutoConnect.code();
         const CLIENT_SERVER_COMM: i32 = FeatureType::ClientServerComm.code();
         Ok(match feature {
-            // AutoConnect is implemented by a later issue; report it unsupported until then.
-            AUTO_CONNECT => FEATURE_NOT_SUPPORTED,
-            CLIENT_SERVER_COMM => FEATURE_SUPPORTED,
+            // `AutoConnect=1` (or a configured channel pool): transfers connect lazily.
+            AUTO_CONNECT | CLIENT_SERVER_COMM => FEATURE_SUPPORTED,
             _ => FEATURE_NOT_SUPPORTED,
         })
     }

@@ -192,13 +192,23 @@ impl Drop for ConnectingSlot<'_> {
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
+        // The reactor runs on until the ops of the closed links have resolved.
         self.shutdown.send_replace(true);
         if let Ok(mut l) = self.links.lock() {
             for (_, s) in l.drain() {
                 if let LinkSlot::Up(link) = s {
-                    link.close("engine dropped");
+                    link.close_because(
+                        "engine dropped",
+                        Error::ShutDown {
+                            engine: self.shared.name.clone(),
+                            what: "the engine was dropped",
+                        },
+                    );
                 }
             }
+        }
+        if let Some(s) = &self.server {
+            s.close_all("engine dropped");
         }
         self.shared.notifies.close();
     }
@@ -395,6 +405,23 @@ impl Engine {
         }
     }
 
+    /// `Err(ShutDown)` once [`Engine::shutdown`] has begun.
+    fn check_open(&self, what: &'static str) -> Result<()> {
+        if *self.inner.shutdown.borrow() {
+            return Err(Error::ShutDown {
+                engine: self.inner.shared.name.clone(),
+                what,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether [`Engine::shutdown`] has begun (every later call fails with
+    /// [`Error::ShutDown`]).
+    pub fn is_shut_down(&self) -> bool {
+        *self.inner.shutdown.borrow()
+    }
+
     /// This engine's name: `ip:port` for a server (the real port), `ip` for a client.
     pub fn local_engine(&self) -> &str {
         &self.inner.shared.name
@@ -465,6 +492,7 @@ impl Engine {
         name: Option<&str>,
         owned: Option<Owned>,
     ) -> Result<Region> {
+        self.check_open("register refused")?;
         if kind == MemKind::Device {
             return Err(Error::Unsupported {
                 what: "device memory needs a device runtime (CUDA or Ascend ACL); this build has none, and hixl never falls back to host memory silently".into(),
@@ -582,6 +610,7 @@ impl Engine {
     /// (`fabric_memory.max_capacity`), or the OS error of creating the memory.
     #[cfg(feature = "fabric")]
     pub fn register_pooled(&self, len: u64, access: Access, name: Option<&str>) -> Result<Region> {
+        self.check_open("register refused")?;
         let f = self
             .inner
             .shared
@@ -648,6 +677,7 @@ impl Engine {
     /// an address without a port), [`Error::Timeout`], [`Error::Io`] (refused), or the peer's
     /// refusal.
     pub async fn connect(&self, remote: &str, timeout: Duration) -> Result<Peer> {
+        self.check_open("connect refused")?;
         if timeout.is_zero() {
             return Err(Error::InvalidTimeout { millis: 0 });
         }
@@ -698,6 +728,14 @@ impl Engine {
             }),
         };
         slot.armed = false;
+        // A shutdown that began while this connect ran has closed every link but this one.
+        let r = match (r, self.check_open("connect refused")) {
+            (Ok(link), Err(e)) => {
+                link.close_because("engine finalized", e.clone());
+                Err(e)
+            }
+            (r, _) => r,
+        };
         let mut links = self.inner.links.lock().map_err(|_| poisoned())?;
         match r {
             Ok(link) => {
@@ -883,6 +921,7 @@ impl Engine {
 
     fn queue_async(&self, remote: &str, task: impl FnOnce(u64) -> AsyncTask) -> Result<()> {
         use std::sync::atomic::Ordering;
+        self.check_open("asynchronous connect or disconnect refused")?;
         let key = self.key(remote)?;
         let cap = self.inner.options.global.connect_pool.task_queue_capacity as usize;
         if self.inner.async_pending.fetch_add(1, Ordering::SeqCst) >= cap {
@@ -1078,6 +1117,9 @@ impl Engine {
     /// connected first (within 3000 ms, as in HIXL); the transfer is posted as soon as it is
     /// up, whether or not the returned future is polled.
     pub fn transfer(&self, remote: &str, op: TransferOp, descs: &[OpDesc]) -> Transfer {
+        if let Err(e) = self.check_open("transfer refused") {
+            return Transfer::failed(self.inner.shared.clone(), e, Arc::from(remote));
+        }
         if self.inner.auto_connect && !matches!(self.peer(remote), Ok(p) if p.is_connected()) {
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
                 return Transfer::failed(
@@ -1118,10 +1160,16 @@ impl Engine {
         self.inner.shared.ops.lock().map(|o| o.live()).unwrap_or(0)
     }
 
-    /// Stops the engine (HIXL `Finalize`): closes every link (their in-flight ops fail), tells
-    /// connected initiators, stops listening and ends notify streams. Waits up to `grace` for
-    /// abandoned ops to drain.
+    /// Stops the engine (HIXL `Finalize`): from now on every call that would start something
+    /// (`connect`, `register`, `transfer`, `notify`, async connects) fails with
+    /// [`Error::ShutDown`] (status FAILED, as HIXL answers after `Finalize`); `deregister`
+    /// still hands buffers back. Closes every link, so their in-flight ops fail with
+    /// [`Error::ShutDown`] (every one of them resolves, on every transport: the reactor runs
+    /// on until no op has parts outstanding), tells connected initiators, stops listening and
+    /// ends notify streams. Waits up to `grace` for the ops in flight to resolve. Calling it
+    /// again is harmless.
     pub async fn shutdown(&self, grace: Duration) {
+        self.inner.shutdown.send_replace(true);
         let links: Vec<_> = self
             .inner
             .links
@@ -1130,7 +1178,13 @@ impl Engine {
             .unwrap_or_default();
         for l in links {
             if let LinkSlot::Up(l) = l {
-                l.close("engine finalized");
+                l.close_because(
+                    "engine finalized",
+                    Error::ShutDown {
+                        engine: self.inner.shared.name.clone(),
+                        what: "the link was closed by shutdown",
+                    },
+                );
             }
         }
         if let Some(s) = &self.inner.server {
@@ -1140,7 +1194,6 @@ impl Engine {
         while self.ops_in_flight() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        self.inner.shutdown.send_replace(true);
         self.inner.shared.notifies.close();
     }
 }

@@ -339,7 +339,7 @@ impl Link {
                 let l2 = l.clone();
                 let on_ack = move |seq, status| l2.notify_acked(seq, status);
                 let e = tokio::select! {
-                    e = crate::fabric::client::reader(fs.stream, fs.buf, f, on_ack) => e,
+                    e = crate::fabric::client::reader(fs.stream, fs.buf, fs.fds, f, on_ack) => e,
                     _ = l.state.dead() => return,
                 };
                 l.state.kill(e);
@@ -760,7 +760,7 @@ impl Link {
         while off < d.len {
             let len = self.chunk.min(d.len - off);
             let (l, r) = (d.local_addr + off, d.remote_addr + off);
-            let kind = match &*e.reach {
+            let kind = match &e.reach.reach {
                 Reach::Mapped(m) => {
                     let mapped =
                         m.translate(r, e.base, len)

@@ -12,7 +12,9 @@ use hixl_core::{Notify, NOTIFY_MAX_PENDING};
 #[derive(Debug, Default)]
 struct Inner {
     queue: VecDeque<Notify>,
-    pending: HashMap<String, usize>,
+    /// Undrained notifies per link (not per engine name: client-only engines on one host
+    /// share their name).
+    pending: HashMap<u64, usize>,
     wakers: Vec<Waker>,
     closed: bool,
 }
@@ -30,7 +32,7 @@ impl NotifyQueue {
             let Ok(mut g) = self.inner.lock() else {
                 return false;
             };
-            let c = g.pending.entry(n.from.clone()).or_insert(0);
+            let c = g.pending.entry(n.link).or_insert(0);
             if *c >= NOTIFY_MAX_PENDING {
                 return false;
             }
@@ -46,26 +48,28 @@ impl NotifyQueue {
 
     fn pop_locked(g: &mut Inner) -> Option<Notify> {
         let n = g.queue.pop_front()?;
-        if let Some(c) = g.pending.get_mut(&n.from) {
+        if let Some(c) = g.pending.get_mut(&n.link) {
             *c -= 1;
             if *c == 0 {
-                g.pending.remove(&n.from);
+                g.pending.remove(&n.link);
             }
         }
         Some(n)
     }
 
-    /// Takes a notify frame from `peer` and returns the ack to send back (RESOURCE_EXHAUSTED
-    /// when that peer already has the maximum pending).
+    /// Takes a notify frame from `peer` on `link` and returns the ack to send back
+    /// (RESOURCE_EXHAUSTED when that link already has the maximum pending).
     pub(crate) fn receive(
         &self,
         peer: &str,
+        link: u64,
         seq: u64,
         name: Vec<u8>,
         msg: Vec<u8>,
     ) -> hixl_core::wire::Message {
         let ok = self.offer(Notify {
             from: peer.to_string(),
+            link,
             name,
             msg,
         });
@@ -140,8 +144,13 @@ mod tests {
     use futures::StreamExt;
 
     fn n(from: &str, i: usize) -> Notify {
+        n_on(from, from.bytes().fold(7, |h, b| h * 31 + u64::from(b)), i)
+    }
+
+    fn n_on(from: &str, link: u64, i: usize) -> Notify {
         Notify {
             from: from.into(),
+            link,
             name: b"n".to_vec(),
             msg: i.to_string().into_bytes(),
         }
@@ -157,6 +166,19 @@ mod tests {
         assert!(q.offer(n("b", 0)), "another peer has its own budget");
         assert_eq!(q.drain().len(), NOTIFY_MAX_PENDING + 1);
         assert!(q.offer(n("a", 0)));
+    }
+
+    #[test]
+    fn two_links_with_one_engine_name_have_their_own_budgets() {
+        let q = NotifyQueue::default();
+        for i in 0..NOTIFY_MAX_PENDING {
+            assert!(q.offer(n_on("10.0.0.1", 7, i)));
+        }
+        assert!(!q.offer(n_on("10.0.0.1", 7, 0)));
+        assert!(
+            q.offer(n_on("10.0.0.1", 8, 0)),
+            "the other link is not charged"
+        );
     }
 
     #[tokio::test]

@@ -39,6 +39,12 @@ pub(crate) struct Reactor {
     busy: std::time::Duration,
     ops: Arc<Mutex<OpTable<Waker>>>,
     drain: Mutex<Drain>,
+    /// Set once the engine shuts down or is dropped: the reactor then runs on until no op has
+    /// parts outstanding, so every transfer in flight still resolves.
+    stopping: std::sync::atomic::AtomicBool,
+    /// Rung by a drain that, while stopping, leaves no op outstanding (the drain may be an
+    /// inline one, which the parked reactor would not see).
+    settled: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for Reactor {
@@ -61,6 +67,8 @@ impl Reactor {
                 batch: Vec::with_capacity(1024),
                 wake: Vec::with_capacity(64),
             }),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+            settled: tokio::sync::Notify::new(),
         }
     }
 
@@ -99,6 +107,9 @@ impl Reactor {
                     Completed::Finished(None) | Completed::Pending | Completed::Reaped => {}
                 }
             }
+            if self.stopping.load(std::sync::atomic::Ordering::Acquire) && ops.outstanding() == 0 {
+                self.settled.notify_one();
+            }
         }
         batch.clear();
         for w in wake.drain(..) {
@@ -126,8 +137,18 @@ impl Reactor {
         }
     }
 
-    /// Runs until the engine shuts down.
+    /// Whether no op has parts outstanding (a poisoned table counts as settled: nothing
+    /// can be completed through it any more).
+    fn is_settled(&self) -> bool {
+        self.ops.lock().map_or(true, |o| o.outstanding() == 0)
+    }
+
+    /// Runs until the engine shuts down (or is dropped) and then, so that every transfer in
+    /// flight resolves, until no op has parts outstanding. Transports end their parts when
+    /// their links close (TCP fails them, the fabric withdraws queued copies and finishes
+    /// running ones, verbs flushes its queue pair), so this ends.
     pub(crate) async fn run(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        use std::sync::atomic::Ordering;
         let mut afds = Vec::with_capacity(self.sources.len());
         for s in &self.sources {
             // SAFETY: the fd belongs to the source, which the Arc inside SourceFd keeps alive
@@ -142,8 +163,13 @@ impl Reactor {
                 }
             }
         }
+        let mut stopping = false;
         loop {
-            if !self.busy.is_zero() {
+            if stopping && self.is_settled() {
+                self.poll();
+                return;
+            }
+            if !self.busy.is_zero() && !stopping {
                 let mut until = std::time::Instant::now() + self.busy;
                 while std::time::Instant::now() < until {
                     if self.poll() > 0 {
@@ -175,10 +201,13 @@ impl Reactor {
                         return;
                     }
                 },
-                _ = shutdown.changed() => {
-                    self.poll();
-                    return;
+                // Also when the engine (the sender) is dropped.
+                _ = shutdown.changed(), if !stopping => {
+                    stopping = true;
+                    self.stopping.store(true, Ordering::Release);
+                    self.disarm();
                 }
+                _ = self.settled.notified(), if stopping => self.disarm(),
             }
         }
     }

@@ -428,7 +428,7 @@ impl Server {
                     let mut b = BytesMut::new();
                     self.shared
                         .notifies
-                        .receive(&peer, seq, name, msg)
+                        .receive(&peer, id, seq, name, msg)
                         .encode(&mut b);
                     let _ = sess.control.send(b);
                 }

@@ -502,14 +502,19 @@ fn timeouts_links_and_handles() {
 
 #[test]
 fn capabilities() {
-    assert_eq!(Hixl::get_capability(FeatureType::AutoConnect).unwrap(), 0);
-    assert_eq!(Hixl::get_capability(0).unwrap(), FEATURE_NOT_SUPPORTED);
+    // AutoConnect works (tests/pool.rs: transfers connect lazily with `AutoConnect=1`), and
+    // callers such as Mooncake probe it here before relying on it.
+    assert_eq!(
+        Hixl::get_capability(FeatureType::AutoConnect).unwrap(),
+        FEATURE_SUPPORTED
+    );
+    assert_eq!(Hixl::get_capability(0).unwrap(), 1);
     assert_eq!(
         Hixl::get_capability(FeatureType::ClientServerComm).unwrap(),
         FEATURE_SUPPORTED
     );
     assert_eq!(Hixl::get_capability(1).unwrap(), 1);
-    assert_eq!(Hixl::get_capability(2).unwrap(), 0);
+    assert_eq!(Hixl::get_capability(2).unwrap(), FEATURE_NOT_SUPPORTED);
     assert_eq!(Hixl::get_capability(i32::MAX).unwrap(), 0);
     assert_eq!(status_of(Hixl::get_capability(-1)), Status::ParamInvalid);
     assert_eq!(

@@ -364,7 +364,9 @@ async fn use_after_shutdown_and_registration_rules() {
         )
         .await
         .unwrap_err();
-    assert_eq!(e.status(), Status::NotConnected);
+    // After shutdown (HIXL's Finalize) every call is refused with FAILED, as HIXL answers.
+    assert!(matches!(e, hixl_core::Error::ShutDown { .. }), "{e}");
+    assert_eq!(e.status(), Status::Failed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

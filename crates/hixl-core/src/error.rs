@@ -35,6 +35,17 @@ pub enum Error {
     /// A call was made before `initialize` (blocking facade) or after `finalize`.
     #[error("engine is not initialized (call initialize first, and not after finalize)")]
     NotInitialized,
+    /// A call on an engine after its `shutdown` (HIXL's `Finalize`) began.
+    /// Maps to FAILED, as HIXL answers calls after `Finalize`.
+    /// Also the cause of every op still in flight on a link that shutdown or dropping the
+    /// engine closed.
+    #[error("engine {engine} is shut down ({what})")]
+    ShutDown {
+        /// The engine's name.
+        engine: String,
+        /// What was refused or ended: `"connect refused"`, `"register refused"`, ...
+        what: &'static str,
+    },
     /// An option key that HIXL and hixl do not know.
     #[error("unknown option key {key:?}")]
     UnknownOption {
@@ -254,7 +265,7 @@ impl Error {
     /// The HIXL status this error maps onto.
     pub fn status(&self) -> Status {
         match self {
-            Error::NotInitialized => Status::Failed,
+            Error::NotInitialized | Error::ShutDown { .. } => Status::Failed,
             Error::UnknownOption { .. }
             | Error::InvalidOption { .. }
             | Error::InvalidAddress { .. }

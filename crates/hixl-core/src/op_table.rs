@@ -121,6 +121,15 @@ impl<W> OpTable<W> {
         self.live
     }
 
+    /// Ops whose parts a transport still owns (staged, posted, waited on or abandoned): the
+    /// ones whose completions must still be drained. O(slots); for shutdown, not hot paths.
+    pub fn outstanding(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| matches!(&s.op, Some(op) if op.phase != Phase::Done))
+            .count()
+    }
+
     /// Allocates a Staged op.
     pub fn insert(&mut self) -> Token {
         let op = Op {

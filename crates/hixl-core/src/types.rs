@@ -258,8 +258,14 @@ impl RemoteRegion {
 /// A notify message (HIXL `NotifyDesc`), with the engine it came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Notify {
-    /// Engine address of the sender.
+    /// Engine address of the sender (`ip:port` of a server engine; only `ip` for a
+    /// client-only one, which several engines on one host may share).
     pub from: String,
+    /// The link it arrived on: the receiving engine's id of the sender's connection, unique
+    /// for as long as the receiving engine runs. Two senders with the same `from` (client-only
+    /// engines on one host) have different links, and each link has its own budget of
+    /// [`NOTIFY_MAX_PENDING`] undrained notifies.
+    pub link: u64,
     /// Name, at most [`NOTIFY_MAX_LEN`] bytes.
     pub name: Vec<u8>,
     /// Message, at most [`NOTIFY_MAX_LEN`] bytes.

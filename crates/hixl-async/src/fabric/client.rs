@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
 
 use bytes::BytesMut;
 use hixl_core::wire::{Channel, FabricRegion, Message, NO_FD};
@@ -16,8 +15,7 @@ use tokio::sync::mpsc;
 use super::chan::{recv_frame, send_frame};
 use super::FabricBackend;
 
-/// How the initiator reaches one of the peer's regions over the fabric. Every copy in flight
-/// holds a clone of the `Arc<Reach>`, so revocation can wait for them.
+/// How the initiator reaches one of the peer's regions over the fabric.
 #[derive(Debug)]
 pub(crate) enum Reach {
     /// The peer's memfd, mapped here.
@@ -26,11 +24,36 @@ pub(crate) enum Reach {
     Cma,
 }
 
+/// A region's [`Reach`] and the signal its revocation waits for. Every copy in flight holds a
+/// clone of the `Arc<Held>`; when the last one goes, the fields drop in order: first the
+/// mapping (unmapped), then `gone`, which tells a waiting revocation.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) reach: Reach,
+    gone: Gone,
+}
+
+/// Fires its sender, if a revocation set one, when dropped.
+#[derive(Debug, Default)]
+struct Gone(Mutex<Option<tokio::sync::oneshot::Sender<()>>>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        let tx = match self.0.get_mut() {
+            Ok(t) => t.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(tx) = tx {
+            let _ = tx.send(());
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     /// The region's start in the peer's address space.
     pub(crate) base: u64,
-    pub(crate) reach: Arc<Reach>,
+    pub(crate) reach: Arc<Held>,
 }
 
 /// The peer's fabric identity, from its `FabricInfo`.
@@ -82,7 +105,22 @@ pub(crate) struct FabricLink {
 pub(crate) struct FabricStream {
     pub(crate) stream: Arc<UnixStream>,
     pub(crate) buf: BytesMut,
+    /// Descriptors already received for frames not yet read.
+    pub(crate) fds: Vec<OwnedFd>,
     pub(crate) rx: mpsc::UnboundedReceiver<Message>,
+}
+
+/// How many memfds a fabric-table message names. A table of more than `SCM_MAX_FD` memfds
+/// comes in several messages, each but the last naming exactly `SCM_MAX_FD`.
+pub(crate) fn fds_named(table: &[FabricRegion]) -> usize {
+    table.iter().filter(|r| r.fd_index != NO_FD).count()
+}
+
+/// The descriptors of one table message: the first `n` received (a read may have taken the
+/// next message's descriptors along; they stay queued for it).
+fn take_fds(fds: &mut Vec<OwnedFd>, n: usize) -> Vec<OwnedFd> {
+    let n = n.min(fds.len());
+    fds.drain(..n).collect()
 }
 
 impl FabricLink {
@@ -111,24 +149,39 @@ impl FabricLink {
         send_frame(&s, &hello, &[], &peer).await?;
         let mut buf = BytesMut::new();
         let mut fds = Vec::new();
-        let table = match recv_frame(&s, &mut buf, &mut fds, &peer).await? {
-            Message::FabricTable(t) => t,
-            Message::Refuse { status, reason } => {
-                return Err(Error::Remote {
-                    peer: peer.to_string(),
-                    status: Status::from_code(status).unwrap_or(Status::Failed),
-                    message: reason,
-                })
+        // The whole table before `connect` returns, however many messages it takes: a region
+        // missing from it would silently go over TCP.
+        let mut parts = Vec::new();
+        loop {
+            let table = match recv_frame(&s, &mut buf, &mut fds, &peer).await? {
+                Message::FabricTable(t) => t,
+                Message::Refuse { status, reason } => {
+                    return Err(Error::Remote {
+                        peer: peer.to_string(),
+                        status: Status::from_code(status).unwrap_or(Status::Failed),
+                        message: reason,
+                    })
+                }
+                m => {
+                    return Err(Error::Protocol {
+                        peer: peer.to_string(),
+                        reason: format!("expected a fabric table, got {m:?}"),
+                    })
+                }
+            };
+            let named = fds_named(&table);
+            let mine = take_fds(&mut fds, named);
+            parts.push((table, mine));
+            if named < hixl_fabric::SCM_MAX_FD {
+                break;
             }
-            m => {
-                return Err(Error::Protocol {
-                    peer: peer.to_string(),
-                    reason: format!("expected a fabric table, got {m:?}"),
-                })
-            }
-        };
+        }
         let pid = info.identity.pid;
-        let cma = match table.iter().find(|r| r.fd_index == NO_FD) {
+        let cma = match parts
+            .iter()
+            .flat_map(|(t, _)| t.iter())
+            .find(|r| r.fd_index == NO_FD)
+        {
             Some(r) => cma_probe(pid, r.addr),
             None => Ok(()),
         };
@@ -143,12 +196,15 @@ impl FabricLink {
             translated: Mutex::new(0),
             peer,
         };
-        link.apply_table(table, fds)?;
+        for (table, mine) in parts {
+            link.apply_table(table, mine)?;
+        }
         Ok((
             link,
             FabricStream {
                 stream: Arc::new(s),
                 buf,
+                fds,
                 rx,
             },
         ))
@@ -203,7 +259,10 @@ impl FabricLink {
                 r.rkey,
                 Entry {
                     base: r.addr,
-                    reach: Arc::new(reach),
+                    reach: Arc::new(Held {
+                        reach,
+                        gone: Gone::default(),
+                    }),
                 },
             );
         }
@@ -222,7 +281,7 @@ impl FabricLink {
         };
         let mapped = r
             .values()
-            .filter(|e| matches!(*e.reach, Reach::Mapped(_)))
+            .filter(|e| matches!(e.reach.reach, Reach::Mapped(_)))
             .count();
         (mapped, r.len() - mapped)
     }
@@ -239,18 +298,15 @@ impl FabricLink {
         let me = self.clone();
         tokio::spawn(async move {
             if let Some(e) = e {
-                let mut reach = e.reach;
-                // The copy engine drops each op's hold right after its copy.
-                let reach = loop {
-                    match Arc::try_unwrap(reach) {
-                        Ok(r) => break r,
-                        Err(r) => {
-                            reach = r;
-                            tokio::time::sleep(Duration::from_micros(200)).await;
-                        }
-                    }
-                };
-                drop(reach);
+                // The copy engine drops each op's hold right after its copy; the last one
+                // to go unmaps and fires `gone`. No polling.
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                match e.reach.gone.0.lock() {
+                    Ok(mut g) => *g = Some(tx),
+                    Err(p) => *p.into_inner() = Some(tx),
+                }
+                drop(e);
+                let _ = rx.await;
             }
             me.send(Message::RevokeAck { rkey });
         });
@@ -281,14 +337,15 @@ pub(crate) async fn writer(
 pub(crate) async fn reader(
     s: Arc<UnixStream>,
     mut buf: BytesMut,
+    mut fds: Vec<OwnedFd>,
     link: Arc<FabricLink>,
     on_ack: impl Fn(u64, u32),
 ) -> Error {
-    let mut fds = Vec::new();
     loop {
         match recv_frame(&s, &mut buf, &mut fds, &link.peer).await {
             Ok(Message::FabricTable(t)) => {
-                if let Err(e) = link.apply_table(t, std::mem::take(&mut fds)) {
+                let mine = take_fds(&mut fds, fds_named(&t));
+                if let Err(e) = link.apply_table(t, mine) {
                     return e;
                 }
             }

@@ -30,7 +30,10 @@ pub(crate) struct FabricChan {
 }
 
 /// The exported regions as fabric entries, with a memfd for each pool region; at most
-/// `SCM_MAX_FD` fds per message, so the table may come in several messages.
+/// `SCM_MAX_FD` fds per message, so the table may come in several messages. Every message but
+/// the last names exactly `SCM_MAX_FD` memfds and the last fewer (possibly no regions at all):
+/// that is how the initiator knows the table is complete (see
+/// `fabric::client::fds_named`).
 fn fabric_tables(shared: &Shared) -> Vec<Out> {
     let Ok(regions) = shared.regions.lock() else {
         return Vec::new();
@@ -60,9 +63,7 @@ fn fabric_tables(shared: &Shared) -> Vec<Out> {
             ));
         }
     }
-    if !cur.is_empty() || out.is_empty() {
-        out.push((Message::FabricTable(cur), fds));
-    }
+    out.push((Message::FabricTable(cur), fds));
     out
 }
 
@@ -168,7 +169,7 @@ async fn handle(srv: Arc<Server>, s: UnixStream) {
         };
         match m {
             Ok(Message::Notify { seq, name, msg }) => {
-                chan.send(srv.shared.notifies.receive(&peer, seq, name, msg));
+                chan.send(srv.shared.notifies.receive(&peer, session, seq, name, msg));
             }
             Ok(Message::RevokeAck { rkey }) => {
                 let w = chan.revokes.lock().ok().and_then(|mut r| r.remove(&rkey));
