@@ -125,3 +125,43 @@ impl CompletionSource for CompletionQueue {
         self.efd.as_raw_fd()
     }
 }
+
+/// Where transports hand in finished parts: the engine's completion queue and its reactor.
+/// A narrow handle: transports hold this, not the engine.
+#[derive(Debug, Clone)]
+pub(crate) struct Completions {
+    cq: std::sync::Arc<CompletionQueue>,
+    reactor: std::sync::Arc<crate::reactor::Reactor>,
+}
+
+impl Completions {
+    pub(crate) fn new(
+        cq: std::sync::Arc<CompletionQueue>,
+        reactor: std::sync::Arc<crate::reactor::Reactor>,
+    ) -> Completions {
+        Completions { cq, reactor }
+    }
+
+    /// Posts completions and drains them inline; only if another drain is running does the
+    /// reactor get rung (so a parked reactor is not woken for nothing).
+    pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
+        self.cq.push_quiet(cs);
+        if self.reactor.poll_inline().is_none() {
+            self.cq.ring();
+        }
+    }
+
+    /// [`Completions::complete_all`] for one completion.
+    pub(crate) fn complete(&self, c: Completion) {
+        self.complete_all(std::iter::once(c));
+    }
+
+    /// Fails every part of `tokens` (one completion each) with `e`.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
+    pub(crate) fn fail(&self, tokens: impl IntoIterator<Item = Token>, e: &Error) {
+        self.complete_all(tokens.into_iter().map(|token| Completion {
+            token,
+            result: Err(e.clone()),
+        }));
+    }
+}

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::addr::{engine_name, EngineAddr};
-use crate::completion::{Completion, CompletionQueue};
+use crate::completion::{Completion, CompletionQueue, Completions};
 use crate::link::{Link, LinkParams, Peer};
 use crate::memory::{Backing, HostBuffer, Owned, Region, RegionInner};
 use crate::notify::{NotifyQueue, NotifyStream};
@@ -29,8 +29,8 @@ pub(crate) struct Shared {
     pub(crate) name: String,
     pub(crate) regions: Mutex<RegionTable<Arc<RegionInner>>>,
     pub(crate) ops: Arc<Mutex<OpTable<Waker>>>,
-    pub(crate) cq: Arc<CompletionQueue>,
-    pub(crate) reactor: Arc<Reactor>,
+    /// Where transports hand in finished parts.
+    pub(crate) sink: Completions,
     pub(crate) notifies: Arc<NotifyQueue>,
     /// The same-host backend, unless `hixl.Transport` is `tcp` or `verbs`.
     #[cfg(feature = "fabric")]
@@ -40,6 +40,8 @@ pub(crate) struct Shared {
     pub(crate) verbs: Option<Arc<crate::verbs::VerbsBackend>>,
     /// Why this engine does (or does not) have the verbs backend.
     pub(crate) verbs_why: String,
+    /// The transports besides TCP, in the order the transport policy tries them.
+    pub(crate) transports: Vec<Arc<dyn crate::transport::Transport>>,
     /// Liveness of control connections (`hixl.HeartbeatIntervalMs`, `hixl.HeartbeatMissLimit`).
     pub(crate) heartbeat: Heartbeat,
     /// The shared secret connects are authenticated with (`hixl.AuthSecret` or
@@ -106,18 +108,14 @@ impl Heartbeat {
 }
 
 impl Shared {
-    /// Posts completions from a device task and drains them inline; only if another drain is
-    /// running does the reactor get rung (so a parked reactor is not woken for nothing).
+    /// See [`Completions::complete_all`].
     pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
-        self.cq.push_quiet(cs);
-        if self.reactor.poll_inline().is_none() {
-            self.cq.ring();
-        }
+        self.sink.complete_all(cs);
     }
 
-    /// [`Shared::complete_all`] for one completion.
+    /// See [`Completions::complete`].
     pub(crate) fn complete(&self, c: Completion) {
-        self.complete_all(std::iter::once(c));
+        self.sink.complete(c);
     }
 }
 
@@ -310,12 +308,24 @@ impl EngineBuilder {
             Reactor::new(sources, ops.clone())
                 .with_busy_poll(Duration::from_micros(options.fabric_busy_poll_us)),
         );
+        // The registration point of each transport, in the policy's order.
+        let transports: Vec<Arc<dyn crate::transport::Transport>> = vec![
+            #[cfg(feature = "fabric")]
+            Arc::new(crate::fabric::connect::FabricTransport {
+                backend: fabric.clone(),
+            }),
+            #[cfg(feature = "verbs")]
+            Arc::new(crate::verbs::connect::VerbsTransport {
+                backend: verbs.clone(),
+                why: verbs_why.clone(),
+            }),
+        ];
         let shared = Arc::new(Shared {
+            transports,
             name,
             regions: Mutex::new(RegionTable::new()),
             ops,
-            cq,
-            reactor: reactor.clone(),
+            sink: Completions::new(cq, reactor.clone()),
             notifies: Arc::new(NotifyQueue::default()),
             #[cfg(feature = "fabric")]
             fabric,

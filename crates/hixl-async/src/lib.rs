@@ -19,6 +19,7 @@ mod link_state;
 mod server;
 mod tcp;
 mod transfer;
+mod transport;
 #[cfg(feature = "verbs")]
 mod verbs;
 

@@ -17,21 +17,13 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-#[cfg(feature = "fabric")]
-use crate::completion::Completion;
 use crate::engine::Shared;
 use crate::frame_io::{read_frame, tune, write_frame, write_frames};
 use crate::link_state::LinkState;
 use crate::memory::{Lease, MemPtr};
 use crate::tcp::initiator::{fail_parts, DataConn, Part};
 use crate::transfer::Transfer;
-
-/// Fabric copies of one call up to this many bytes (and ops) run on the submitting thread:
-/// cheaper than waking a copy stream and, through the reactor, the caller again.
-#[cfg(feature = "fabric")]
-const INLINE_BYTES: u64 = 64 << 10;
-#[cfg(feature = "fabric")]
-const INLINE_OPS: usize = 4;
+use crate::transport::{select, LinkHooks, Negotiation, PeerChannel, Withdraw};
 
 /// Tokens of a link's ops, so that the channel pool can tell a busy link from an idle one and
 /// the link's death can cancel its copies still queued on the copy engine. Finished ops are
@@ -76,17 +68,15 @@ pub(crate) struct Link {
     notify_seq: AtomicU64,
     notify_waiters: Mutex<HashMap<u64, oneshot::Sender<u32>>>,
     chunk: u64,
-    /// The same-host fast path, when the peer is on this host and the options allow it.
-    #[cfg(feature = "fabric")]
-    fabric: Option<Arc<crate::fabric::client::FabricLink>>,
+    /// The transports' channels to the peer (fabric, verbs), in the order the transport
+    /// policy chose; a descriptor goes to the first that reaches it, else over the data
+    /// connections.
+    channels: Vec<Arc<dyn PeerChannel>>,
     /// Every op of the link: for [`Link::busy`], and so that the link's death can cancel its
     /// copies still queued on the copy engine.
     ops: Mutex<TokenLog>,
     /// When the link was last used for a transfer or notify (`now_ms`).
     last_used: AtomicU64,
-    /// The RDMA path, when both peers have a device and no better transport serves the peer.
-    #[cfg(feature = "verbs")]
-    verbs: Option<Arc<crate::verbs::VerbsLink>>,
     /// Which transport serves this peer, and why.
     transport: String,
     /// When the control connection last delivered a frame (ms since `born`).
@@ -211,14 +201,12 @@ impl Link {
             Message::Refuse { status, reason } => return Err(refusal(remote, status, reason)),
             m => return Err(unexpected(remote, &m, "welcome")),
         };
-        let mut fabric_info = None;
-        let mut verbs_info = None;
-        #[allow(unused_mut)]
+        // The transports the peer offers come before its memory table.
+        let mut offers = Vec::new();
         let mut table = loop {
             match read_frame(&mut s, &mut buf, remote).await? {
                 Message::MemTable(v) => break sort_table(v),
-                m @ Message::FabricInfo { .. } => fabric_info = Some(m),
-                Message::VerbsInfo { device } => verbs_info = Some(device),
+                m @ (Message::FabricInfo { .. } | Message::VerbsInfo { .. }) => offers.push(m),
                 m => return Err(unexpected(remote, &m, "memory table")),
             }
         };
@@ -252,41 +240,21 @@ impl Link {
             .map(|d| DataConn::spawn(d, name.clone(), shared.clone(), state.clone()))
             .collect();
         let (tx, rx) = mpsc::unbounded_channel();
-        #[cfg(feature = "fabric")]
-        let (fabric, fstream, transport) =
-            Self::choose_fabric(&shared, fabric_info.as_ref(), session, &p, &name).await?;
-        #[cfg(not(feature = "fabric"))]
-        let (fabric, transport) = {
-            let _ = fabric_info;
-            (
-                None::<()>,
-                "tcp (this build has no fabric backend)".to_string(),
-            )
+        let mut cx = Negotiation {
+            offers: &offers,
+            control: &mut s,
+            buf: &mut buf,
+            table: &mut table,
+            peer: &name,
+            session,
+            local_name: p.local_name,
+            chunk: p.chunk.max(4096),
+            state: &state,
+            ops: &shared.ops,
+            sink: &shared.sink,
         };
-        #[cfg(feature = "verbs")]
-        let (verbs, transport) = if fabric.is_some() {
-            (None, transport)
-        } else {
-            let v = Self::choose_verbs(
-                &shared,
-                verbs_info.as_deref(),
-                &mut s,
-                &mut buf,
-                &mut table,
-                &state,
-                &name,
-            )
-            .await?;
-            match v {
-                Ok(v) => {
-                    let d = v.describe.clone();
-                    (Some(v), d)
-                }
-                Err(why) => (None, format!("{transport}; not verbs: {why}")),
-            }
-        };
-        #[cfg(not(feature = "verbs"))]
-        let _ = (&verbs_info, &fabric);
+        let (channel, transport) = select::choose(&shared.transports, &mut cx).await?;
+        let channels: Vec<Arc<dyn PeerChannel>> = channel.into_iter().collect();
         tracing::info!(peer = %name, "transport: {transport}");
         let link = Arc::new(Link {
             name,
@@ -298,12 +266,9 @@ impl Link {
             notify_seq: AtomicU64::new(1),
             notify_waiters: Mutex::new(HashMap::new()),
             chunk: p.chunk.max(4096),
-            #[cfg(feature = "fabric")]
-            fabric,
+            channels,
             ops: Mutex::new(TokenLog::default()),
             last_used: AtomicU64::new(now_ms()),
-            #[cfg(feature = "verbs")]
-            verbs,
             transport,
             last_rx: AtomicU64::new(0),
             born: std::time::Instant::now(),
@@ -313,16 +278,10 @@ impl Link {
         tokio::spawn(write_frames(w, rx, link.state.clone(), link.name.clone()));
         tokio::spawn(control_reader(r, buf, link.clone()));
         tokio::spawn(probe(link.clone(), shared.heartbeat));
-        #[cfg(feature = "fabric")]
-        if let (Some(f), Some(fs)) = (&link.fabric, fstream) {
-            tokio::spawn(crate::fabric::client::writer(
-                fs.stream.clone(),
-                fs.rx,
-                link.name.clone(),
-            ));
-            // Like HIXL's FabricMem disconnect: copies not yet started are aborted with the
-            // link's cause; running ones finish (they only touch mapped or leased memory).
-            let (l, sh) = (link.clone(), shared.clone());
+        if !link.channels.is_empty() {
+            // The link's death reaches every channel: work not yet started fails with the
+            // link's cause, the devices flush the rest.
+            let l = link.clone();
             tokio::spawn(async move {
                 l.state.dead().await;
                 let tokens: std::collections::HashSet<Token> = l
@@ -330,174 +289,20 @@ impl Link {
                     .lock()
                     .map(|t| t.tokens.iter().copied().collect())
                     .unwrap_or_default();
-                if let (Some(b), Some(e)) = (&sh.fabric, l.state.error()) {
-                    b.copy.cancel_queued(|t| tokens.contains(&t), &e);
+                let e = l.lost("link closed");
+                for ch in &l.channels {
+                    ch.close(&e, &tokens);
                 }
             });
-            let (f, l) = (f.clone(), link.clone());
-            tokio::spawn(async move {
-                let l2 = l.clone();
-                let on_ack = move |seq, status| l2.notify_acked(seq, status);
-                let e = tokio::select! {
-                    e = crate::fabric::client::reader(fs.stream, fs.buf, fs.fds, f, on_ack) => e,
-                    _ = l.state.dead() => return,
-                };
-                l.state.kill(e);
+        }
+        for ch in &link.channels {
+            let l = link.clone();
+            ch.start(LinkHooks {
+                state: link.state.clone(),
+                on_ack: Box::new(move |seq, status| l.notify_acked(seq, status)),
             });
         }
         Ok(link)
-    }
-
-    /// Decides whether the fabric serves this peer and opens its channel if so.
-    #[cfg(feature = "fabric")]
-    async fn choose_fabric(
-        shared: &Arc<Shared>,
-        info: Option<&Message>,
-        session: u64,
-        p: &LinkParams<'_>,
-        name: &Arc<str>,
-    ) -> Result<(
-        Option<Arc<crate::fabric::client::FabricLink>>,
-        Option<crate::fabric::client::FabricStream>,
-        String,
-    )> {
-        use crate::fabric::client::{FabricLink, PeerInfo};
-        let Some(backend) = &shared.fabric else {
-            return Ok((
-                None,
-                None,
-                "tcp (the fabric backend is off: hixl.Transport is tcp or verbs)".into(),
-            ));
-        };
-        let refuse = |why: String| -> Result<_> {
-            if backend.forced {
-                Err(Error::Unsupported {
-                    what: format!("hixl.Transport=fabric, but {name} cannot use it: {why}"),
-                })
-            } else {
-                Ok((None, None, format!("tcp ({why})")))
-            }
-        };
-        let Some(info) = info.and_then(PeerInfo::from_message) else {
-            return refuse("the peer offers no fabric channel".into());
-        };
-        if !backend.identity.same_host(&info.identity) {
-            return refuse(if backend.identity.boot_id != info.identity.boot_id {
-                "the peer is on another host (its boot id differs)".into()
-            } else {
-                "the peer is on this host but in another mount namespace (a container), where our memfds and sockets do not reach".into()
-            });
-        }
-        let (fl, fs) = match FabricLink::establish(
-            backend,
-            &info,
-            session,
-            p.local_name,
-            name.clone(),
-        )
-        .await
-        {
-            Ok(x) => x,
-            // E.g. a peer that shares our boot id and mounts but not our network
-            // namespace, where its abstract fabric socket does not exist.
-            Err(e) => return refuse(format!("the fabric channel could not be opened: {e}")),
-        };
-        let fallback = fl.fallback.lock().ok().and_then(|f| f.clone());
-        if let (true, Some(why)) = (backend.forced, &fallback) {
-            return refuse(why.clone());
-        }
-        let (mapped, cma) = fl.counts();
-        let translated = fl.translated.lock().map(|t| *t).unwrap_or(0);
-        let mut why = format!(
-            "fabric (same host: boot id and mount namespace match; {mapped} pool regions mapped{}, {cma} reached by cross-memory attach",
-            if backend.unified { format!(", {translated} of them translated") } else { String::new() }
-        );
-        if let Some(f) = fallback {
-            why.push_str(&format!("; host regions over tcp: {f}"));
-        }
-        why.push(')');
-        Ok((Some(Arc::new(fl)), Some(fs), why))
-    }
-
-    /// Decides whether verbs serves this peer and, if so, connects a queue pair over the
-    /// control connection (before it is split): `VerbsConnect` with our endpoint, the peer's
-    /// device keys, then `VerbsAccept` with its endpoint. `Ok(Err(why))` means "not verbs".
-    #[cfg(feature = "verbs")]
-    #[allow(clippy::too_many_arguments)]
-    async fn choose_verbs(
-        shared: &Arc<Shared>,
-        info: Option<&str>,
-        s: &mut TcpStream,
-        buf: &mut BytesMut,
-        table: &mut Vec<RemoteRegion>,
-        state: &Arc<LinkState>,
-        name: &Arc<str>,
-    ) -> Result<std::result::Result<Arc<crate::verbs::VerbsLink>, String>> {
-        let Some(backend) = &shared.verbs else {
-            return Ok(Err(format!(
-                "this engine has no RDMA device ({})",
-                shared.verbs_why
-            )));
-        };
-        let refuse = |why: String| -> Result<std::result::Result<_, String>> {
-            if backend.forced {
-                Err(Error::Unsupported {
-                    what: format!("hixl.Transport=verbs, but {name} cannot use it: {why}"),
-                })
-            } else {
-                Ok(Err(why))
-            }
-        };
-        let Some(peer_device) = info else {
-            return refuse("the peer offers no verbs (no usable RDMA device there)".into());
-        };
-        let mut qp = match backend.initiator_qp(name) {
-            Ok(q) => q,
-            Err(e) => return refuse(format!("creating a queue pair: {e}")),
-        };
-        let connect = Message::VerbsConnect {
-            endpoint: qp.endpoint().to_bytes().to_vec(),
-        };
-        write_frame(s, &connect, name).await?;
-        let mut keys = HashMap::new();
-        let remote = loop {
-            match read_frame(s, buf, name).await? {
-                Message::VerbsKeys(v) => keys.extend(v),
-                Message::MemTable(v) => *table = sort_table(v),
-                // The target's liveness probes start with the session; answer them here too.
-                Message::Heartbeat { seq } => {
-                    if seq & hixl_core::wire::HEARTBEAT_FROM_TARGET != 0 {
-                        write_frame(s, &Message::Heartbeat { seq }, name).await?;
-                    }
-                }
-                Message::VerbsAccept {
-                    status: 0,
-                    endpoint,
-                    ..
-                } => break hixl_verbs::QpEndpoint::from_bytes(&endpoint)?,
-                Message::VerbsAccept { reason, .. } => {
-                    return refuse(format!("the peer refused a queue pair: {reason}"))
-                }
-                m => return Err(unexpected(name, &m, "verbs accept")),
-            }
-        };
-        if let Err(e) = qp.connect(&remote) {
-            // The peer's QP is connected to ours; it is dropped with the session.
-            return refuse(format!("connecting the queue pair: {e}"));
-        }
-        let c = crate::verbs::Connected {
-            qp,
-            remote,
-            peer_device: peer_device.to_string(),
-            keys,
-        };
-        Ok(Ok(crate::verbs::VerbsLink::start(
-            backend,
-            shared,
-            state.clone(),
-            name.clone(),
-            c,
-        )))
     }
 
     /// Marks the link used now.
@@ -600,10 +405,7 @@ impl Link {
         let mut per: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
         let mut k = self.next.fetch_add(1, Ordering::Relaxed);
         let token = shared.ops.lock().map_err(|_| poisoned())?.insert();
-        #[cfg(feature = "fabric")]
-        let mut copies: Vec<hixl_fabric::CopyOp> = Vec::new();
-        #[cfg(feature = "verbs")]
-        let (mut wrs, mut wr_leases) = (Vec::new(), Vec::new());
+        let mut batches: Vec<_> = self.channels.iter().map(|c| c.batch(token, op)).collect();
         let built = (|| -> Result<u32> {
             let table = self.table.read().map_err(|_| poisoned())?;
             let regions = shared.regions.lock().map_err(|_| poisoned())?;
@@ -616,36 +418,13 @@ impl Link {
                     })?;
                 Ok(())
             };
-            for (i, d) in descs.iter().enumerate() {
+            'descs: for (i, d) in descs.iter().enumerate() {
                 let local = regions.lookup_local(i, d.local_addr, d.len)?;
                 let rkey = Self::remote_rkey(&table, &self.name, i, d.remote_addr, d.len, need)?;
-                #[cfg(feature = "fabric")]
-                if let Some(e) = self.fabric.as_ref().and_then(|f| f.entry(rkey)) {
-                    let n = self.fabric_parts(&mut copies, token, write, d, &e, &local.data)?;
-                    count(n)?;
-                    continue;
-                }
-                #[cfg(feature = "verbs")]
-                if let Some(v) = &self.verbs {
-                    if let (Some(lkey), Some(dev)) = (local.data.lkey, v.key(rkey)) {
-                        let l = hixl_verbs::LocalRange {
-                            addr: d.local_addr,
-                            len: d.len,
-                            lkey,
-                        };
-                        let r = hixl_verbs::RemoteRange {
-                            addr: d.remote_addr,
-                            rkey: dev,
-                        };
-                        wrs.push(hixl_verbs::WorkRequest {
-                            token,
-                            op,
-                            local: l,
-                            remote: r,
-                        });
-                        wr_leases.push(Lease::new(&local.data));
-                        count(1)?;
-                        continue;
+                for b in batches.iter_mut() {
+                    if let Some(n) = b.add(i, d, &local.data, rkey)? {
+                        count(n)?;
+                        continue 'descs;
                     }
                 }
                 let mut off = 0;
@@ -686,45 +465,8 @@ impl Link {
         if let Ok(mut t) = self.ops.lock() {
             t.record(token, &shared.ops);
         }
-        #[cfg(feature = "fabric")]
-        if !copies.is_empty() {
-            match &shared.fabric {
-                Some(b) => {
-                    let small = copies.len() <= INLINE_OPS
-                        && copies.iter().map(|c| c.kind.len()).sum::<u64>() <= INLINE_BYTES;
-                    let submitted = if small {
-                        // SAFETY: as below; the copies run before this call returns.
-                        let done = unsafe { b.copy.run_inline(copies) };
-                        shared.complete_all(
-                            done.into_iter()
-                                .map(|(token, result)| Completion { token, result }),
-                        );
-                        Ok(())
-                    } else {
-                        // SAFETY: every copy's local range lies in a registered region and its
-                        // remote range in a mapping (or, for CMA, a region the peer exported);
-                        // each op's `keep` holds the local region's lease and the peer region's
-                        // reach until the copy has run.
-                        unsafe { b.copy.submit(copies) }
-                    };
-                    if let Err((e, failed)) = submitted {
-                        shared.complete_all(failed.into_iter().map(|c| Completion {
-                            token: c.token,
-                            result: Err(e.clone()),
-                        }));
-                    }
-                }
-                None => shared.complete_all(copies.into_iter().map(|c| Completion {
-                    token: c.token,
-                    result: Err(Error::Unsupported {
-                        what: "no fabric backend".into(),
-                    }),
-                })),
-            }
-        }
-        #[cfg(feature = "verbs")]
-        if let Some(v) = &self.verbs {
-            v.submit(token, wrs, wr_leases);
+        for b in batches {
+            b.post(&shared.sink);
         }
         for (i, batch) in per.into_iter().enumerate() {
             if batch.is_empty() {
@@ -739,73 +481,6 @@ impl Link {
             }
         }
         Ok(token)
-    }
-
-    /// Turns one descriptor to a fabric-reachable region into copy ops; returns how many.
-    #[cfg(feature = "fabric")]
-    fn fabric_parts(
-        &self,
-        out: &mut Vec<hixl_fabric::CopyOp>,
-        token: Token,
-        write: bool,
-        d: &OpDesc,
-        e: &crate::fabric::client::Entry,
-        local: &Arc<crate::memory::RegionInner>,
-    ) -> Result<u32> {
-        use crate::fabric::client::Reach;
-        use hixl_fabric::{CopyKind, CopyOp};
-        let pid = self.fabric.as_ref().map(|f| f.pid).unwrap_or(0);
-        let mut n = 0;
-        let mut off = 0;
-        while off < d.len {
-            let len = self.chunk.min(d.len - off);
-            let (l, r) = (d.local_addr + off, d.remote_addr + off);
-            let kind = match &e.reach.reach {
-                Reach::Mapped(m) => {
-                    let mapped =
-                        m.translate(r, e.base, len)
-                            .ok_or_else(|| Error::RemoteOutOfBounds {
-                                peer: self.name.to_string(),
-                                addr: r,
-                                len,
-                                index: 0,
-                            })?;
-                    if write {
-                        CopyKind::Memcpy {
-                            src: l,
-                            dst: mapped,
-                            len,
-                        }
-                    } else {
-                        CopyKind::Memcpy {
-                            src: mapped,
-                            dst: l,
-                            len,
-                        }
-                    }
-                }
-                Reach::Cma if write => CopyKind::CmaWrite {
-                    pid,
-                    local: l,
-                    remote: r,
-                    len,
-                },
-                Reach::Cma => CopyKind::CmaRead {
-                    pid,
-                    local: l,
-                    remote: r,
-                    len,
-                },
-            };
-            out.push(CopyOp {
-                token,
-                kind,
-                keep: Some(Box::new((Lease::new(local), e.reach.clone()))),
-            });
-            n += 1;
-            off += len;
-        }
-        Ok(n)
     }
 
     /// Sends a notify and waits for the peer's ack.
@@ -867,9 +542,12 @@ impl Link {
     /// Notifies take the fabric channel when there is one (the fast path), else the control
     /// connection. Either way they are sent only after the caller saw its transfers complete.
     fn send_notify_frame(&self, m: Message) -> bool {
-        #[cfg(feature = "fabric")]
-        if let Some(f) = &self.fabric {
-            return f.send(m);
+        if let Some(ch) = self.channels.first() {
+            // Only the first channel can carry notifies (the fabric's, which follows its
+            // copies); with another, the control connection carries them.
+            if let Some(sent) = ch.send_notify(m.clone()) {
+                return sent;
+            }
         }
         let mut frame = BytesMut::with_capacity(64);
         m.encode(&mut frame);
@@ -977,20 +655,16 @@ async fn control_reader(mut r: OwnedReadHalf, mut buf: BytesMut, link: Arc<Link>
             }
             Ok(Message::MemTable(v)) => {
                 let v = sort_table(v);
-                #[cfg(feature = "verbs")]
-                if let Some(vl) = &link.verbs {
-                    vl.prune_keys(&v);
+                for ch in &link.channels {
+                    ch.on_table(&v);
                 }
                 if let Ok(mut t) = link.table.write() {
                     *t = v;
                 }
             }
-            Ok(Message::VerbsKeys(v)) => {
-                #[cfg(feature = "verbs")]
-                if let Some(vl) = &link.verbs {
-                    vl.update_keys(&v);
-                }
-                let _ = v;
+            // The peer's device keys: for the verbs channel, if this link has one.
+            Ok(m @ Message::VerbsKeys(_)) => {
+                let _ = link.channels.iter().any(|c| c.on_control(&m));
             }
             Ok(Message::Heartbeat { seq }) => {
                 // Answer the target's probes; our own answered ones need nothing more.
@@ -1022,6 +696,20 @@ async fn control_reader(mut r: OwnedReadHalf, mut buf: BytesMut, link: Arc<Link>
         link.state.kill(e);
     }
     // Pending notifies learn of the death through LinkState::dead().
+}
+
+impl Withdraw for Link {
+    fn withdraw(&self, token: Token) {
+        if self.channels.is_empty() {
+            return; // TCP writers skip parts of unwanted ops themselves.
+        }
+        let e = Error::InvalidParam {
+            what: "transfer was dropped or timed out before this part started".into(),
+        };
+        for ch in &self.channels {
+            ch.withdraw(token, &e);
+        }
+    }
 }
 
 /// A connected peer (the initiator's view): its memory table, transfers and notifies.
@@ -1072,7 +760,12 @@ impl Peer {
     /// moves and the returned future resolves with that error.
     pub fn transfer(&self, op: TransferOp, descs: &[OpDesc]) -> Transfer {
         match self.link.submit(&self.shared, op, descs) {
-            Ok(t) => Transfer::posted(self.shared.clone(), t, self.link.name.clone()),
+            Ok(t) => Transfer::posted(
+                self.shared.clone(),
+                t,
+                self.link.name.clone(),
+                self.link.clone(),
+            ),
             Err(e) => Transfer::failed(self.shared.clone(), e, self.link.name.clone()),
         }
     }

@@ -10,6 +10,7 @@ use hixl_core::{Error, Result, Token, TransferStatus};
 use tokio::time::Sleep;
 
 use crate::engine::Shared;
+use crate::transport::Withdraw;
 
 /// A transfer in flight (HIXL `TransferReq`). `.await` it for the result, or ask
 /// [`Transfer::status`] without waiting.
@@ -20,6 +21,8 @@ use crate::engine::Shared;
 #[must_use = "a transfer is posted already; await it to learn its result"]
 pub struct Transfer {
     shared: Arc<Shared>,
+    /// The link that posted it, told when the transfer is dropped or times out.
+    link: Option<Arc<dyn Withdraw>>,
     state: State,
     deadline: Option<(Pin<Box<Sleep>>, Duration)>,
     peer: Arc<str>,
@@ -43,9 +46,15 @@ impl std::fmt::Debug for Transfer {
 }
 
 impl Transfer {
-    pub(crate) fn posted(shared: Arc<Shared>, token: Token, peer: Arc<str>) -> Transfer {
+    pub(crate) fn posted(
+        shared: Arc<Shared>,
+        token: Token,
+        peer: Arc<str>,
+        link: Arc<dyn Withdraw>,
+    ) -> Transfer {
         Transfer {
             shared,
+            link: Some(link),
             state: State::Posted(token),
             deadline: None,
             peer,
@@ -55,6 +64,7 @@ impl Transfer {
     pub(crate) fn failed(shared: Arc<Shared>, e: Error, peer: Arc<str>) -> Transfer {
         Transfer {
             shared,
+            link: None,
             state: State::Failed(Some(e)),
             deadline: None,
             peer,
@@ -69,6 +79,7 @@ impl Transfer {
     ) -> Transfer {
         Transfer {
             shared,
+            link: None,
             state: State::Connecting(task),
             deadline: None,
             peer,
@@ -173,7 +184,7 @@ impl Future for Transfer {
         if let Some((sleep, after)) = &mut this.deadline {
             if sleep.as_mut().poll(cx).is_ready() {
                 let after = *after;
-                abandon(&this.shared, token);
+                abandon(&this.shared, this.link.as_deref(), token);
                 this.state = State::Done(TransferStatus::TimedOut);
                 return Poll::Ready(Err(Error::Timeout {
                     what: "transfer",
@@ -189,7 +200,7 @@ impl Future for Transfer {
 impl Drop for Transfer {
     fn drop(&mut self) {
         if let State::Posted(t) = self.state {
-            abandon(&self.shared, t);
+            abandon(&self.shared, self.link.as_deref(), t);
         }
     }
 }
@@ -197,17 +208,11 @@ impl Drop for Transfer {
 /// The owner of `token` went away (dropped, or its deadline passed): the op is parked until
 /// its outstanding parts are done, and parts not yet started are not started. TCP writers
 /// check before sending; fabric copies still queued on a copy stream are withdrawn here.
-fn abandon(shared: &Shared, token: Token) {
+fn abandon(shared: &Shared, link: Option<&dyn Withdraw>, token: Token) {
     if let Ok(mut ops) = shared.ops.lock() {
         ops.abandon(token);
     }
-    #[cfg(feature = "fabric")]
-    if let Some(f) = &shared.fabric {
-        if f.copy.queued() > 0 {
-            let e = Error::InvalidParam {
-                what: "transfer was dropped or timed out before this copy started".into(),
-            };
-            f.copy.cancel_queued(|t| t == token, &e);
-        }
+    if let Some(l) = link {
+        l.withdraw(token);
     }
 }

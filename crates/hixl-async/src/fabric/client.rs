@@ -102,6 +102,7 @@ pub(crate) struct FabricLink {
 }
 
 /// What `establish` hands the link so it can start the channel's reader.
+#[derive(Debug)]
 pub(crate) struct FabricStream {
     pub(crate) stream: Arc<UnixStream>,
     pub(crate) buf: BytesMut,

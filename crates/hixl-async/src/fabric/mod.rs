@@ -3,7 +3,9 @@
 //! peer reached over the fabric.
 
 pub(crate) mod chan;
+pub(crate) mod channel;
 pub(crate) mod client;
+pub(crate) mod connect;
 pub(crate) mod server;
 
 use std::os::linux::net::SocketAddrExt;

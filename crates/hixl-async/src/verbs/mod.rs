@@ -17,19 +17,22 @@
 //! outstanding completes with an error (the device's cause, then "flushed"), its backlog is
 //! failed with the same cause, and the link is closed so that the peer can be reconnected.
 
+pub(crate) mod channel;
+pub(crate) mod connect;
+
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::task::Waker;
 
 use hixl_core::options::TransportChoice;
-use hixl_core::{CompletionSource, Error, Options, PartResult, Result, Token};
+use hixl_core::{CompletionSource, Error, OpTable, Options, PartResult, Result, Token};
 use hixl_verbs::{
     CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QpEndpoint, QueuePair,
     WorkRequest,
 };
 
-use crate::completion::Completion;
-use crate::engine::Shared;
+use crate::completion::{Completion, Completions};
 use crate::link_state::LinkState;
 use crate::memory::Lease;
 
@@ -300,7 +303,10 @@ pub(crate) struct Connected {
 /// An initiator's RC connection to one peer.
 pub(crate) struct VerbsLink {
     peer: Arc<str>,
-    shared: Weak<Shared>,
+    /// The engine's ops (requests of dropped transfers are not posted) and where the link's
+    /// completions go.
+    ops: Arc<Mutex<OpTable<Waker>>>,
+    sink: Completions,
     source: Arc<VerbsSource>,
     state: Arc<LinkState>,
     /// `None` once the link is closed (dropping the QP flushes what it had outstanding).
@@ -331,7 +337,8 @@ impl VerbsLink {
     /// QP to be flushed and the backlog failed when the link dies.
     pub(crate) fn start(
         backend: &VerbsBackend,
-        shared: &Arc<Shared>,
+        ops: &Arc<Mutex<OpTable<Waker>>>,
+        sink: &Completions,
         state: Arc<LinkState>,
         peer: Arc<str>,
         c: Connected,
@@ -353,7 +360,8 @@ impl VerbsLink {
         let l = Arc::new_cyclic(|me| VerbsLink {
             me: me.clone(),
             peer,
-            shared: Arc::downgrade(shared),
+            ops: ops.clone(),
+            sink: sink.clone(),
             source: backend.source.clone(),
             state: state.clone(),
             capacity: qp.config().max_send_wr as usize,
@@ -448,16 +456,14 @@ impl VerbsLink {
         }
         // Requests of transfers dropped or timed out while they waited are not posted.
         let mut dropped = Vec::new();
-        if let Some(sh) = self.shared.upgrade() {
-            if let Ok(ops) = sh.ops.lock() {
-                if backlog.iter().any(|w| !ops.is_wanted(w.token)) {
-                    dropped = backlog
-                        .iter()
-                        .filter(|w| !ops.is_wanted(w.token))
-                        .copied()
-                        .collect();
-                    backlog.retain(|w| ops.is_wanted(w.token));
-                }
+        if let Ok(ops) = self.ops.lock() {
+            if backlog.iter().any(|w| !ops.is_wanted(w.token)) {
+                dropped = backlog
+                    .iter()
+                    .filter(|w| !ops.is_wanted(w.token))
+                    .copied()
+                    .collect();
+                backlog.retain(|w| ops.is_wanted(w.token));
             }
         }
         if !dropped.is_empty() {
@@ -543,7 +549,7 @@ impl VerbsLink {
 
     /// Flushes the QP (its outstanding requests complete with errors, releasing their leases)
     /// and fails the backlog with the link's cause.
-    fn close(&self) {
+    pub(crate) fn close(&self) {
         let qp = self.qp.lock().ok().and_then(|mut q| q.take());
         drop(qp);
         let wrs: Vec<_> = self
@@ -568,11 +574,9 @@ impl VerbsLink {
         if wrs.is_empty() {
             return;
         }
-        if let Some(s) = self.shared.upgrade() {
-            s.complete_all(wrs.iter().map(|w| Completion {
-                token: w.token,
-                result: Err(e.clone()),
-            }));
-        }
+        self.sink.complete_all(wrs.iter().map(|w| Completion {
+            token: w.token,
+            result: Err(e.clone()),
+        }));
     }
 }

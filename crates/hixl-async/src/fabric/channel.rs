@@ -1,0 +1,203 @@
+//! The fabric as a [`PeerChannel`]: copies between this process and a same-host peer's memory,
+//! through the peer's mapped memfds or cross-memory attach, on the copy engine's streams (or
+//! inline on the submitting thread for small calls).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use hixl_core::wire::Message;
+use hixl_core::{Error, OpDesc, Result, Token, TransferOp};
+use hixl_fabric::{CopyKind, CopyOp};
+
+use super::client::{FabricLink, FabricStream, Reach};
+use super::FabricBackend;
+use crate::completion::{Completion, Completions};
+use crate::memory::{Lease, RegionInner};
+use crate::transport::{Batch, LinkHooks, PeerChannel};
+
+/// Fabric copies of one call up to this many bytes (and ops) run on the submitting thread:
+/// cheaper than waking a copy stream and, through the reactor, the caller again.
+const INLINE_BYTES: u64 = 64 << 10;
+const INLINE_OPS: usize = 4;
+
+/// The fabric channel of one link.
+#[derive(Debug)]
+pub(crate) struct FabricChannel {
+    pub(crate) link: Arc<FabricLink>,
+    backend: Arc<FabricBackend>,
+    /// Largest single copy (`hixl.TcpChunkBytes`, shared with TCP's parts).
+    chunk: u64,
+    peer: Arc<str>,
+    /// The channel's socket until [`PeerChannel::start`] hands it to its tasks.
+    stream: Mutex<Option<FabricStream>>,
+}
+
+impl FabricChannel {
+    pub(crate) fn new(
+        link: Arc<FabricLink>,
+        backend: Arc<FabricBackend>,
+        chunk: u64,
+        peer: Arc<str>,
+        stream: FabricStream,
+    ) -> FabricChannel {
+        FabricChannel {
+            link,
+            backend,
+            chunk,
+            peer,
+            stream: Mutex::new(Some(stream)),
+        }
+    }
+}
+
+impl PeerChannel for FabricChannel {
+    /// Starts the channel's writer (notifies, revoke acks) and reader (table updates,
+    /// revocations, notify acks); a failed channel kills the link.
+    fn start(&self, hooks: LinkHooks) {
+        let Some(fs) = self.stream.lock().ok().and_then(|mut s| s.take()) else {
+            return;
+        };
+        tokio::spawn(super::client::writer(
+            fs.stream.clone(),
+            fs.rx,
+            self.peer.clone(),
+        ));
+        let f = self.link.clone();
+        let LinkHooks { state, on_ack } = hooks;
+        tokio::spawn(async move {
+            let e = tokio::select! {
+                e = super::client::reader(fs.stream, fs.buf, fs.fds, f, on_ack) => e,
+                _ = state.dead() => return,
+            };
+            state.kill(e);
+        });
+    }
+
+    fn batch(&self, token: Token, op: TransferOp) -> Box<dyn Batch + '_> {
+        Box::new(FabricBatch {
+            ch: self,
+            token,
+            write: op == TransferOp::Write,
+            copies: Vec::new(),
+        })
+    }
+
+    fn send_notify(&self, m: Message) -> Option<bool> {
+        Some(self.link.send(m))
+    }
+
+    fn withdraw(&self, token: Token, cause: &Error) {
+        if self.backend.copy.queued() > 0 {
+            self.backend.copy.cancel_queued(|t| t == token, cause);
+        }
+    }
+
+    fn close(&self, cause: &Error, tokens: &HashSet<Token>) {
+        // Like HIXL's FabricMem disconnect: copies not yet started are aborted with the link's
+        // cause; running ones finish (they only touch mapped or leased memory).
+        self.backend
+            .copy
+            .cancel_queued(|t| tokens.contains(&t), cause);
+    }
+}
+
+struct FabricBatch<'a> {
+    ch: &'a FabricChannel,
+    token: Token,
+    write: bool,
+    copies: Vec<CopyOp>,
+}
+
+impl Batch for FabricBatch<'_> {
+    fn add(
+        &mut self,
+        index: usize,
+        d: &OpDesc,
+        local: &Arc<RegionInner>,
+        rkey: u64,
+    ) -> Result<Option<u32>> {
+        let Some(e) = self.ch.link.entry(rkey) else {
+            return Ok(None);
+        };
+        let pid = self.ch.link.pid;
+        let mut n = 0;
+        let mut off = 0;
+        while off < d.len {
+            let len = self.ch.chunk.min(d.len - off);
+            let (l, r) = (d.local_addr + off, d.remote_addr + off);
+            let kind = match &e.reach.reach {
+                Reach::Mapped(m) => {
+                    let mapped =
+                        m.translate(r, e.base, len)
+                            .ok_or_else(|| Error::RemoteOutOfBounds {
+                                peer: self.ch.peer.to_string(),
+                                addr: r,
+                                len,
+                                index,
+                            })?;
+                    if self.write {
+                        CopyKind::Memcpy {
+                            src: l,
+                            dst: mapped,
+                            len,
+                        }
+                    } else {
+                        CopyKind::Memcpy {
+                            src: mapped,
+                            dst: l,
+                            len,
+                        }
+                    }
+                }
+                Reach::Cma if self.write => CopyKind::CmaWrite {
+                    pid,
+                    local: l,
+                    remote: r,
+                    len,
+                },
+                Reach::Cma => CopyKind::CmaRead {
+                    pid,
+                    local: l,
+                    remote: r,
+                    len,
+                },
+            };
+            self.copies.push(CopyOp {
+                token: self.token,
+                kind,
+                keep: Some(Box::new((Lease::new(local), e.reach.clone()))),
+            });
+            n += 1;
+            off += len;
+        }
+        Ok(Some(n))
+    }
+
+    fn post(self: Box<Self>, sink: &Completions) {
+        let copies = self.copies;
+        if copies.is_empty() {
+            return;
+        }
+        let copy = &self.ch.backend.copy;
+        let small = copies.len() <= INLINE_OPS
+            && copies.iter().map(|c| c.kind.len()).sum::<u64>() <= INLINE_BYTES;
+        let submitted = if small {
+            // SAFETY: as below; the copies run before this call returns.
+            let done = unsafe { copy.run_inline(copies) };
+            sink.complete_all(
+                done.into_iter()
+                    .map(|(token, result)| Completion { token, result }),
+            );
+            Ok(())
+        } else {
+            // SAFETY: every copy's local range lies in a registered region and its remote
+            // range in a mapping (or, for CMA, a region the peer exported); each op's `keep`
+            // holds the local region's lease and the peer region's reach until the copy has
+            // run.
+            unsafe { copy.submit(copies) }
+        };
+        if let Err((e, failed)) = submitted {
+            sink.fail(failed.into_iter().map(|c| c.token), &e);
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The fabric as a [`Transport`]: a peer on this host (same boot id and mount namespace) that
+//! offers its fabric channel gets one; its memfds are mapped before `connect` returns.
+
+use std::sync::Arc;
+
+use hixl_core::wire::Message;
+use hixl_core::Result;
+
+use super::channel::FabricChannel;
+use super::client::{FabricLink, PeerInfo};
+use super::FabricBackend;
+use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
+
+/// The engine's fabric transport: its backend, unless `hixl.Transport` is `tcp` or `verbs`.
+#[derive(Debug)]
+pub(crate) struct FabricTransport {
+    pub(crate) backend: Option<Arc<FabricBackend>>,
+}
+
+impl Transport for FabricTransport {
+    fn kind(&self) -> &'static str {
+        "fabric"
+    }
+
+    fn forced(&self) -> bool {
+        self.backend.as_ref().is_some_and(|b| b.forced)
+    }
+
+    fn connect<'a>(
+        &'a self,
+        cx: &'a mut Negotiation<'_>,
+    ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>> {
+        Box::pin(async move { Ok(self.open(cx).await) })
+    }
+}
+
+impl FabricTransport {
+    async fn open(&self, cx: &mut Negotiation<'_>) -> std::result::Result<Opened, String> {
+        let Some(backend) = &self.backend else {
+            return Err("the fabric backend is off: hixl.Transport is tcp or verbs".into());
+        };
+        let info = cx
+            .offers
+            .iter()
+            .find(|m| matches!(m, Message::FabricInfo { .. }))
+            .and_then(PeerInfo::from_message)
+            .ok_or("the peer offers no fabric channel")?;
+        if !backend.identity.same_host(&info.identity) {
+            return Err(if backend.identity.boot_id != info.identity.boot_id {
+                "the peer is on another host (its boot id differs)".into()
+            } else {
+                "the peer is on this host but in another mount namespace (a container), where our memfds and sockets do not reach".into()
+            });
+        }
+        let (fl, fs) =
+            FabricLink::establish(backend, &info, cx.session, cx.local_name, cx.peer.clone())
+                .await
+                // E.g. a peer that shares our boot id and mounts but not our network
+                // namespace, where its abstract fabric socket does not exist.
+                .map_err(|e| format!("the fabric channel could not be opened: {e}"))?;
+        let fallback = fl.fallback.lock().ok().and_then(|f| f.clone());
+        if let (true, Some(why)) = (backend.forced, &fallback) {
+            return Err(why.clone());
+        }
+        let (mapped, cma) = fl.counts();
+        let translated = fl.translated.lock().map(|t| *t).unwrap_or(0);
+        let mut describe = format!(
+            "fabric (same host: boot id and mount namespace match; {mapped} pool regions mapped{}, {cma} reached by cross-memory attach",
+            if backend.unified { format!(", {translated} of them translated") } else { String::new() }
+        );
+        if let Some(f) = fallback {
+            describe.push_str(&format!("; host regions over tcp: {f}"));
+        }
+        describe.push(')');
+        let channel =
+            FabricChannel::new(Arc::new(fl), backend.clone(), cx.chunk, cx.peer.clone(), fs);
+        Ok(Opened {
+            channel: Arc::new(channel),
+            describe,
+        })
+    }
+}

@@ -1,0 +1,154 @@
+//! The transport interface: what a transport's channel to one peer does for the initiator's
+//! side of a link. TCP, the fabric and verbs each implement it in their own module; the link
+//! holds its channels in the order the transport policy chose them and routes every
+//! descriptor to the first that reaches it, with the link's TCP data connections as the path
+//! every peer has.
+//!
+//! A channel must resolve every part it takes: a part is either completed through the
+//! engine's [`Completions`] by the transport (success or failure), withdrawn by
+//! [`PeerChannel::close`] or [`PeerChannel::withdraw`] with a failure completion, or flushed
+//! by the device. Nothing is ever dropped silently.
+//!
+//! Which transport serves a peer is one policy over the transports' answers to the peer's
+//! offers, in [`select`]: the `auto` order and the forced choice of `hixl.Transport`.
+
+pub(crate) mod select;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
+
+use bytes::BytesMut;
+use hixl_core::wire::Message;
+use hixl_core::{Error, OpDesc, OpTable, RemoteRegion, Result, Token, TransferOp};
+use tokio::net::TcpStream;
+
+use crate::completion::Completions;
+use crate::link_state::LinkState;
+use crate::memory::RegionInner;
+
+/// A boxed future, as the transport interface's async methods return.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The engine-wide part of a transport, on the initiator's side of a handshake: whether it
+/// can serve a peer (from what the peer offered), and opening its channel to it.
+pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
+    /// Its `hixl.Transport` value.
+    fn kind(&self) -> &'static str;
+
+    /// Whether `hixl.Transport` forces it: a peer it cannot serve is then an error, never a
+    /// silent fallback.
+    fn forced(&self) -> bool;
+
+    /// Opens this transport's channel to the peer of `cx`, from the peer's offers. `Ok(Err)`
+    /// says why it cannot serve this peer.
+    ///
+    /// # Errors
+    /// A failure of the control connection (the connect fails).
+    fn connect<'a>(
+        &'a self,
+        cx: &'a mut Negotiation<'_>,
+    ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>>;
+}
+
+/// A channel a transport opened, and what `Peer::transport` says of it.
+pub(crate) struct Opened {
+    pub(crate) channel: Arc<dyn PeerChannel>,
+    pub(crate) describe: String,
+}
+
+/// What a transport may use while it negotiates its channel during the handshake: the
+/// peer's offers, the control connection (not yet split: a transport may exchange frames on
+/// it), the memory table so far, and the link's handles. (A build without a transport that
+/// negotiates over the control connection, such as verbs, reads only some of it.)
+#[allow(dead_code)]
+pub(crate) struct Negotiation<'a> {
+    /// The transport offers the peer sent before its memory table (`FabricInfo`, `VerbsInfo`).
+    pub(crate) offers: &'a [Message],
+    pub(crate) control: &'a mut TcpStream,
+    pub(crate) buf: &'a mut BytesMut,
+    /// The peer's memory table (a transport's exchange may bring a newer one).
+    pub(crate) table: &'a mut Vec<RemoteRegion>,
+    /// The peer's name and the session it handed out.
+    pub(crate) peer: &'a Arc<str>,
+    pub(crate) session: u64,
+    /// This engine's name.
+    pub(crate) local_name: &'a str,
+    /// Largest single part (`hixl.TcpChunkBytes`).
+    pub(crate) chunk: u64,
+    pub(crate) state: &'a Arc<LinkState>,
+    pub(crate) ops: &'a Arc<Mutex<OpTable<Waker>>>,
+    pub(crate) sink: &'a Completions,
+}
+
+/// What a channel may call back into its link once the link is built (read by channels with
+/// tasks of their own, such as the fabric's).
+#[allow(dead_code)]
+pub(crate) struct LinkHooks {
+    pub(crate) state: Arc<LinkState>,
+    /// A notify sent on the channel was acked: `(seq, status)`.
+    pub(crate) on_ack: Box<dyn Fn(u64, u32) + Send + Sync>,
+}
+
+/// One transport's channel to one connected peer.
+pub(crate) trait PeerChannel: Send + Sync + std::fmt::Debug {
+    /// Starts the channel's own tasks, if it has any, once its link is built.
+    fn start(&self, _hooks: LinkHooks) {}
+
+    /// Starts collecting the work of one call (op `token`).
+    fn batch(&self, token: Token, op: TransferOp) -> Box<dyn Batch + '_>;
+
+    /// Sends a notify over the transport's own channel, when it has one that orders notifies
+    /// after its data (the fabric channel does). `None`: it has none, the control connection
+    /// carries it. `Some(false)`: the channel is closed.
+    fn send_notify(&self, _m: Message) -> Option<bool> {
+        None
+    }
+
+    /// A frame of the control connection that belongs to this transport (e.g. the peer's
+    /// device keys). Returns whether it was taken.
+    fn on_control(&self, _m: &Message) -> bool {
+        false
+    }
+
+    /// The peer's memory table changed.
+    fn on_table(&self, _table: &[RemoteRegion]) {}
+
+    /// The owner of `token` went away: work of it not yet started is withdrawn (failed with
+    /// `cause`); what the device runs already finishes.
+    fn withdraw(&self, _token: Token, _cause: &Error) {}
+
+    /// The link died with `cause`: work of `tokens` not yet started is failed with it, and
+    /// what the device still holds is flushed (and so completed).
+    fn close(&self, cause: &Error, tokens: &HashSet<Token>);
+}
+
+/// The part of one call that one channel takes, built descriptor by descriptor and posted
+/// once the op is in the op table.
+pub(crate) trait Batch {
+    /// Takes descriptor `index` (`d`, whose local range lies in `local` and whose remote range
+    /// lies in the peer's region with memory-table key `rkey`) when this channel reaches both;
+    /// returns how many parts it will complete, or `None` when it does not reach them.
+    ///
+    /// # Errors
+    /// A descriptor this channel reaches but cannot serve (e.g. outside its mapping).
+    fn add(
+        &mut self,
+        index: usize,
+        d: &OpDesc,
+        local: &Arc<RegionInner>,
+        rkey: u64,
+    ) -> Result<Option<u32>>;
+
+    /// Posts what was added. Every part resolves through `sink`.
+    fn post(self: Box<Self>, sink: &Completions);
+}
+
+/// What a dropped or timed-out transfer tells its link: withdraw the op's work that no
+/// transport has started yet.
+pub(crate) trait Withdraw: Send + Sync {
+    /// Withdraws the unstarted work of `token` (failing it), on every channel of the link.
+    fn withdraw(&self, token: Token);
+}

@@ -1,0 +1,65 @@
+//! The transport policy, in one place: each transport of the engine, in order (fabric, then
+//! verbs: a same-host memcpy beats a loop through the NIC), is asked to open its channel to
+//! the peer; the first that can serves it. A transport that `hixl.Transport` forces and that
+//! cannot serve the peer fails the connect with its reason, never a silent fallback. With
+//! none, the link's TCP data connections carry everything.
+
+use std::sync::Arc;
+
+use hixl_core::{Error, Result};
+
+use super::{Negotiation, PeerChannel, Transport};
+
+/// The chosen channel (if any) and what `Peer::transport` says: the channel's description,
+/// or `tcp (why not the first transport); not <kind>: why not the next; ...`.
+pub(crate) async fn choose(
+    transports: &[Arc<dyn Transport>],
+    cx: &mut Negotiation<'_>,
+) -> Result<(Option<Arc<dyn PeerChannel>>, String)> {
+    let mut declined: Vec<(&'static str, String)> = Vec::new();
+    for t in transports {
+        match t.connect(cx).await? {
+            Ok(o) => return Ok((Some(o.channel), o.describe)),
+            Err(why) if t.forced() => {
+                return Err(Error::Unsupported {
+                    what: format!(
+                        "hixl.Transport={}, but {} cannot use it: {why}",
+                        t.kind(),
+                        cx.peer
+                    ),
+                })
+            }
+            Err(why) => declined.push((t.kind(), why)),
+        }
+    }
+    Ok((None, describe_tcp(&declined)))
+}
+
+fn describe_tcp(declined: &[(&'static str, String)]) -> String {
+    let mut it = declined.iter();
+    let mut s = match it.next() {
+        Some((_, why)) => format!("tcp ({why})"),
+        None => "tcp (this build has no other transport)".to_string(),
+    };
+    for (kind, why) in it {
+        s.push_str(&format!("; not {kind}: {why}"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe_tcp;
+
+    #[test]
+    fn tcp_says_why_each_transport_declined() {
+        assert_eq!(
+            describe_tcp(&[
+                ("fabric", "the peer is on another host".into()),
+                ("verbs", "this engine has no RDMA device".into())
+            ]),
+            "tcp (the peer is on another host); not verbs: this engine has no RDMA device"
+        );
+        assert_eq!(describe_tcp(&[]), "tcp (this build has no other transport)");
+    }
+}

@@ -1,0 +1,114 @@
+//! Verbs as a [`Transport`]: when both engines have an active RDMA device, an RC queue pair is
+//! connected over the control connection during the handshake — `VerbsConnect` with our
+//! endpoint, the peer's device keys (`VerbsKeys`), then `VerbsAccept` with its endpoint.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hixl_core::wire::{Message, HEARTBEAT_FROM_TARGET};
+use hixl_core::{Error, RemoteRegion, Result};
+
+use super::channel::VerbsChannel;
+use super::{Connected, VerbsBackend, VerbsLink};
+use crate::frame_io::{read_frame, write_frame};
+use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
+
+/// The engine's verbs transport: its backend, or why it has none.
+#[derive(Debug)]
+pub(crate) struct VerbsTransport {
+    pub(crate) backend: Option<Arc<VerbsBackend>>,
+    pub(crate) why: String,
+}
+
+impl Transport for VerbsTransport {
+    fn kind(&self) -> &'static str {
+        "verbs"
+    }
+
+    fn forced(&self) -> bool {
+        self.backend.as_ref().is_some_and(|b| b.forced)
+    }
+
+    fn connect<'a>(
+        &'a self,
+        cx: &'a mut Negotiation<'_>,
+    ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>> {
+        Box::pin(self.open(cx))
+    }
+}
+
+fn sort_table(mut v: Vec<RemoteRegion>) -> Vec<RemoteRegion> {
+    v.sort_by_key(|r| r.addr);
+    v
+}
+
+impl VerbsTransport {
+    async fn open(&self, cx: &mut Negotiation<'_>) -> Result<std::result::Result<Opened, String>> {
+        let Some(backend) = &self.backend else {
+            return Ok(Err(format!(
+                "this engine has no RDMA device ({})",
+                self.why
+            )));
+        };
+        let Some(peer_device) = cx.offers.iter().find_map(|m| match m {
+            Message::VerbsInfo { device } => Some(device.clone()),
+            _ => None,
+        }) else {
+            return Ok(Err(
+                "the peer offers no verbs (no usable RDMA device there)".into(),
+            ));
+        };
+        let name = cx.peer;
+        let mut qp = match backend.initiator_qp(name) {
+            Ok(q) => q,
+            Err(e) => return Ok(Err(format!("creating a queue pair: {e}"))),
+        };
+        let connect = Message::VerbsConnect {
+            endpoint: qp.endpoint().to_bytes().to_vec(),
+        };
+        write_frame(cx.control, &connect, name).await?;
+        let mut keys = HashMap::new();
+        let remote = loop {
+            match read_frame(cx.control, cx.buf, name).await? {
+                Message::VerbsKeys(v) => keys.extend(v),
+                Message::MemTable(v) => *cx.table = sort_table(v),
+                // The target's liveness probes start with the session; answer them here too.
+                Message::Heartbeat { seq } => {
+                    if seq & HEARTBEAT_FROM_TARGET != 0 {
+                        write_frame(cx.control, &Message::Heartbeat { seq }, name).await?;
+                    }
+                }
+                Message::VerbsAccept {
+                    status: 0,
+                    endpoint,
+                    ..
+                } => break hixl_verbs::QpEndpoint::from_bytes(&endpoint)?,
+                Message::VerbsAccept { reason, .. } => {
+                    return Ok(Err(format!("the peer refused a queue pair: {reason}")))
+                }
+                m => {
+                    return Err(Error::Protocol {
+                        peer: name.to_string(),
+                        reason: format!("expected verbs accept, got {m:?}"),
+                    })
+                }
+            }
+        };
+        if let Err(e) = qp.connect(&remote) {
+            // The peer's QP is connected to ours; it is dropped with the session.
+            return Ok(Err(format!("connecting the queue pair: {e}")));
+        }
+        let c = Connected {
+            qp,
+            remote,
+            peer_device,
+            keys,
+        };
+        let link = VerbsLink::start(backend, cx.ops, cx.sink, cx.state.clone(), name.clone(), c);
+        let describe = link.describe.clone();
+        Ok(Ok(Opened {
+            channel: Arc::new(VerbsChannel { link }),
+            describe,
+        }))
+    }
+}
