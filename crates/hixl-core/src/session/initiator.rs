@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use super::heartbeat::Liveness;
 use super::notify::{ack_result, check_lengths, Ledger};
-use super::{describe, earliest, Config, Core, Event, Phase};
+use super::{check_frame, clip, describe, earliest, Config, Core, Event, Phase};
 use crate::auth::NONCE_LEN;
 use crate::error::{Error, Result};
 use crate::status::Status;
@@ -391,6 +391,7 @@ impl InitiatorSession {
         self.core.alive()?;
         match (&self.state, &m) {
             (State::Established { .. }, Message::VerbsConnect { .. }) => {
+                check_frame(&m)?;
                 self.verbs_connects += 1;
                 self.core.send(m);
                 Ok(())
@@ -429,7 +430,7 @@ impl InitiatorSession {
         let last =
             matches!(self.state, State::Offers { .. } | State::Established { .. }).then(|| {
                 Message::Disconnect {
-                    reason: reason.to_string(),
+                    reason: clip(reason.to_string()),
                 }
             });
         let e = Error::NotConnected {

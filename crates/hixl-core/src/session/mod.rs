@@ -290,6 +290,37 @@ pub(crate) fn describe(m: &Message) -> String {
     format!("{}...", &s[..cut])
 }
 
+/// Longest reason a session puts in a `Refuse` or `Disconnect` it builds.
+pub(crate) const MAX_REASON: usize = 1024;
+
+/// `s` cut to [`MAX_REASON`] bytes at a character boundary.
+pub(crate) fn clip(mut s: String) -> String {
+    if s.len() > MAX_REASON {
+        let mut cut = MAX_REASON;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// Checks that a message handed in by the driver survives the wire (its fields are within
+/// the decoder's limits), so that a session never sends a frame its peer must reject.
+pub(crate) fn check_frame(m: &Message) -> Result<(), Error> {
+    let mut b = bytes::BytesMut::new();
+    m.encode(&mut b);
+    match Message::decode(&mut b) {
+        Ok(Some(back)) if back == *m && b.is_empty() => Ok(()),
+        Ok(_) => Err(Error::InvalidParam {
+            what: format!("{} does not survive encoding", describe(m)),
+        }),
+        Err(e) => Err(Error::InvalidParam {
+            what: format!("{} cannot be sent: {e}", describe(m)),
+        }),
+    }
+}
+
 /// The earlier of two optional deadlines.
 pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {

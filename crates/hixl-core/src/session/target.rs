@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use super::heartbeat::Liveness;
 use super::notify::Budget;
-use super::{describe, earliest, Config, Core, Event, Phase};
+use super::{check_frame, clip, describe, earliest, Config, Core, Event, Phase};
 use crate::auth::NONCE_LEN;
 use crate::error::{Error, Result};
 use crate::status::Status;
@@ -183,6 +183,7 @@ impl TargetSession {
     }
 
     fn refuse_auth(&mut self, reason: String) {
+        let reason = clip(reason);
         let refuse = Message::Refuse {
             status: Status::Failed.code(),
             reason: reason.clone(),
@@ -376,6 +377,7 @@ impl TargetSession {
                 .core
                 .misuse(format!("{} is not a transport offer", describe(&m))));
         }
+        check_frame(&m)?;
         self.core.send(m);
         Ok(())
     }
@@ -400,19 +402,24 @@ impl TargetSession {
     /// `VerbsAccept` answering a `VerbsConnect`.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] for another message, before the `Welcome`, or a `VerbsAccept`
-    /// nobody asked for; the session's cause once closed.
+    /// [`Error::InvalidParam`] for another message, before the `Welcome`, a `VerbsAccept`
+    /// nobody asked for, or a message the wire cannot carry (a field over the decoder's
+    /// limit); the session's cause once closed.
     pub fn send_transport(&mut self, m: Message) -> Result<()> {
         self.check_open("a transport message")?;
         match m {
             Message::VerbsKeys(_) => {}
-            Message::VerbsAccept { .. } if self.verbs_connects > 0 => self.verbs_connects -= 1,
+            Message::VerbsAccept { .. } if self.verbs_connects > 0 => {}
             m => {
                 return Err(self.core.misuse(format!(
                     "{} is not a transport message to send now",
                     describe(&m)
                 )))
             }
+        }
+        check_frame(&m)?;
+        if matches!(m, Message::VerbsAccept { .. }) {
+            self.verbs_connects -= 1;
         }
         self.core.send(m);
         Ok(())
@@ -459,7 +466,7 @@ impl TargetSession {
         }
         let last = matches!(self.state, State::Welcomed | State::Established).then(|| {
             Message::Disconnect {
-                reason: reason.to_string(),
+                reason: clip(reason.to_string()),
             }
         });
         let e = Error::NotConnected {

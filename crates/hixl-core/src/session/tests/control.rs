@@ -302,3 +302,38 @@ fn reordered_frames_during_traffic() {
     seqs.sort_unstable();
     assert_eq!(seqs, (1..=30).collect::<Vec<_>>());
 }
+
+#[test]
+fn messages_the_wire_cannot_carry_are_refused() {
+    let mut p = Pair::new().connect();
+    let long = Message::VerbsConnect {
+        endpoint: vec![0; crate::wire::MAX_ENDPOINT + 1],
+    };
+    assert!(matches!(
+        p.ini.send_transport(long),
+        Err(Error::InvalidParam { .. })
+    ));
+    // A refused accept does not use up the pending connect.
+    p.ini
+        .send_transport(Message::VerbsConnect { endpoint: vec![1] })
+        .expect("connect");
+    p.run_for(Duration::from_millis(10));
+    let bad = Message::VerbsAccept {
+        status: 0,
+        endpoint: vec![0; 65],
+        reason: String::new(),
+    };
+    assert!(p.tgt.send_transport(bad).is_err());
+    let good = Message::VerbsAccept {
+        status: 0,
+        endpoint: vec![2],
+        reason: String::new(),
+    };
+    p.tgt.send_transport(good).expect("still answerable");
+    // A very long reason is cut to something the peer decodes.
+    p.ini.disconnect(&"é".repeat(40_000));
+    let Some(Message::Disconnect { reason }) = drain_i(&mut p.ini).pop() else {
+        panic!("no disconnect")
+    };
+    assert!(reason.len() <= 1024 && reason.starts_with('é'));
+}
