@@ -33,7 +33,7 @@ use super::{check_frame, clip, describe, earliest, Config, Core, Event, Phase};
 use crate::auth::NONCE_LEN;
 use crate::error::{Error, Result};
 use crate::status::Status;
-use crate::types::RemoteRegion;
+use crate::types::{RemoteRegion, NOTIFY_MAX_PENDING};
 use crate::wire::{Channel, Message, REFUSE_SELF};
 
 #[derive(Debug)]
@@ -297,7 +297,7 @@ impl InitiatorSession {
             Message::NotifyAck { seq, status } => {
                 // An ack for a seq we do not hold (never sent, acked, cancelled) is ignored.
                 if self.ledger.resolve(seq) {
-                    let result = ack_result(&self.core.peer, status, self.config.notify_budget);
+                    let result = ack_result(&self.core.peer, status, NOTIFY_MAX_PENDING);
                     self.core.event(Event::NotifyAcked { seq, result });
                 }
             }

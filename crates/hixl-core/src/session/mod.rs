@@ -58,6 +58,44 @@
 //! notify as [`Event::NotifyReceived`] unless this link already has `notify_budget` undrained
 //! (the driver reports drains with [`TargetSession::notifies_drained`]); then it acks with
 //! `RESOURCE_EXHAUSTED`. Budgets are per session (per link), not per engine name.
+//!
+//! # Example
+//!
+//! A driver loop in miniature: both sessions in one process, frames handed over directly.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use hixl_core::session::{Config, Event, InitiatorSession, Phase, TargetSession};
+//!
+//! let t0 = Instant::now(); // the driver's clock; the sessions never read one
+//! let mut ini = InitiatorSession::new(Config::new("10.0.0.1", 1), "10.0.0.2:5000", t0, [1; 32]);
+//! let mut tgt = TargetSession::new(Config::new("10.0.0.2:5000", 2), t0, "10.0.0.1:40000", 77, [2; 32]);
+//! for _ in 0..4 {
+//!     while let Some(m) = ini.poll_transmit() {
+//!         tgt.handle_frame(t0, m).unwrap();
+//!     }
+//!     while let Some(e) = tgt.poll_event() {
+//!         if let Event::Welcomed { .. } = e {
+//!             tgt.send_table(t0, Vec::new()).unwrap(); // offers would go first
+//!         }
+//!     }
+//!     while let Some(m) = tgt.poll_transmit() {
+//!         ini.handle_frame(t0, m).unwrap();
+//!     }
+//! }
+//! assert_eq!(ini.phase(), Phase::Established);
+//! assert_eq!(ini.session_id(), Some(77));
+//! let seq = ini.notify(t0, b"name", b"msg").unwrap();
+//! assert_eq!(seq, 1);
+//! // Nothing heard for 5 s (1 s probes, 5 misses): the initiator gives up exactly then.
+//! let death = ini.poll_timeout().unwrap() + Duration::from_secs(4);
+//! let mut now = t0;
+//! while !ini.is_closed() {
+//!     now = ini.poll_timeout().unwrap();
+//!     ini.handle_timeout(now);
+//! }
+//! assert_eq!(now, death);
+//! ```
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

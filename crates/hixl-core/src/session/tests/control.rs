@@ -337,3 +337,19 @@ fn messages_the_wire_cannot_carry_are_refused() {
     };
     assert!(reason.len() <= 1024 && reason.starts_with('é'));
 }
+
+#[test]
+fn config_from_options() {
+    let o = crate::Options::from_pairs([
+        ("hixl.HeartbeatIntervalMs", "250"),
+        ("hixl.HeartbeatMissLimit", "3"),
+        ("hixl.AuthSecret", "correct horse battery"),
+    ])
+    .expect("options");
+    let c = Config::from_options(&o, "10.0.0.1", 9);
+    assert_eq!(c.heartbeat_interval, Duration::from_millis(250));
+    assert_eq!(c.heartbeat_miss_limit, 3);
+    assert_eq!(c.secret, Some(Secret::new("correct horse battery")));
+    assert_eq!((c.engine.as_str(), c.incarnation), ("10.0.0.1", 9));
+    assert_eq!(c.notify_budget, crate::NOTIFY_MAX_PENDING);
+}
