@@ -9,6 +9,7 @@ pub mod error;
 pub mod op_table;
 pub mod options;
 pub mod region;
+pub mod session;
 pub mod status;
 pub mod types;
 pub mod wire;

@@ -1,0 +1,369 @@
+//! Sans-io state machines of a link's control connection: [`InitiatorSession`] (the
+//! connecting side) and [`TargetSession`] (the accepting side).
+//!
+//! Neither reads a clock, touches a socket or draws randomness. The driver feeds them decoded
+//! frames ([`InitiatorSession::handle_frame`]), the passing of time
+//! ([`InitiatorSession::handle_timeout`] at the instant [`InitiatorSession::poll_timeout`]
+//! named) and local commands (notify, table updates, revocations, disconnect), and drains what
+//! they produce: frames to write, in order ([`InitiatorSession::poll_transmit`]) and events for
+//! the application ([`InitiatorSession::poll_event`]). Time is an [`Instant`] passed in; nonces
+//! and ids are values the caller drew. The same inputs always give the same outputs.
+//!
+//! # The control protocol
+//!
+//! ```text
+//! initiator                                   target
+//!   Hello{engine, Control, incarnation} ───▶      (refused with REFUSE_SELF if the
+//!                                                  incarnation is the target's own)
+//!                               [with a secret on the target]
+//!          ◀─── AuthChallenge{nonce_t}
+//!   AuthResponse{nonce_i, mac_i} ───▶             (checked; Refuse on failure)
+//!          ◀─── AuthProof{mac_t}                  (checked by the initiator)
+//!          ◀─── Welcome{engine, session}  or  Refuse{status, reason}
+//!          ◀─── FabricInfo / VerbsInfo ...        (transport offers, opaque here)
+//!          ◀─── MemTable                          (the link is established)
+//!   Notify{seq} ───▶  ◀─── NotifyAck{seq, status}
+//!   Heartbeat{seq} ───▶ ◀─── Heartbeat{seq}       (the initiator's probes, answered)
+//!          ◀─── Heartbeat{seq | FROM_TARGET} ───▶ (the target's probes, answered)
+//!          ◀─── MemTable / VerbsKeys              (updates, any time)
+//!          ◀─── Revoke{rkey}   RevokeAck{rkey} ───▶
+//!   VerbsConnect ───▶  ◀─── VerbsKeys, VerbsAccept
+//!   Disconnect ───▶  or  ◀─── Disconnect          (orderly close, either way)
+//! ```
+//!
+//! Both sides move through the same [`Phase`]s: `Handshake` (hello and authentication),
+//! `Offers` (after `Welcome`, before the first memory table: the only window for transport
+//! offers), `Established` (probes run, notifies flow) and `Closed` (terminal). Any frame out of
+//! its phase is a protocol violation: the session closes with a typed [`Error`], and sends a
+//! last `Refuse` or answer only where the asynchronous engine does (the target refuses failed
+//! authentications; an initiator without a secret tells a challenging target why, with an
+//! empty `AuthResponse`). Once closed, a session transmits nothing more after that last frame,
+//! reports the cause from [`InitiatorSession::error`], and every command fails with it.
+//!
+//! # Liveness
+//!
+//! Once established, each end probes every `heartbeat_interval` (the first probe at once) and
+//! answers the other end's probes, never an answer (the target's probes carry
+//! [`HEARTBEAT_FROM_TARGET`](crate::wire::HEARTBEAT_FROM_TARGET)). Any frame received counts
+//! as hearing the peer. A session that has heard nothing for exactly
+//! `heartbeat_interval × heartbeat_miss_limit` dies at that instant with
+//! [`Error::PeerLost`] ("no heartbeat answer for N ms ...").
+//!
+//! # Notifies
+//!
+//! The initiator numbers notifies 1, 2, 3, ... and keeps each pending until its `NotifyAck`
+//! ([`Event::NotifyAcked`]); an ack for a sequence number it does not hold (never sent, already
+//! acked, or cancelled after a timeout) is ignored, as the asynchronous engine does. When the
+//! session closes, every pending notify is resolved with the cause. The target queues each
+//! notify as [`Event::NotifyReceived`] unless this link already has `notify_budget` undrained
+//! (the driver reports drains with [`TargetSession::notifies_drained`]); then it acks with
+//! `RESOURCE_EXHAUSTED`. Budgets are per session (per link), not per engine name.
+//!
+//! # Example
+//!
+//! A driver loop in miniature: both sessions in one process, frames handed over directly.
+//!
+//! ```
+//! use std::time::{Duration, Instant};
+//! use hixl_core::session::{Config, Event, InitiatorSession, Phase, TargetSession};
+//!
+//! let t0 = Instant::now(); // the driver's clock; the sessions never read one
+//! let mut ini = InitiatorSession::new(Config::new("10.0.0.1", 1), "10.0.0.2:5000", t0, [1; 32]);
+//! let mut tgt = TargetSession::new(Config::new("10.0.0.2:5000", 2), t0, "10.0.0.1:40000", 77, [2; 32]);
+//! for _ in 0..4 {
+//!     while let Some(m) = ini.poll_transmit() {
+//!         tgt.handle_frame(t0, m).unwrap();
+//!     }
+//!     while let Some(e) = tgt.poll_event() {
+//!         if let Event::Welcomed { .. } = e {
+//!             tgt.send_table(t0, Vec::new()).unwrap(); // offers would go first
+//!         }
+//!     }
+//!     while let Some(m) = tgt.poll_transmit() {
+//!         ini.handle_frame(t0, m).unwrap();
+//!     }
+//! }
+//! assert_eq!(ini.phase(), Phase::Established);
+//! assert_eq!(ini.session_id(), Some(77));
+//! let seq = ini.notify(t0, b"name", b"msg").unwrap();
+//! assert_eq!(seq, 1);
+//! // Nothing heard for 5 s (1 s probes, 5 misses): the initiator gives up exactly then.
+//! let death = ini.poll_timeout().unwrap() + Duration::from_secs(4);
+//! let mut now = t0;
+//! while !ini.is_closed() {
+//!     now = ini.poll_timeout().unwrap();
+//!     ini.handle_timeout(now);
+//! }
+//! assert_eq!(now, death);
+//! ```
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::auth::Secret;
+use crate::error::Error;
+use crate::types::{Notify, RemoteRegion, NOTIFY_MAX_PENDING};
+use crate::wire::Message;
+
+mod heartbeat;
+mod initiator;
+mod notify;
+mod target;
+
+#[cfg(test)]
+mod tests;
+
+pub use initiator::InitiatorSession;
+pub use target::TargetSession;
+
+/// How long a target waits for a hello and for the answer to its challenge by default.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Settings of one session; the same type serves both sides.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// This engine's name (`ip` or `ip:port`), sent in `Hello` and `Welcome`.
+    pub engine: String,
+    /// This engine's incarnation id (random per engine start). An initiator sends it in its
+    /// control `Hello`; a target refuses a hello that carries its own (a connect to self).
+    pub incarnation: u64,
+    /// The shared secret (`hixl.AuthSecret`), if any.
+    pub secret: Option<Secret>,
+    /// Interval between liveness probes (`hixl.HeartbeatIntervalMs`); at least 1 ms is used.
+    pub heartbeat_interval: Duration,
+    /// Probes that may go unanswered (`hixl.HeartbeatMissLimit`); at least 1 is used.
+    pub heartbeat_miss_limit: u32,
+    /// Target: undrained notifies this link may queue. Initiator: notifies it may have
+    /// waiting for an ack.
+    pub notify_budget: usize,
+    /// Initiator: the whole handshake, hello to memory table (the connect timeout). Target:
+    /// the wait for the hello, and again for the answer to the challenge. `None`: no limit.
+    pub handshake_timeout: Option<Duration>,
+}
+
+impl Config {
+    /// A configuration with hixl's defaults: no secret, probes every second, five misses,
+    /// [`NOTIFY_MAX_PENDING`] notifies, [`DEFAULT_HANDSHAKE_TIMEOUT`].
+    pub fn new(engine: impl Into<String>, incarnation: u64) -> Config {
+        Config {
+            engine: engine.into(),
+            incarnation,
+            secret: None,
+            heartbeat_interval: Duration::from_millis(1000),
+            heartbeat_miss_limit: 5,
+            notify_budget: NOTIFY_MAX_PENDING,
+            handshake_timeout: Some(DEFAULT_HANDSHAKE_TIMEOUT),
+        }
+    }
+
+    /// The configuration an engine with these options uses (secret and heartbeat settings).
+    pub fn from_options(
+        options: &crate::Options,
+        engine: impl Into<String>,
+        incarnation: u64,
+    ) -> Config {
+        Config {
+            secret: options.auth_secret.clone(),
+            heartbeat_interval: Duration::from_millis(options.heartbeat_interval_ms),
+            heartbeat_miss_limit: options.heartbeat_miss_limit,
+            ..Config::new(engine, incarnation)
+        }
+    }
+}
+
+/// Where a session is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Hello and authentication, until `Welcome`.
+    Handshake,
+    /// After `Welcome`, before the first memory table: transport offers may pass.
+    Offers,
+    /// The memory table was delivered: probes run, notifies and updates flow.
+    Established,
+    /// Terminal; [`InitiatorSession::error`] / [`TargetSession::error`] tell why.
+    Closed,
+}
+
+/// What a session reports to its driver.
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// The peer proved that it knows the shared secret.
+    Authenticated,
+    /// Initiator: the target welcomed us. Target: we welcomed the initiator; the driver now
+    /// sends its transport offers and the memory table.
+    Welcomed {
+        /// The session id (data connections present it in their hello).
+        session: u64,
+        /// The peer's engine name.
+        engine: String,
+    },
+    /// Initiator: a transport offer of the target (`FabricInfo`, `VerbsInfo`), uninterpreted.
+    TransportOffer(Message),
+    /// Initiator: the first memory table (sorted by address): the link is established.
+    Table(Vec<RemoteRegion>),
+    /// Initiator: a later memory table (sorted by address) replacing the previous one.
+    TableUpdated(Vec<RemoteRegion>),
+    /// Target: a notify from the initiator, queued against this link's budget.
+    NotifyReceived(Notify),
+    /// Initiator: a pending notify is resolved: acked (`Ok`), refused by the target, or
+    /// failed with the cause of the session's death.
+    NotifyAcked {
+        /// Its sequence number.
+        seq: u64,
+        /// `Ok`, [`Error::NotifyQueueFull`], [`Error::Remote`] or the session's cause.
+        result: Result<(), Error>,
+    },
+    /// Initiator: the target revokes the region with this rkey; answer with
+    /// [`InitiatorSession::revoke_ack`] once nothing touches it any more.
+    Revoked {
+        /// The region's rkey.
+        rkey: u64,
+    },
+    /// Target: the initiator no longer touches a region we revoked.
+    RevokeAcked {
+        /// The region's rkey.
+        rkey: u64,
+    },
+    /// A transport message passed through (`VerbsKeys`, `VerbsAccept` to the initiator,
+    /// `VerbsConnect` to the target), uninterpreted.
+    TransportMessage(Message),
+    /// The session ended; nothing follows.
+    Closed(Error),
+}
+
+/// Output queues and the terminal error, shared by both sides.
+#[derive(Debug)]
+pub(crate) struct Core {
+    /// The peer's name in errors.
+    pub(crate) peer: String,
+    transmit: VecDeque<Message>,
+    events: VecDeque<Event>,
+    error: Option<Error>,
+}
+
+impl Core {
+    pub(crate) fn new(peer: String) -> Core {
+        Core {
+            peer,
+            transmit: VecDeque::new(),
+            events: VecDeque::new(),
+            error: None,
+        }
+    }
+
+    /// Queues a frame (dropped once closed).
+    pub(crate) fn send(&mut self, m: Message) {
+        if self.error.is_none() {
+            self.transmit.push_back(m);
+        }
+    }
+
+    /// Queues an event (dropped once closed).
+    pub(crate) fn event(&mut self, e: Event) {
+        if self.error.is_none() {
+            self.events.push_back(e);
+        }
+    }
+
+    /// Ends the session: `last` is the final frame, `Closed(cause)` the final event. A second
+    /// close is a no-op.
+    pub(crate) fn close(&mut self, cause: Error, last: Option<Message>) {
+        if self.error.is_some() {
+            return;
+        }
+        if let Some(m) = last {
+            self.transmit.push_back(m);
+        }
+        self.events.push_back(Event::Closed(cause.clone()));
+        self.error = Some(cause);
+    }
+
+    pub(crate) fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.error.is_some()
+    }
+
+    /// `Err(cause)` once closed.
+    pub(crate) fn alive(&self) -> Result<(), Error> {
+        match &self.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn poll_transmit(&mut self) -> Option<Message> {
+        self.transmit.pop_front()
+    }
+
+    pub(crate) fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    pub(crate) fn protocol(&self, reason: String) -> Error {
+        Error::Protocol {
+            peer: self.peer.clone(),
+            reason,
+        }
+    }
+
+    /// The error of a command that is not valid in this phase.
+    pub(crate) fn misuse(&self, what: String) -> Error {
+        Error::InvalidParam { what }
+    }
+}
+
+/// A short name of a frame for error messages (never its payload bytes in full).
+pub(crate) fn describe(m: &Message) -> String {
+    let s = format!("{m:?}");
+    if s.len() <= 160 {
+        return s;
+    }
+    let mut cut = 160;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
+}
+
+/// Longest reason a session puts in a `Refuse` or `Disconnect` it builds.
+pub(crate) const MAX_REASON: usize = 1024;
+
+/// `s` cut to [`MAX_REASON`] bytes at a character boundary.
+pub(crate) fn clip(mut s: String) -> String {
+    if s.len() > MAX_REASON {
+        let mut cut = MAX_REASON;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// Checks that a message handed in by the driver survives the wire (its fields are within
+/// the decoder's limits), so that a session never sends a frame its peer must reject.
+pub(crate) fn check_frame(m: &Message) -> Result<(), Error> {
+    let mut b = bytes::BytesMut::new();
+    m.encode(&mut b);
+    match Message::decode(&mut b) {
+        Ok(Some(back)) if back == *m && b.is_empty() => Ok(()),
+        Ok(_) => Err(Error::InvalidParam {
+            what: format!("{} does not survive encoding", describe(m)),
+        }),
+        Err(e) => Err(Error::InvalidParam {
+            what: format!("{} cannot be sent: {e}", describe(m)),
+        }),
+    }
+}
+
+/// The earlier of two optional deadlines.
+pub(crate) fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}

@@ -1,0 +1,355 @@
+//! Table updates, revocation, transport pass-through, disconnects and protocol violations.
+
+use std::time::Duration;
+
+use super::*;
+use crate::wire::{Channel, DataReq};
+
+#[test]
+fn table_update_during_traffic() {
+    let mut p = Pair::new().connect();
+    for round in 0..20u64 {
+        let now = p.now;
+        for _ in 0..5 {
+            p.ini.notify(now, b"n", b"m").expect("notify");
+        }
+        if round % 4 == 3 {
+            let t = vec![region(0x9000 + round, round), region(0x100, 100 + round)];
+            p.tgt.send_table(now, t).expect("update");
+        }
+        p.run_for(Duration::from_millis(300));
+    }
+    let updates: Vec<_> = p
+        .ini_events
+        .iter()
+        .filter_map(|e| match &e.1 {
+            Event::TableUpdated(t) => Some(t.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(updates.len(), 5);
+    assert_eq!(updates[4][0].addr, 0x100, "sorted");
+    assert_eq!(p.ini.table(), &updates[4][..]);
+    let acked = p
+        .ini_events
+        .iter()
+        .filter(|e| matches!(&e.1, Event::NotifyAcked { result: Ok(()), .. }))
+        .count();
+    assert_eq!(acked, 100);
+    assert!(!p.ini.is_closed() && !p.tgt.is_closed());
+}
+
+#[test]
+fn revocation_round_trip() {
+    let mut p = Pair::new().connect();
+    let now = p.now;
+    p.tgt.revoke(2).expect("revoke");
+    assert!(
+        matches!(p.tgt.revoke(2), Err(Error::InvalidParam { .. })),
+        "already revoking"
+    );
+    p.run_for(Duration::from_millis(10));
+    assert!(p
+        .ini_events
+        .iter()
+        .any(|e| matches!(e.1, Event::Revoked { rkey: 2 })));
+    assert!(!p
+        .tgt_events
+        .iter()
+        .any(|e| matches!(e.1, Event::RevokeAcked { .. })));
+    assert!(matches!(
+        p.ini.revoke_ack(3),
+        Err(Error::InvalidParam { .. })
+    ));
+    p.ini.revoke_ack(2).expect("ack");
+    assert!(p.ini.revoke_ack(2).is_err(), "once");
+    p.run_for(Duration::from_millis(10));
+    assert!(p
+        .tgt_events
+        .iter()
+        .any(|e| matches!(e.1, Event::RevokeAcked { rkey: 2 })));
+    // A region the initiator never had in its table is acked at once, without an event.
+    p.tgt.revoke(77).expect("revoke");
+    p.run_for(Duration::from_millis(10));
+    assert!(!p
+        .ini_events
+        .iter()
+        .any(|e| matches!(e.1, Event::Revoked { rkey: 77 })));
+    assert!(p
+        .tgt_events
+        .iter()
+        .any(|e| matches!(e.1, Event::RevokeAcked { rkey: 77 })));
+    // An ack nobody asked for is a violation.
+    let _ = p.tgt.handle_frame(now, Message::RevokeAck { rkey: 5 });
+    assert!(matches!(p.tgt.error(), Some(Error::Protocol { .. })));
+}
+
+#[test]
+fn verbs_negotiation_passes_through() {
+    let mut p = Pair::new().connect();
+    let connect = Message::VerbsConnect {
+        endpoint: vec![1, 2, 3],
+    };
+    // The target cannot answer what was not asked.
+    let accept = Message::VerbsAccept {
+        status: 0,
+        endpoint: vec![9],
+        reason: String::new(),
+    };
+    assert!(p.tgt.send_transport(accept.clone()).is_err());
+    assert!(p.ini.send_transport(Message::VerbsKeys(vec![])).is_err());
+    p.ini.send_transport(connect.clone()).expect("connect");
+    p.run_for(Duration::from_millis(10));
+    assert!(p
+        .tgt_events
+        .iter()
+        .any(|e| matches!(&e.1, Event::TransportMessage(m) if *m == connect)));
+    let keys = Message::VerbsKeys(vec![(1, 11), (2, 22)]);
+    p.tgt.send_transport(keys.clone()).expect("keys");
+    p.tgt.send_transport(accept.clone()).expect("accept");
+    p.run_for(Duration::from_millis(10));
+    let passed: Vec<_> = p
+        .ini_events
+        .iter()
+        .filter_map(|e| match &e.1 {
+            Event::TransportMessage(m) => Some(m.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(passed, vec![keys, accept.clone()]);
+    // A second, unsolicited accept is a violation at the initiator.
+    let now = p.now;
+    let _ = p.ini.handle_frame(now, accept);
+    assert!(matches!(p.ini.error(), Some(Error::Protocol { .. })));
+}
+
+#[test]
+fn initiator_disconnects() {
+    let mut p = Pair::new().connect();
+    let now = p.now;
+    p.ini.notify(now, b"", b"").expect("notify");
+    p.ini.disconnect("bye");
+    p.run_for(Duration::from_millis(10));
+    let (_, ie) = p.ini_closed().expect("closed");
+    assert!(matches!(ie, Error::NotConnected { .. }));
+    assert!(matches!(
+        p.frames(Dir::ToTarget).last(),
+        Some(Message::Disconnect { reason }) if reason == "bye"
+    ));
+    let (_, te) = p.tgt_closed().expect("target closed");
+    assert!(matches!(te, Error::PeerLost { cause, .. } if cause == "peer disconnected: bye"));
+    // The notify queued before the disconnect went out and its waiter was resolved.
+    assert!(p.ini_events.iter().any(|e| matches!(
+        &e.1,
+        Event::NotifyAcked {
+            seq: 1,
+            result: Err(Error::NotConnected { .. })
+        }
+    )));
+}
+
+#[test]
+fn target_disconnects() {
+    let mut p = Pair::new().connect();
+    p.tgt.disconnect("engine finalized");
+    p.run_for(Duration::from_millis(10));
+    assert!(matches!(
+        p.tgt_closed(),
+        Some((_, Error::NotConnected { .. }))
+    ));
+    let (_, ie) = p.ini_closed().expect("closed");
+    assert!(
+        matches!(ie, Error::PeerLost { cause, .. } if cause == "peer disconnected: engine finalized")
+    );
+    assert_eq!(
+        p.frames(Dir::ToInitiator)
+            .iter()
+            .filter(|m| matches!(m, Message::Disconnect { .. }))
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn memtable_before_welcome_is_a_violation() {
+    let now = Instant::now();
+    let mut i = InitiatorSession::new(config("i", 1), "t", now, NONCE_I);
+    assert!(i
+        .handle_frame(now, Message::MemTable(vec![region(1, 1)]))
+        .is_err());
+    assert!(
+        matches!(i.error(), Some(Error::Protocol { reason, .. }) if reason.contains("expected welcome"))
+    );
+    assert!(i.table().is_empty());
+    assert_eq!(drain_i(&mut i).len(), 1, "the hello only");
+    let ev = events_i(&mut i);
+    assert!(matches!(&ev[..], [Event::Closed(Error::Protocol { .. })]));
+}
+
+#[test]
+fn data_messages_on_control_are_violations() {
+    let req = DataReq {
+        id: 1,
+        rkey: 1,
+        addr: 0x1000,
+        len: 8,
+    };
+    let mut p = Pair::new().connect();
+    let now = p.now;
+    assert!(p.tgt.handle_frame(now, Message::WriteReq(req)).is_err());
+    assert!(
+        matches!(p.tgt.error(), Some(Error::Protocol { reason, .. }) if reason.contains("on the control connection"))
+    );
+    let mut p = Pair::new().connect();
+    assert!(p
+        .ini
+        .handle_frame(now, Message::Ack { id: 1, status: 0 })
+        .is_err());
+    assert!(matches!(p.ini.error(), Some(Error::Protocol { .. })));
+    // Between welcome and table the initiator has nothing to say.
+    let mut t = TargetSession::new(config("t", 2), now, "a", 7, NONCE_T);
+    let hello = Message::Hello {
+        engine: "i".into(),
+        channel: Channel::Control,
+        session: 1,
+    };
+    t.handle_frame(now, hello).expect("hello");
+    assert!(t.handle_frame(now, Message::Heartbeat { seq: 1 }).is_err());
+}
+
+#[test]
+fn data_hello_or_garbage_first_frame_on_a_control_session() {
+    let now = Instant::now();
+    for first in [
+        Message::Hello {
+            engine: "i".into(),
+            channel: Channel::Data,
+            session: SESSION,
+        },
+        Message::Notify {
+            seq: 1,
+            name: vec![],
+            msg: vec![],
+        },
+    ] {
+        let mut t = TargetSession::new(config("t", 2), now, "a", 7, NONCE_T);
+        assert!(t.handle_frame(now, first).is_err());
+        assert!(matches!(t.error(), Some(Error::Protocol { .. })));
+        assert!(drain_t(&mut t).is_empty(), "nothing is sent");
+    }
+}
+
+#[test]
+fn after_close_everything_fails_with_the_cause() {
+    let mut p = Pair::new().connect();
+    p.tgt.disconnect("bye");
+    p.run_for(Duration::from_millis(10));
+    let now = p.now;
+    let cause = p.ini.error().expect("closed").to_string();
+    assert_eq!(
+        p.ini.notify(now, b"", b"").map_err(|e| e.to_string()),
+        Err(cause.clone())
+    );
+    assert!(p
+        .ini
+        .handle_frame(now, Message::Heartbeat { seq: 1 })
+        .is_err());
+    assert!(p
+        .ini
+        .send_transport(Message::VerbsConnect { endpoint: vec![] })
+        .is_err());
+    p.ini.disconnect("again");
+    p.ini.handle_timeout(now + Duration::from_secs(100));
+    assert!(drain_i(&mut p.ini).is_empty());
+    assert!(events_i(&mut p.ini).is_empty(), "one Closed only");
+    assert_eq!(p.ini.poll_timeout(), None);
+    assert!(p.tgt.send_table(now, vec![]).is_err());
+    assert!(p.tgt.revoke(1).is_err());
+    assert_eq!(p.tgt.phase(), Phase::Closed);
+}
+
+#[test]
+fn reordered_frames_during_traffic() {
+    // Every third frame to the target is held back 50 ms: notifies then arrive out of
+    // order, and acks for them still resolve the right seqs.
+    let mut p = Pair::new().connect();
+    let mut n = 0u32;
+    p.filter = Box::new(move |d, _| {
+        n += 1;
+        if d == Dir::ToTarget && n % 3 == 0 {
+            Fate::Delay(Duration::from_millis(50))
+        } else {
+            Fate::Deliver
+        }
+    });
+    let now = p.now;
+    for _ in 0..30 {
+        p.ini.notify(now, b"", b"").expect("notify");
+    }
+    p.run_for(Duration::from_secs(1));
+    let mut seqs: Vec<u64> = p
+        .ini_events
+        .iter()
+        .filter_map(|e| match &e.1 {
+            Event::NotifyAcked {
+                seq,
+                result: Ok(()),
+            } => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    assert_ne!(seqs, (1..=30).collect::<Vec<_>>(), "reordered");
+    seqs.sort_unstable();
+    assert_eq!(seqs, (1..=30).collect::<Vec<_>>());
+}
+
+#[test]
+fn messages_the_wire_cannot_carry_are_refused() {
+    let mut p = Pair::new().connect();
+    let long = Message::VerbsConnect {
+        endpoint: vec![0; crate::wire::MAX_ENDPOINT + 1],
+    };
+    assert!(matches!(
+        p.ini.send_transport(long),
+        Err(Error::InvalidParam { .. })
+    ));
+    // A refused accept does not use up the pending connect.
+    p.ini
+        .send_transport(Message::VerbsConnect { endpoint: vec![1] })
+        .expect("connect");
+    p.run_for(Duration::from_millis(10));
+    let bad = Message::VerbsAccept {
+        status: 0,
+        endpoint: vec![0; 65],
+        reason: String::new(),
+    };
+    assert!(p.tgt.send_transport(bad).is_err());
+    let good = Message::VerbsAccept {
+        status: 0,
+        endpoint: vec![2],
+        reason: String::new(),
+    };
+    p.tgt.send_transport(good).expect("still answerable");
+    // A very long reason is cut to something the peer decodes.
+    p.ini.disconnect(&"é".repeat(40_000));
+    let Some(Message::Disconnect { reason }) = drain_i(&mut p.ini).pop() else {
+        panic!("no disconnect")
+    };
+    assert!(reason.len() <= 1024 && reason.starts_with('é'));
+}
+
+#[test]
+fn config_from_options() {
+    let o = crate::Options::from_pairs([
+        ("hixl.HeartbeatIntervalMs", "250"),
+        ("hixl.HeartbeatMissLimit", "3"),
+        ("hixl.AuthSecret", "correct horse battery"),
+    ])
+    .expect("options");
+    let c = Config::from_options(&o, "10.0.0.1", 9);
+    assert_eq!(c.heartbeat_interval, Duration::from_millis(250));
+    assert_eq!(c.heartbeat_miss_limit, 3);
+    assert_eq!(c.secret, Some(Secret::new("correct horse battery")));
+    assert_eq!((c.engine.as_str(), c.incarnation), ("10.0.0.1", 9));
+    assert_eq!(c.notify_budget, crate::NOTIFY_MAX_PENDING);
+}
