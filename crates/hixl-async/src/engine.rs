@@ -27,7 +27,7 @@ use crate::transfer::Transfer;
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) name: String,
-    pub(crate) regions: Mutex<RegionTable<Arc<RegionInner>>>,
+    pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,
     pub(crate) ops: Arc<Mutex<OpTable<Waker>>>,
     /// Where transports hand in finished parts.
     pub(crate) sink: Completions,
@@ -323,7 +323,7 @@ impl EngineBuilder {
         let shared = Arc::new(Shared {
             transports,
             name,
-            regions: Mutex::new(RegionTable::new()),
+            regions: Arc::new(Mutex::new(RegionTable::new())),
             ops,
             sink: Completions::new(cq, reactor.clone()),
             notifies: Arc::new(NotifyQueue::default()),
@@ -344,15 +344,7 @@ impl EngineBuilder {
             Some(l) => {
                 let srv = Server::new(shared.clone(), instance);
                 tokio::spawn(srv.clone().accept_loop(l, rx.clone()));
-                #[cfg(feature = "fabric")]
-                if let Some(f) = &shared.fabric {
-                    let fl = f.listen()?;
-                    tokio::spawn(crate::fabric::server::accept_loop(
-                        srv.clone(),
-                        fl,
-                        rx.clone(),
-                    ));
-                }
+                srv.listen_transports(&rx)?;
                 Some(srv)
             }
             None => None,
@@ -550,9 +542,7 @@ impl Engine {
         };
         if access.is_remote() {
             if let Some(s) = &self.inner.server {
-                s.broadcast_table();
-                #[cfg(feature = "fabric")]
-                crate::fabric::server::broadcast_tables(s);
+                s.broadcast_table(true);
             }
         }
         Ok(Region { inner: region })
@@ -670,10 +660,8 @@ impl Engine {
         let Some(e) = e else { return Ok(None) };
         if e.access.is_remote() {
             if let Some(s) = &self.inner.server {
-                s.broadcast_table();
-                // Same-host peers touch the memory directly: wait until each has stopped.
-                #[cfg(feature = "fabric")]
-                crate::fabric::server::revoke(s, e.rkey).await;
+                s.broadcast_table(false);
+                s.revoke(e.rkey).await;
             }
         }
         Ok(e.data.revoke_and_drain().await)

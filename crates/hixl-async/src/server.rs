@@ -1,70 +1,54 @@
 //! The target's side: accepting connections, sessions for connected initiators, their control
 //! channel (notifies, memory-table updates) and their data connections.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use hixl_core::wire::{Channel, Message};
-use hixl_core::{Error, Status};
+use hixl_core::{Error, Result, Status};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::engine::Shared;
 use crate::frame_io::{read_frame, tune, write_frame, write_frames};
-use crate::link_state::LinkState;
-
-/// `(rkey, device rkey)` of every exported region registered with the RDMA device.
-fn device_keys(r: &hixl_core::RegionTable<Arc<crate::memory::RegionInner>>) -> Vec<(u64, u32)> {
-    r.iter()
-        .filter(|e| e.access.is_remote())
-        .filter_map(|e| Some((e.rkey, e.data.dev_rkey?)))
-        .collect()
-}
+use crate::transport::target::{Session, Sessions, TargetCx};
 
 /// How long a new connection may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// One connected initiator.
-#[derive(Debug)]
-pub(crate) struct Session {
-    pub(crate) peer: Arc<str>,
-    pub(crate) state: Arc<LinkState>,
-    control: mpsc::UnboundedSender<BytesMut>,
-    /// The same-host fabric channel, once the initiator opened it.
-    #[cfg(feature = "fabric")]
-    pub(crate) fabric: Mutex<Option<Arc<crate::fabric::server::FabricChan>>>,
-    /// The target's end of the initiator's RC queue pair, once it asked for one. Nothing is
-    /// posted on it; it lives as long as the session.
-    #[cfg(feature = "verbs")]
-    verbs: Mutex<Option<hixl_verbs::QueuePair>>,
-}
-
-impl Session {
-    fn has_verbs(&self) -> bool {
-        #[cfg(feature = "verbs")]
-        return self.verbs.lock().map(|q| q.is_some()).unwrap_or(false);
-        #[cfg(not(feature = "verbs"))]
-        false
-    }
-}
 
 /// The listening side of an engine.
 #[derive(Debug)]
 pub(crate) struct Server {
     pub(crate) shared: Arc<Shared>,
     instance: u64,
-    sessions: Mutex<HashMap<u64, Arc<Session>>>,
+    /// What the transports serve their peers with (the sessions among it).
+    pub(crate) cx: TargetCx,
 }
 
 impl Server {
     pub(crate) fn new(shared: Arc<Shared>, instance: u64) -> Arc<Server> {
+        let cx = TargetCx {
+            sessions: Arc::new(Sessions::default()),
+            regions: shared.regions.clone(),
+            notifies: shared.notifies.clone(),
+        };
         Arc::new(Server {
             shared,
             instance,
-            sessions: Mutex::new(HashMap::new()),
+            cx,
         })
+    }
+
+    /// Starts the transports' own listeners (the fabric channel's).
+    ///
+    /// # Errors
+    /// A transport that cannot listen.
+    pub(crate) fn listen_transports(&self, shutdown: &watch::Receiver<bool>) -> Result<()> {
+        for t in &self.shared.transports {
+            t.listen(&self.cx, shutdown.clone())?;
+        }
+        Ok(())
     }
 
     /// Accepts connections until shutdown.
@@ -100,114 +84,49 @@ impl Server {
 
     /// Tells every connected initiator that we are going away.
     pub(crate) fn close_all(&self, reason: &str) {
-        let sessions: Vec<_> = self
-            .sessions
-            .lock()
-            .map(|mut s| s.drain().map(|(_, v)| v).collect())
-            .unwrap_or_default();
-        for s in sessions {
-            let mut b = BytesMut::new();
-            Message::Disconnect {
+        for s in self.cx.sessions.drain() {
+            s.send(&Message::Disconnect {
                 reason: reason.into(),
-            }
-            .encode(&mut b);
-            let _ = s.control.send(b);
+            });
             s.state.kill(Error::NotConnected {
                 peer: s.peer.to_string(),
             });
         }
     }
 
-    /// The session with this id.
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
-    pub(crate) fn session(&self, id: u64) -> Option<Arc<Session>> {
-        self.sessions.lock().ok()?.get(&id).cloned()
-    }
-
-    /// Every connected initiator's session.
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
-    pub(crate) fn sessions(&self) -> Vec<Arc<Session>> {
-        self.sessions
-            .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
-    }
-
     /// Sends the current memory table to every connected initiator (preceded, on verbs
     /// links, by the regions' device keys, so that a region is never in an initiator's table
     /// without its key).
-    pub(crate) fn broadcast_table(&self) {
-        let (table, keys) = match self.shared.regions.lock() {
-            Ok(r) => (r.exported(), device_keys(&r)),
-            Err(_) => return,
+    ///
+    /// `added`: a region was registered, so the transports' channels learn of it too (the
+    /// fabric sends its memfd); after a deregistration, [`Server::revoke`] does their part.
+    pub(crate) fn broadcast_table(&self, added: bool) {
+        let Ok(regions) = self.shared.regions.lock() else {
+            return;
         };
         let mut b = BytesMut::new();
-        Message::MemTable(table).encode(&mut b);
-        let mut kb = BytesMut::new();
-        Message::VerbsKeys(keys).encode(&mut kb);
-        if let Ok(s) = self.sessions.lock() {
-            for s in s.values() {
-                if s.has_verbs() {
-                    let _ = s.control.send(kb.clone());
+        Message::MemTable(regions.exported()).encode(&mut b);
+        for sess in self.cx.sessions.all() {
+            for t in &self.shared.transports {
+                if let Some(m) = t.before_table(&sess, &regions) {
+                    sess.send(&m);
                 }
-                let _ = s.control.send(b.clone());
+            }
+            sess.send_encoded(b.clone());
+        }
+        drop(regions);
+        if added {
+            for t in &self.shared.transports {
+                t.table_changed(&self.cx);
             }
         }
     }
 
-    /// Answers an initiator's `VerbsConnect`: a QP connected to its endpoint, then the device
-    /// keys and our endpoint.
-    fn accept_verbs(&self, sess: &Session, endpoint: &[u8]) {
-        let reply = |m: Message| {
-            let mut b = BytesMut::new();
-            m.encode(&mut b);
-            let _ = sess.control.send(b);
-        };
-        let refuse = |status: Status, reason: String| {
-            tracing::info!(peer = %sess.peer, "refusing a queue pair: {reason}");
-            reply(Message::VerbsAccept {
-                status: status.code(),
-                endpoint: Vec::new(),
-                reason,
-            })
-        };
-        #[cfg(feature = "verbs")]
-        {
-            let Some(v) = &self.shared.verbs else {
-                return refuse(Status::Unsupported, "this engine has no RDMA device".into());
-            };
-            let Ok(mut slot) = sess.verbs.lock() else {
-                return refuse(Status::Failed, "session lock poisoned".into());
-            };
-            if slot.is_some() {
-                return refuse(Status::AlreadyConnected, "a queue pair exists".into());
-            }
-            match v.accept(&sess.peer, endpoint) {
-                Ok(qp) => {
-                    let ep = qp.endpoint().to_bytes().to_vec();
-                    *slot = Some(qp);
-                    drop(slot);
-                    let keys = match self.shared.regions.lock() {
-                        Ok(r) => device_keys(&r),
-                        Err(_) => Vec::new(),
-                    };
-                    reply(Message::VerbsKeys(keys));
-                    reply(Message::VerbsAccept {
-                        status: 0,
-                        endpoint: ep,
-                        reason: String::new(),
-                    });
-                }
-                Err(e) => refuse(e.status(), e.to_string()),
-            }
-        }
-        #[cfg(not(feature = "verbs"))]
-        {
-            let _ = endpoint;
-            refuse(
-                Status::Unsupported,
-                "this build has no verbs backend".into(),
-            )
+    /// A region is being deregistered: waits until every transport's peers stopped touching
+    /// it.
+    pub(crate) async fn revoke(&self, rkey: u64) {
+        for t in &self.shared.transports {
+            t.revoke(&self.cx, rkey).await;
         }
     }
 
@@ -263,11 +182,7 @@ impl Server {
                 channel: Channel::Data,
                 session,
             } => {
-                let sess = self
-                    .sessions
-                    .lock()
-                    .ok()
-                    .and_then(|m| m.get(&session).cloned());
+                let sess = self.cx.sessions.get(session);
                 let sess = match sess {
                     Some(x) if *x.peer == *engine && buf.is_empty() => x,
                     _ => {
@@ -347,13 +262,7 @@ impl Server {
     async fn serve_control(self: Arc<Self>, mut s: TcpStream, mut buf: BytesMut, peer: Arc<str>) {
         let id = loop {
             let id = crate::engine::random_u64();
-            if id != 0
-                && !self
-                    .sessions
-                    .lock()
-                    .map(|m| m.contains_key(&id))
-                    .unwrap_or(true)
-            {
+            if id != 0 && !self.cx.sessions.contains(id) {
                 break id;
             }
         };
@@ -362,35 +271,25 @@ impl Server {
             session: id,
         };
         let (tx, rx) = mpsc::unbounded_channel::<BytesMut>();
-        let sess = Arc::new(Session {
-            peer: peer.clone(),
-            state: Arc::new(LinkState::new()),
-            control: tx,
-            #[cfg(feature = "fabric")]
-            fabric: Mutex::new(None),
-            #[cfg(feature = "verbs")]
-            verbs: Mutex::new(None),
-        });
+        let sess = Arc::new(Session::new(id, peer.clone(), tx));
         // Insert before sending the table so a concurrent registration's broadcast reaches
         // this peer too.
-        if let Ok(mut m) = self.sessions.lock() {
-            m.insert(id, sess.clone());
-        }
+        self.cx.sessions.insert(sess.clone());
         let table = self
             .shared
             .regions
             .lock()
             .map(|r| r.exported())
             .unwrap_or_default();
-        if write_frame(&mut s, &welcome, &peer).await.is_err()
-            || !self.send_fabric_info(&mut s, &peer).await
-            || !self.send_verbs_info(&mut s, &peer).await
-            || write_frame(&mut s, &Message::MemTable(table), &peer)
-                .await
-                .is_err()
-        {
-            self.drop_session(id, &sess, "handshake failed");
-            return;
+        // The transports this engine serves are offered before the memory table.
+        let mut frames = vec![welcome];
+        frames.extend(self.shared.transports.iter().filter_map(|t| t.offer()));
+        frames.push(Message::MemTable(table));
+        for f in &frames {
+            if write_frame(&mut s, f, &peer).await.is_err() {
+                self.drop_session(id, &sess, "handshake failed");
+                return;
+            }
         }
         tracing::debug!(peer = %peer, session = id, "initiator connected");
         let (mut r, w) = s.into_split();
@@ -416,7 +315,7 @@ impl Server {
                     seq = (seq + 1) | hixl_core::wire::HEARTBEAT_FROM_TARGET;
                     let mut b = BytesMut::with_capacity(24);
                     Message::Heartbeat { seq }.encode(&mut b);
-                    let _ = sess.control.send(b);
+                    let _ = sess.send_encoded(b);
                     continue;
                 }
             };
@@ -430,18 +329,33 @@ impl Server {
                         .notifies
                         .receive(&peer, id, seq, name, msg)
                         .encode(&mut b);
-                    let _ = sess.control.send(b);
+                    let _ = sess.send_encoded(b);
                 }
                 Ok(Message::Heartbeat { seq }) => {
                     // Answer the initiator's probes, not the answers to ours.
                     if seq & hixl_core::wire::HEARTBEAT_FROM_TARGET == 0 {
                         let mut b = BytesMut::new();
                         Message::Heartbeat { seq }.encode(&mut b);
-                        let _ = sess.control.send(b);
+                        let _ = sess.send_encoded(b);
                     }
                 }
                 Ok(Message::Disconnect { reason }) => break format!("peer disconnected: {reason}"),
-                Ok(Message::VerbsConnect { endpoint }) => self.accept_verbs(&sess, &endpoint),
+                Ok(m @ Message::VerbsConnect { .. })
+                    if self
+                        .shared
+                        .transports
+                        .iter()
+                        .any(|t| t.on_control(&self.cx, &sess, &m)) => {}
+                // A transport request of a transport this build does not have.
+                Ok(Message::VerbsConnect { .. }) => {
+                    let reason = "this build has no verbs backend".to_string();
+                    tracing::info!(peer = %sess.peer, "refusing a queue pair: {reason}");
+                    sess.send(&Message::VerbsAccept {
+                        status: Status::Unsupported.code(),
+                        endpoint: Vec::new(),
+                        reason,
+                    });
+                }
                 Ok(m) => {
                     let e = format!("unexpected {m:?} on the control connection");
                     tracing::warn!(peer = %peer, "closing session: {e}");
@@ -459,42 +373,8 @@ impl Server {
         let _ = writer.await;
     }
 
-    /// Offers the fabric backend to a same-host initiator (sent before the memory table).
-    /// Returns false when the socket failed.
-    async fn send_fabric_info(&self, s: &mut TcpStream, peer: &str) -> bool {
-        #[cfg(feature = "fabric")]
-        if let Some(f) = &self.shared.fabric {
-            let info = Message::FabricInfo {
-                boot_id: f.identity.boot_id.clone(),
-                mnt_ns: f.identity.mnt_ns,
-                pid: f.identity.pid as u32,
-                uid: f.identity.uid,
-                socket: f.socket.clone(),
-            };
-            return write_frame(s, &info, peer).await.is_ok();
-        }
-        let _ = (s, peer);
-        true
-    }
-
-    /// Offers the verbs backend (sent before the memory table). Returns false when the
-    /// socket failed.
-    async fn send_verbs_info(&self, s: &mut TcpStream, peer: &str) -> bool {
-        #[cfg(feature = "verbs")]
-        if let Some(v) = &self.shared.verbs {
-            let info = Message::VerbsInfo {
-                device: v.device.clone(),
-            };
-            return write_frame(s, &info, peer).await.is_ok();
-        }
-        let _ = (s, peer);
-        true
-    }
-
     fn drop_session(&self, id: u64, sess: &Session, reason: &str) {
-        if let Ok(mut m) = self.sessions.lock() {
-            m.remove(&id);
-        }
+        self.cx.sessions.remove(id);
         sess.state.kill(Error::PeerLost {
             peer: sess.peer.to_string(),
             cause: reason.to_string(),

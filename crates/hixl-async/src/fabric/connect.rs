@@ -9,7 +9,9 @@ use hixl_core::Result;
 use super::channel::FabricChannel;
 use super::client::{FabricLink, PeerInfo};
 use super::FabricBackend;
+use crate::transport::target::TargetCx;
 use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
+use tokio::sync::watch;
 
 /// The engine's fabric transport: its backend, unless `hixl.Transport` is `tcp` or `verbs`.
 #[derive(Debug)]
@@ -31,6 +33,36 @@ impl Transport for FabricTransport {
         cx: &'a mut Negotiation<'_>,
     ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>> {
         Box::pin(async move { Ok(self.open(cx).await) })
+    }
+
+    fn offer(&self) -> Option<Message> {
+        let f = self.backend.as_ref()?;
+        Some(Message::FabricInfo {
+            boot_id: f.identity.boot_id.clone(),
+            mnt_ns: f.identity.mnt_ns,
+            pid: f.identity.pid as u32,
+            uid: f.identity.uid,
+            socket: f.socket.clone(),
+        })
+    }
+
+    fn listen(&self, cx: &TargetCx, shutdown: watch::Receiver<bool>) -> Result<()> {
+        if let Some(f) = &self.backend {
+            let l = f.listen()?;
+            tokio::spawn(super::server::accept_loop(cx.clone(), l, shutdown));
+        }
+        Ok(())
+    }
+
+    fn table_changed(&self, cx: &TargetCx) {
+        if self.backend.is_some() {
+            super::server::broadcast_tables(cx);
+        }
+    }
+
+    fn revoke<'a>(&'a self, cx: &'a TargetCx, rkey: u64) -> BoxFuture<'a, ()> {
+        // Same-host peers touch the memory directly: wait until each has stopped.
+        Box::pin(super::server::revoke(cx, rkey))
     }
 }
 

@@ -13,8 +13,11 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::chan::{recv_frame, send_frame};
-use crate::engine::Shared;
-use crate::server::{Server, Session};
+use crate::memory::RegionInner;
+use crate::transport::target::{Session, TargetCx};
+
+/// The session slot of the fabric: the target's end of the initiator's fabric channel.
+pub(crate) const SLOT: &str = "fabric";
 
 /// How long a deregistration waits for a peer to confirm it stopped using a region.
 const REVOKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -34,8 +37,8 @@ pub(crate) struct FabricChan {
 /// the last names exactly `SCM_MAX_FD` memfds and the last fewer (possibly no regions at all):
 /// that is how the initiator knows the table is complete (see
 /// `fabric::client::fds_named`).
-fn fabric_tables(shared: &Shared) -> Vec<Out> {
-    let Ok(regions) = shared.regions.lock() else {
+fn fabric_tables(regions: &Mutex<hixl_core::RegionTable<Arc<RegionInner>>>) -> Vec<Out> {
+    let Ok(regions) = regions.lock() else {
         return Vec::new();
     };
     let mut out: Vec<Out> = Vec::new();
@@ -75,7 +78,7 @@ impl FabricChan {
 
 /// Accepts fabric channels until shutdown.
 pub(crate) async fn accept_loop(
-    srv: Arc<Server>,
+    srv: TargetCx,
     l: UnixListener,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -102,7 +105,7 @@ pub(crate) async fn accept_loop(
     }
 }
 
-async fn handle(srv: Arc<Server>, s: UnixStream) {
+async fn handle(srv: TargetCx, s: UnixStream) {
     let mut buf = BytesMut::new();
     let mut fds = Vec::new();
     let hello = tokio::time::timeout(
@@ -121,7 +124,7 @@ async fn handle(srv: Arc<Server>, s: UnixStream) {
             return;
         }
     };
-    let sess = match srv.session(session) {
+    let sess = match srv.sessions.get(session) {
         Some(x) if *x.peer == *engine => x,
         _ => {
             let m = Message::Refuse {
@@ -137,17 +140,11 @@ async fn handle(srv: Arc<Server>, s: UnixStream) {
         tx,
         revokes: Mutex::new(HashMap::new()),
     });
-    {
-        let Ok(mut f) = sess.fabric.lock() else {
-            return;
-        };
-        if f.is_some() {
-            tracing::warn!(peer = %engine, "second fabric channel for one session refused");
-            return;
-        }
-        *f = Some(chan.clone());
+    if !sess.set_slot(SLOT, chan.clone()) {
+        tracing::warn!(peer = %engine, "second fabric channel for one session refused");
+        return;
     }
-    for t in fabric_tables(&srv.shared) {
+    for t in fabric_tables(&srv.regions) {
         let _ = chan.tx.send(t);
     }
     let s = Arc::new(s);
@@ -169,7 +166,7 @@ async fn handle(srv: Arc<Server>, s: UnixStream) {
         };
         match m {
             Ok(Message::Notify { seq, name, msg }) => {
-                chan.send(srv.shared.notifies.receive(&peer, session, seq, name, msg));
+                chan.send(srv.notifies.receive(&peer, session, seq, name, msg));
             }
             Ok(Message::RevokeAck { rkey }) => {
                 let w = chan.revokes.lock().ok().and_then(|mut r| r.remove(&rkey));
@@ -182,9 +179,7 @@ async fn handle(srv: Arc<Server>, s: UnixStream) {
         }
     };
     tracing::debug!(peer = %peer, "fabric channel closed: {reason}");
-    if let Ok(mut f) = sess.fabric.lock() {
-        f.take();
-    }
+    sess.clear_slot(SLOT);
     // Without its fabric channel the initiator cannot acknowledge revocations: end the link.
     sess.state.kill(Error::PeerLost {
         peer: peer.to_string(),
@@ -194,11 +189,10 @@ async fn handle(srv: Arc<Server>, s: UnixStream) {
 }
 
 /// Sends a fresh fabric table (new pool regions' memfds) to every fabric channel.
-pub(crate) fn broadcast_tables(srv: &Server) {
-    for sess in srv.sessions() {
-        let chan = sess.fabric.lock().ok().and_then(|f| f.clone());
-        if let Some(chan) = chan {
-            for t in fabric_tables(&srv.shared) {
+pub(crate) fn broadcast_tables(srv: &TargetCx) {
+    for sess in srv.sessions.all() {
+        if let Some(chan) = sess.slot::<FabricChan>(SLOT) {
+            for t in fabric_tables(&srv.regions) {
                 let _ = chan.tx.send(t);
             }
         }
@@ -208,11 +202,12 @@ pub(crate) fn broadcast_tables(srv: &Server) {
 /// Tells every same-host initiator that the region with `rkey` is going away and waits (up to
 /// a bound) until each has finished its copies into it and unmapped it. A peer whose link dies
 /// meanwhile counts as done: its process, or at least its link, no longer touches the region.
-pub(crate) async fn revoke(srv: &Server, rkey: u64) {
+pub(crate) async fn revoke(srv: &TargetCx, rkey: u64) {
     let mut waits = Vec::new();
-    for sess in srv.sessions() {
-        let chan = sess.fabric.lock().ok().and_then(|f| f.clone());
-        let Some(chan) = chan else { continue };
+    for sess in srv.sessions.all() {
+        let Some(chan) = sess.slot::<FabricChan>(SLOT) else {
+            continue;
+        };
         let (tx, rx) = oneshot::channel();
         if let Ok(mut r) = chan.revokes.lock() {
             r.entry(rkey).or_default().push(tx);

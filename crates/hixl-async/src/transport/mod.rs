@@ -13,6 +13,7 @@
 //! offers, in [`select`]: the `auto` order and the forced choice of `hixl.Transport`.
 
 pub(crate) mod select;
+pub(crate) mod target;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -28,6 +29,7 @@ use tokio::net::TcpStream;
 use crate::completion::Completions;
 use crate::link_state::LinkState;
 use crate::memory::RegionInner;
+use target::{Session, TargetCx};
 
 /// A boxed future, as the transport interface's async methods return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -51,6 +53,46 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
         &'a self,
         cx: &'a mut Negotiation<'_>,
     ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>>;
+
+    // The target's side.
+
+    /// The offer for a new initiator, sent before the memory table, when this engine serves
+    /// the transport.
+    fn offer(&self) -> Option<Message> {
+        None
+    }
+
+    /// Starts serving the transport's own channels (the fabric's listener) until shutdown.
+    ///
+    /// # Errors
+    /// Failing to listen.
+    fn listen(&self, _cx: &TargetCx, _shutdown: tokio::sync::watch::Receiver<bool>) -> Result<()> {
+        Ok(())
+    }
+
+    /// A control frame of this transport from `sess`'s initiator (e.g. `VerbsConnect`),
+    /// answered on `sess`. Returns whether it was this transport's.
+    fn on_control(&self, _cx: &TargetCx, _sess: &Session, _m: &Message) -> bool {
+        false
+    }
+
+    /// A frame to send `sess` before every later memory table (verbs: the device keys, so
+    /// that a region is never in a table without its key).
+    fn before_table(
+        &self,
+        _sess: &Session,
+        _regions: &hixl_core::RegionTable<Arc<RegionInner>>,
+    ) -> Option<Message> {
+        None
+    }
+
+    /// The exported regions changed (the new memory table is out).
+    fn table_changed(&self, _cx: &TargetCx) {}
+
+    /// A region is being deregistered: resolves once no peer of this transport touches it.
+    fn revoke<'a>(&'a self, _cx: &'a TargetCx, _rkey: u64) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// A channel a transport opened, and what `Peer::transport` says of it.

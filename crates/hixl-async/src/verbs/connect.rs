@@ -6,11 +6,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use hixl_core::wire::{Message, HEARTBEAT_FROM_TARGET};
-use hixl_core::{Error, RemoteRegion, Result};
+use hixl_core::{Error, RegionTable, RemoteRegion, Result};
 
 use super::channel::VerbsChannel;
 use super::{Connected, VerbsBackend, VerbsLink};
 use crate::frame_io::{read_frame, write_frame};
+use crate::memory::RegionInner;
+use crate::transport::target::{Session, TargetCx};
 use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
 
 /// The engine's verbs transport: its backend, or why it has none.
@@ -34,6 +36,32 @@ impl Transport for VerbsTransport {
         cx: &'a mut Negotiation<'_>,
     ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>> {
         Box::pin(self.open(cx))
+    }
+
+    fn offer(&self) -> Option<Message> {
+        let v = self.backend.as_ref()?;
+        Some(Message::VerbsInfo {
+            device: v.device.clone(),
+        })
+    }
+
+    fn on_control(&self, cx: &TargetCx, sess: &Session, m: &Message) -> bool {
+        match m {
+            Message::VerbsConnect { endpoint } => {
+                super::target::accept(self.backend.as_deref(), cx, sess, endpoint);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn before_table(
+        &self,
+        sess: &Session,
+        regions: &RegionTable<Arc<RegionInner>>,
+    ) -> Option<Message> {
+        sess.has_slot(super::target::SLOT)
+            .then(|| Message::VerbsKeys(super::target::device_keys(regions)))
     }
 }
 

@@ -19,6 +19,7 @@
 
 pub(crate) mod channel;
 pub(crate) mod connect;
+pub(crate) mod target;
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;

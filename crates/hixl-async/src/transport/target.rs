@@ -1,0 +1,141 @@
+//! What the target's side of a transport sees: the sessions of connected initiators (each
+//! with a slot per transport for what that transport keeps for it: the fabric's channel, the
+//! verbs queue pair), the exported regions and the notify inbox. Narrow handles, so that
+//! transports need neither the server nor the engine.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::BytesMut;
+use hixl_core::wire::Message;
+use hixl_core::RegionTable;
+use tokio::sync::mpsc;
+
+use crate::link_state::LinkState;
+use crate::memory::RegionInner;
+use crate::notify::NotifyQueue;
+
+/// One connected initiator, as the target sees it.
+#[derive(Debug)]
+pub(crate) struct Session {
+    pub(crate) id: u64,
+    pub(crate) peer: Arc<str>,
+    pub(crate) state: Arc<LinkState>,
+    control: mpsc::UnboundedSender<BytesMut>,
+    /// What each transport keeps for this initiator, by transport kind.
+    slots: Mutex<Vec<(&'static str, Arc<dyn Any + Send + Sync>)>>,
+}
+
+impl Session {
+    pub(crate) fn new(
+        id: u64,
+        peer: Arc<str>,
+        control: mpsc::UnboundedSender<BytesMut>,
+    ) -> Session {
+        Session {
+            id,
+            peer,
+            state: Arc::new(LinkState::new()),
+            control,
+            slots: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Queues a frame on the control connection; false once it is closed.
+    pub(crate) fn send(&self, m: &Message) -> bool {
+        let mut b = BytesMut::new();
+        m.encode(&mut b);
+        self.send_encoded(b)
+    }
+
+    /// Queues an encoded frame on the control connection.
+    pub(crate) fn send_encoded(&self, b: BytesMut) -> bool {
+        self.control.send(b).is_ok()
+    }
+
+    /// What transport `kind` keeps for this session, if anything of type `T`.
+    pub(crate) fn slot<T: Any + Send + Sync>(&self, kind: &str) -> Option<Arc<T>> {
+        let s = self.slots.lock().ok()?;
+        let (_, v) = s.iter().find(|(k, _)| *k == kind)?;
+        v.clone().downcast::<T>().ok()
+    }
+
+    /// Whether transport `kind` keeps something for this session (verbs asks).
+    #[allow(dead_code)]
+    pub(crate) fn has_slot(&self, kind: &str) -> bool {
+        self.slots
+            .lock()
+            .map(|s| s.iter().any(|(k, _)| *k == kind))
+            .unwrap_or(false)
+    }
+
+    /// Keeps `v` for transport `kind`; false (and nothing kept) if it keeps something already.
+    pub(crate) fn set_slot(&self, kind: &'static str, v: Arc<dyn Any + Send + Sync>) -> bool {
+        let Ok(mut s) = self.slots.lock() else {
+            return false;
+        };
+        if s.iter().any(|(k, _)| *k == kind) {
+            return false;
+        }
+        s.push((kind, v));
+        true
+    }
+
+    /// Drops what transport `kind` keeps for this session.
+    pub(crate) fn clear_slot(&self, kind: &str) {
+        let gone = self.slots.lock().ok().and_then(|mut s| {
+            let i = s.iter().position(|(k, _)| *k == kind)?;
+            Some(s.swap_remove(i))
+        });
+        drop(gone);
+    }
+}
+
+/// The sessions of every connected initiator, by session id.
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    map: Mutex<HashMap<u64, Arc<Session>>>,
+}
+
+impl Sessions {
+    pub(crate) fn get(&self, id: u64) -> Option<Arc<Session>> {
+        self.map.lock().ok()?.get(&id).cloned()
+    }
+
+    pub(crate) fn contains(&self, id: u64) -> bool {
+        self.map.lock().map(|m| m.contains_key(&id)).unwrap_or(true)
+    }
+
+    pub(crate) fn all(&self) -> Vec<Arc<Session>> {
+        self.map
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn insert(&self, s: Arc<Session>) {
+        if let Ok(mut m) = self.map.lock() {
+            m.insert(s.id, s);
+        }
+    }
+
+    pub(crate) fn remove(&self, id: u64) -> Option<Arc<Session>> {
+        self.map.lock().ok()?.remove(&id)
+    }
+
+    pub(crate) fn drain(&self) -> Vec<Arc<Session>> {
+        self.map
+            .lock()
+            .map(|mut m| m.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The target's handles a transport serves its peers with.
+#[derive(Debug, Clone)]
+pub(crate) struct TargetCx {
+    pub(crate) sessions: Arc<Sessions>,
+    pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,
+    pub(crate) notifies: Arc<NotifyQueue>,
+}
