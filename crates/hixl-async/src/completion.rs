@@ -156,8 +156,9 @@ impl Completions {
         self.complete_all(std::iter::once(c));
     }
 
-    /// Fails every part of `tokens` (one completion each) with `e`.
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
+    /// Fails every part of `tokens` (one completion each) with `e` (the fabric's copy engine
+    /// refusing a submission).
+    #[allow(dead_code)]
     pub(crate) fn fail(&self, tokens: impl IntoIterator<Item = Token>, e: &Error) {
         self.complete_all(tokens.into_iter().map(|token| Completion {
             token,

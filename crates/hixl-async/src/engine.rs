@@ -32,14 +32,6 @@ pub(crate) struct Shared {
     /// Where transports hand in finished parts.
     pub(crate) sink: Completions,
     pub(crate) notifies: Arc<NotifyQueue>,
-    /// The same-host backend, unless `hixl.Transport` is `tcp` or `verbs`.
-    #[cfg(feature = "fabric")]
-    pub(crate) fabric: Option<Arc<crate::fabric::FabricBackend>>,
-    /// The RDMA backend, when a device is usable and the options allow it.
-    #[cfg(feature = "verbs")]
-    pub(crate) verbs: Option<Arc<crate::verbs::VerbsBackend>>,
-    /// Why this engine does (or does not) have the verbs backend.
-    pub(crate) verbs_why: String,
     /// The transports besides TCP, in the order the transport policy tries them.
     pub(crate) transports: Vec<Arc<dyn crate::transport::Transport>>,
     /// Liveness of control connections (`hixl.HeartbeatIntervalMs`, `hixl.HeartbeatMissLimit`).
@@ -285,41 +277,13 @@ impl EngineBuilder {
         let cq = Arc::new(CompletionQueue::new().map_err(|e| Error::io("creating eventfd", e))?);
         let ops = Arc::new(Mutex::new(OpTable::new()));
         let instance = random_u64();
-        #[allow(unused_mut)]
+        let transports = crate::transport::registry::start(&options, instance)?;
         let mut sources: Vec<Arc<dyn hixl_core::CompletionSource>> = vec![cq.clone()];
-        #[cfg(feature = "fabric")]
-        let fabric = crate::fabric::FabricBackend::new(&options, instance)?.map(Arc::new);
-        #[cfg(feature = "fabric")]
-        if let Some(f) = &fabric {
-            sources.push(f.copy.completions());
-        }
-        #[cfg(feature = "verbs")]
-        let (verbs, verbs_why) = {
-            let (v, why) = crate::verbs::VerbsBackend::new(&options)?;
-            (v.map(Arc::new), why)
-        };
-        #[cfg(feature = "verbs")]
-        if let Some(v) = &verbs {
-            sources.push(v.source.clone());
-        }
-        #[cfg(not(feature = "verbs"))]
-        let verbs_why = "this build has no verbs backend (feature `verbs` is off)".to_string();
+        sources.extend(transports.iter().filter_map(|t| t.completions()));
         let reactor = Arc::new(
             Reactor::new(sources, ops.clone())
                 .with_busy_poll(Duration::from_micros(options.fabric_busy_poll_us)),
         );
-        // The registration point of each transport, in the policy's order.
-        let transports: Vec<Arc<dyn crate::transport::Transport>> = vec![
-            #[cfg(feature = "fabric")]
-            Arc::new(crate::fabric::connect::FabricTransport {
-                backend: fabric.clone(),
-            }),
-            #[cfg(feature = "verbs")]
-            Arc::new(crate::verbs::connect::VerbsTransport {
-                backend: verbs.clone(),
-                why: verbs_why.clone(),
-            }),
-        ];
         let shared = Arc::new(Shared {
             transports,
             name,
@@ -327,11 +291,6 @@ impl EngineBuilder {
             ops,
             sink: Completions::new(cq, reactor.clone()),
             notifies: Arc::new(NotifyQueue::default()),
-            #[cfg(feature = "fabric")]
-            fabric,
-            #[cfg(feature = "verbs")]
-            verbs,
-            verbs_why,
             heartbeat: Heartbeat {
                 interval: Duration::from_millis(options.heartbeat_interval_ms),
                 miss_limit: options.heartbeat_miss_limit,
@@ -548,56 +507,36 @@ impl Engine {
         Ok(Region { inner: region })
     }
 
-    /// Registers the memory with the RDMA device, when the engine has one. A failure is an
-    /// error with `hixl.Transport=verbs`; with `auto` the region is served over the other
-    /// transports (and the failure is logged).
-    #[cfg(feature = "verbs")]
+    /// Registers the memory with each transport's device (an RDMA memory region), when the
+    /// engine has one; see [`crate::transport::Transport::register`].
     fn device_register(
         &self,
         desc: MemDesc,
         access: Access,
     ) -> Result<Option<crate::memory::DeviceMr>> {
-        let Some(v) = &self.inner.shared.verbs else {
-            return Ok(None);
-        };
-        if desc.addr == 0 || desc.len == 0 {
-            return Ok(None); // refused by the region table with its own error
-        }
-        // SAFETY: the memory stays valid until deregistration has returned (register_raw's
-        // contract; owned buffers are kept by the region). The memory region is dropped by
-        // deregistration after the region's leases are gone and before the memory is handed
-        // back, or when the region itself is dropped (it is declared before the owned memory).
-        match unsafe { v.register(desc.addr, desc.len, access) } {
-            Ok(mr) => Ok(Some(mr)),
-            Err(e) if v.forced => Err(e),
-            Err(e) => {
-                tracing::warn!(
-                    "registering {:#x}+{} with {}: {e}; its transfers use another transport",
-                    desc.addr,
-                    desc.len,
-                    v.device
-                );
-                Ok(None)
+        for t in &self.inner.shared.transports {
+            // SAFETY: the memory stays valid until deregistration has returned (register_raw's
+            // contract; owned buffers are kept by the region). The registration is dropped by
+            // deregistration after the region's leases are gone and before the memory is
+            // handed back, or when the region itself is dropped (it is declared before the
+            // owned memory).
+            if let Some(mr) = unsafe { t.register(desc, access) }? {
+                return Ok(Some(mr));
             }
         }
-    }
-
-    #[cfg(not(feature = "verbs"))]
-    fn device_register(
-        &self,
-        _desc: MemDesc,
-        _access: Access,
-    ) -> Result<Option<crate::memory::DeviceMr>> {
         Ok(None)
     }
 
     /// Which RDMA device this engine uses, or why it uses none.
     pub fn verbs_status(&self) -> std::result::Result<String, String> {
-        #[cfg(feature = "verbs")]
-        if let Some(v) = &self.inner.shared.verbs {
-            return Ok(v.device.clone());
-        }
-        Err(self.inner.shared.verbs_why.clone())
+        self.inner
+            .shared
+            .transports
+            .iter()
+            .find_map(|t| t.device())
+            .unwrap_or_else(|| {
+                Err("this build has no verbs backend (feature `verbs` is off)".to_string())
+            })
     }
 
     /// Allocates `len` bytes from the engine's fabric pool (sealed, memfd-backed shared memory)
@@ -608,32 +547,18 @@ impl Engine {
     /// [`Error::Unsupported`] when the engine runs without the fabric backend
     /// (`hixl.Transport` `tcp` or `verbs`), [`Error::ResourceExhausted`] past the pool's capacity
     /// (`fabric_memory.max_capacity`), or the OS error of creating the memory.
-    #[cfg(feature = "fabric")]
     pub fn register_pooled(&self, len: u64, access: Access, name: Option<&str>) -> Result<Region> {
         self.check_open("register refused")?;
-        let f = self
+        let (desc, owned) = self
             .inner
             .shared
-            .fabric
-            .as_ref()
+            .transports
+            .iter()
+            .find_map(|t| t.alloc(len))
             .ok_or_else(|| Error::Unsupported {
-                what: "this engine has no fabric pool (hixl.Transport is tcp or verbs)".into(),
-            })?;
-        let buf = f.pool.alloc(len)?;
-        let desc = MemDesc::new(buf.addr(), buf.len());
-        self.register_inner(desc, MemKind::Host, access, name, Some(Owned::Fabric(buf)))
-    }
-
-    /// Without the fabric backend there is no pool.
-    ///
-    /// # Errors
-    /// Always [`Error::Unsupported`].
-    #[cfg(not(feature = "fabric"))]
-    pub fn register_pooled(&self, len: u64, access: Access, name: Option<&str>) -> Result<Region> {
-        let _ = (len, access, name);
-        Err(Error::Unsupported {
-            what: "this build has no fabric pool (feature `fabric` is off)".into(),
-        })
+                what: "this engine has no fabric pool (hixl.Transport is tcp or verbs, or the build has no fabric)".into(),
+            })??;
+        self.register_inner(desc, MemKind::Host, access, name, Some(owned))
     }
 
     /// Ends a registration: peers lose access at once (later requests are refused), then this

@@ -336,7 +336,6 @@ impl Link {
         &self.transport
     }
 
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     fn notify_acked(&self, seq: u64, status: u32) {
         let w = self
             .notify_waiters
@@ -563,6 +562,7 @@ impl Link {
 
     /// Orderly close with `cause` as the link's error (what later uses of it report).
     pub(crate) fn close_because(&self, reason: &str, cause: Error) {
+        self.state.doom(cause.clone());
         let mut b = BytesMut::new();
         Message::Disconnect {
             reason: reason.into(),
@@ -574,15 +574,12 @@ impl Link {
 
     /// Orderly close: tells the peer, then ends every task of the link. In-flight ops fail.
     pub(crate) fn close(&self, reason: &str) {
-        let mut b = BytesMut::new();
-        Message::Disconnect {
-            reason: reason.into(),
-        }
-        .encode(&mut b);
-        let _ = self.control.send(b);
-        self.state.kill(Error::NotConnected {
-            peer: self.name.to_string(),
-        });
+        self.close_because(
+            reason,
+            Error::NotConnected {
+                peer: self.name.to_string(),
+            },
+        );
     }
 }
 

@@ -28,6 +28,13 @@ impl LinkState {
         self.tx.send_replace(true);
     }
 
+    /// Fixes the cause of a death that is about to happen (ignored if there is one already),
+    /// without waking the tasks yet: an orderly close queues its last frame in between, so
+    /// that nothing the peer does in answer can claim the cause first.
+    pub(crate) fn doom(&self, cause: Error) {
+        let _ = self.cause.set(cause);
+    }
+
     /// Why the link died, if it did.
     pub(crate) fn error(&self) -> Option<Error> {
         self.cause.get().cloned()

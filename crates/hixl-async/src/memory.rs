@@ -2,6 +2,7 @@
 //! user's `Region` handle.
 
 use std::alloc::{self, Layout};
+use std::any::Any;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -97,22 +98,41 @@ impl std::fmt::Debug for HostBuffer {
 
 /// Memory a region owns: freed (or returned to its pool) when the region is deregistered and
 /// no op touches it any more.
-#[derive(Debug)]
 pub(crate) enum Owned {
     /// A page-aligned heap buffer, handed back by `deregister`.
     Host(HostBuffer),
-    /// A buffer of the fabric pool (a sealed memfd that same-host peers map).
-    #[cfg(feature = "fabric")]
-    Fabric(hixl_fabric::FabricBuf),
+    /// Memory a transport allocated (the fabric pool's sealed memfds), returned to it when
+    /// the region goes; the transport finds its own type in it again ([`RegionInner::pooled`]).
+    #[allow(dead_code)]
+    Pooled(Box<dyn Any + Send + Sync>),
 }
 
-/// A region's registration with the RDMA device (without the verbs backend, a type with no
-/// values, so the fields that hold one are always empty).
-#[cfg(feature = "verbs")]
-pub(crate) type DeviceMr = hixl_verbs::MemoryRegion;
-/// See the `verbs` variant.
-#[cfg(not(feature = "verbs"))]
-pub(crate) type DeviceMr = std::convert::Infallible;
+impl std::fmt::Debug for Owned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Owned::Host(b) => f.debug_tuple("Host").field(b).finish(),
+            Owned::Pooled(_) => f.write_str("Pooled"),
+        }
+    }
+}
+
+/// A region's registration with a transport's device (an RDMA memory region): kept until
+/// deregistration, when dropping it makes the device refuse the region's keys.
+pub(crate) struct DeviceMr {
+    /// Held for its drop, which ends the registration.
+    #[allow(dead_code)]
+    pub(crate) keep: Box<dyn Any + Send + Sync>,
+    /// `(local key, remote key)` for work requests and for peers.
+    pub(crate) keys: (u32, u32),
+}
+
+impl std::fmt::Debug for DeviceMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceMr")
+            .field("keys", &self.keys)
+            .finish()
+    }
+}
 
 /// What a region holds on to until it is deregistered: its memory (when the engine owns it)
 /// and its device registration.
@@ -136,11 +156,11 @@ pub(crate) struct RegionInner {
     /// engine is dropped without deregistering, it is dropped before the memory is freed.
     mr: Mutex<Option<DeviceMr>>,
     owned: Mutex<Option<Owned>>,
-    /// Local key of `mr` for work requests of this engine.
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    /// Local key of `mr` for work requests of this engine (read by verbs).
+    #[allow(dead_code)]
     pub(crate) lkey: Option<u32>,
-    /// Remote key of `mr` that verbs peers present.
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
+    /// Remote key of `mr` that peers' devices present (read by verbs).
+    #[allow(dead_code)]
     pub(crate) dev_rkey: Option<u32>,
     inflight: AtomicUsize,
     revoked: AtomicBool,
@@ -158,13 +178,10 @@ impl RegionInner {
         backing: Backing,
     ) -> RegionInner {
         let Backing { owned, mr } = backing;
-        #[cfg(feature = "verbs")]
         let (lkey, dev_rkey) = match &mr {
-            Some(m) => (Some(m.lkey()), Some(m.rkey())),
+            Some(m) => (Some(m.keys.0), Some(m.keys.1)),
             None => (None, None),
         };
-        #[cfg(not(feature = "verbs"))]
-        let (lkey, dev_rkey) = (None, None);
         RegionInner {
             id,
             addr,
@@ -196,24 +213,20 @@ impl RegionInner {
         // No local work request names the region any more: end the device registration
         // before the memory can be freed or reused (a peer's late RDMA op is refused).
         let mr = self.mr.lock().ok().and_then(|mut m| m.take());
-        #[cfg(feature = "verbs")]
         drop(mr);
-        #[cfg(not(feature = "verbs"))]
-        let _ = mr;
         match self.owned.lock().ok().and_then(|mut o| o.take()) {
             Some(Owned::Host(b)) => Some(b),
-            #[cfg(feature = "fabric")]
-            Some(Owned::Fabric(_)) => None,
-            None => None,
+            Some(Owned::Pooled(_)) | None => None,
         }
     }
 
-    /// A duplicate of the memfd of a fabric-pool region, for export to a same-host peer.
-    #[cfg(feature = "fabric")]
-    pub(crate) fn fabric_fd(&self) -> Option<std::os::fd::OwnedFd> {
+    /// `f` of the transport memory this region owns, when it is a `T` (the fabric asks for
+    /// its pool buffers).
+    #[allow(dead_code)]
+    pub(crate) fn pooled<T: Any, R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
         let g = self.owned.lock().ok()?;
         match g.as_ref()? {
-            Owned::Fabric(b) => b.fd().try_clone_to_owned().ok(),
+            Owned::Pooled(b) => b.downcast_ref::<T>().map(f),
             Owned::Host(_) => None,
         }
     }

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 
 use hixl_core::wire::Message;
-use hixl_core::Result;
+use hixl_core::{MemDesc, Result};
 
 use super::channel::FabricChannel;
 use super::client::{FabricLink, PeerInfo};
 use super::FabricBackend;
+use crate::memory::Owned;
 use crate::transport::target::TargetCx;
 use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
 use tokio::sync::watch;
@@ -33,6 +34,18 @@ impl Transport for FabricTransport {
         cx: &'a mut Negotiation<'_>,
     ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>> {
         Box::pin(async move { Ok(self.open(cx).await) })
+    }
+
+    fn completions(&self) -> Option<Arc<dyn hixl_core::CompletionSource>> {
+        Some(self.backend.as_ref()?.copy.completions())
+    }
+
+    fn alloc(&self, len: u64) -> Option<Result<(MemDesc, Owned)>> {
+        let f = self.backend.as_ref()?;
+        Some(f.pool.alloc(len).map(|buf| {
+            let desc = MemDesc::new(buf.addr(), buf.len());
+            (desc, Owned::Pooled(Box::new(buf)))
+        }))
     }
 
     fn offer(&self) -> Option<Message> {

@@ -45,7 +45,10 @@ fn fabric_tables(regions: &Mutex<hixl_core::RegionTable<Arc<RegionInner>>>) -> V
     let mut cur: Vec<FabricRegion> = Vec::new();
     let mut fds: Vec<OwnedFd> = Vec::new();
     for e in regions.iter().filter(|e| e.access.is_remote()) {
-        let fd = e.data.fabric_fd();
+        let fd = e
+            .data
+            .pooled(|b: &hixl_fabric::FabricBuf| b.fd().try_clone_to_owned().ok())
+            .flatten();
         let fd_index = match fd {
             Some(fd) => {
                 fds.push(fd);

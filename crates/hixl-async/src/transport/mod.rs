@@ -12,6 +12,7 @@
 //! Which transport serves a peer is one policy over the transports' answers to the peer's
 //! offers, in [`select`]: the `auto` order and the forced choice of `hixl.Transport`.
 
+pub(crate) mod registry;
 pub(crate) mod select;
 pub(crate) mod target;
 
@@ -23,12 +24,15 @@ use std::task::Waker;
 
 use bytes::BytesMut;
 use hixl_core::wire::Message;
-use hixl_core::{Error, OpDesc, OpTable, RemoteRegion, Result, Token, TransferOp};
+use hixl_core::{
+    Access, CompletionSource, Error, MemDesc, OpDesc, OpTable, RemoteRegion, Result, Token,
+    TransferOp,
+};
 use tokio::net::TcpStream;
 
 use crate::completion::Completions;
 use crate::link_state::LinkState;
-use crate::memory::RegionInner;
+use crate::memory::{DeviceMr, Owned, RegionInner};
 use target::{Session, TargetCx};
 
 /// A boxed future, as the transport interface's async methods return.
@@ -43,6 +47,36 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
     /// Whether `hixl.Transport` forces it: a peer it cannot serve is then an error, never a
     /// silent fallback.
     fn forced(&self) -> bool;
+
+    // The engine's side.
+
+    /// Its completion source, drained by the engine's reactor.
+    fn completions(&self) -> Option<Arc<dyn CompletionSource>> {
+        None
+    }
+
+    /// Its device, or why it has none (for transports with a device: verbs).
+    fn device(&self) -> Option<std::result::Result<String, String>> {
+        None
+    }
+
+    /// Registers memory with the transport's device, when it has one (an RDMA memory region);
+    /// `Ok(None)`: nothing to register here.
+    ///
+    /// # Safety
+    /// The memory stays valid until the returned registration has been dropped.
+    ///
+    /// # Errors
+    /// A forced transport whose device refused the memory.
+    unsafe fn register(&self, _desc: MemDesc, _access: Access) -> Result<Option<DeviceMr>> {
+        Ok(None)
+    }
+
+    /// Allocates `len` bytes of memory that this transport's peers reach directly (the fabric
+    /// pool), or `None` when it has no such memory.
+    fn alloc(&self, _len: u64) -> Option<Result<(MemDesc, Owned)>> {
+        None
+    }
 
     /// Opens this transport's channel to the peer of `cx`, from the peer's offers. `Ok(Err)`
     /// says why it cannot serve this peer.

@@ -55,6 +55,7 @@ impl Session {
     }
 
     /// What transport `kind` keeps for this session, if anything of type `T`.
+    #[allow(dead_code)]
     pub(crate) fn slot<T: Any + Send + Sync>(&self, kind: &str) -> Option<Arc<T>> {
         let s = self.slots.lock().ok()?;
         let (_, v) = s.iter().find(|(k, _)| *k == kind)?;
@@ -71,6 +72,7 @@ impl Session {
     }
 
     /// Keeps `v` for transport `kind`; false (and nothing kept) if it keeps something already.
+    #[allow(dead_code)]
     pub(crate) fn set_slot(&self, kind: &'static str, v: Arc<dyn Any + Send + Sync>) -> bool {
         let Ok(mut s) = self.slots.lock() else {
             return false;
@@ -83,6 +85,7 @@ impl Session {
     }
 
     /// Drops what transport `kind` keeps for this session.
+    #[allow(dead_code)]
     pub(crate) fn clear_slot(&self, kind: &str) {
         let gone = self.slots.lock().ok().and_then(|mut s| {
             let i = s.iter().position(|(k, _)| *k == kind)?;
@@ -134,6 +137,7 @@ impl Sessions {
 
 /// The target's handles a transport serves its peers with.
 #[derive(Debug, Clone)]
+#[allow(dead_code)] // a build without the fabric reads only the sessions
 pub(crate) struct TargetCx {
     pub(crate) sessions: Arc<Sessions>,
     pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,

@@ -11,7 +11,7 @@ use hixl_core::{Error, RegionTable, RemoteRegion, Result};
 use super::channel::VerbsChannel;
 use super::{Connected, VerbsBackend, VerbsLink};
 use crate::frame_io::{read_frame, write_frame};
-use crate::memory::RegionInner;
+use crate::memory::{DeviceMr, RegionInner};
 use crate::transport::target::{Session, TargetCx};
 use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
 
@@ -36,6 +36,55 @@ impl Transport for VerbsTransport {
         cx: &'a mut Negotiation<'_>,
     ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>> {
         Box::pin(self.open(cx))
+    }
+
+    fn completions(&self) -> Option<Arc<dyn hixl_core::CompletionSource>> {
+        let s: Arc<dyn hixl_core::CompletionSource> = self.backend.as_ref()?.source.clone();
+        Some(s)
+    }
+
+    fn device(&self) -> Option<std::result::Result<String, String>> {
+        Some(match &self.backend {
+            Some(v) => Ok(v.device.clone()),
+            None => Err(self.why.clone()),
+        })
+    }
+
+    /// A failure is an error with `hixl.Transport=verbs`; with `auto` the region is served over
+    /// the other transports (and the failure is logged).
+    unsafe fn register(
+        &self,
+        desc: hixl_core::MemDesc,
+        access: hixl_core::Access,
+    ) -> Result<Option<DeviceMr>> {
+        let Some(v) = &self.backend else {
+            return Ok(None);
+        };
+        if desc.addr == 0 || desc.len == 0 {
+            return Ok(None); // refused by the region table with its own error
+        }
+        // SAFETY: this function's contract: the memory stays valid until the registration is
+        // dropped (deregistration drops it after the region's leases are gone and before the
+        // memory is handed back; a dropped region drops it before its owned memory).
+        match unsafe { v.register(desc.addr, desc.len, access) } {
+            Ok(mr) => {
+                let keys = (mr.lkey(), mr.rkey());
+                Ok(Some(DeviceMr {
+                    keep: Box::new(mr),
+                    keys,
+                }))
+            }
+            Err(e) if v.forced => Err(e),
+            Err(e) => {
+                tracing::warn!(
+                    "registering {:#x}+{} with {}: {e}; its transfers use another transport",
+                    desc.addr,
+                    desc.len,
+                    v.device
+                );
+                Ok(None)
+            }
+        }
     }
 
     fn offer(&self) -> Option<Message> {
