@@ -401,3 +401,68 @@ impl Region {
         self.with_range(offset, data.len(), |r| r.copy_in(data))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_buffers_are_aligned_zeroed_and_sized() {
+        for len in [1, 100, 4095, 4096, 4097, 1 << 20, (1 << 20) + 3] {
+            let mut b = HostBuffer::zeroed(len).unwrap();
+            assert_eq!(b.as_ptr() as usize % PAGE, 0, "{len}");
+            assert_eq!(b.as_mut_ptr(), b.as_ptr());
+            assert_eq!(b.as_slice().len(), len);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+            b.as_mut_slice().fill(0x5a);
+            assert_eq!(b.as_slice().as_ptr(), b.as_ptr().cast_const());
+        }
+        assert!(HostBuffer::zeroed(0).is_err());
+        assert!(HostBuffer::zeroed(usize::MAX).is_err());
+    }
+
+    #[tokio::test]
+    async fn lease_ranges_and_region_copies_stay_inside_the_region() {
+        let mut buf = HostBuffer::zeroed(8192).unwrap();
+        buf.as_mut_slice()[..4].copy_from_slice(b"head");
+        let addr = buf.as_mut_ptr() as u64;
+        let backing = Backing {
+            owned: Some(Owned::Host(buf)),
+            mr: None,
+        };
+        let inner = Arc::new(RegionInner::new(
+            RegionId(1),
+            addr,
+            8192,
+            MemKind::Host,
+            Access::REMOTE_RW,
+            7,
+            backing,
+        ));
+        let region = Region {
+            inner: inner.clone(),
+        };
+        {
+            let lease = Lease::new(&inner);
+            assert!(lease.range(addr, 8192).is_ok());
+            assert!(lease.range(addr + 8191, 1).is_ok());
+            assert!(lease.range(addr + 8192, 0).is_ok());
+            assert!(lease.range(addr + 8191, 2).is_err());
+            assert!(lease.range(addr - 1, 1).is_err());
+            assert!(lease.range(addr, u64::MAX).is_err());
+            let mut head = [0u8; 4];
+            lease.range(addr, 4).unwrap().copy_out(&mut head);
+            assert_eq!(&head, b"head");
+        }
+        region.write_at(8190, b"xy").unwrap();
+        assert!(region.write_at(8191, b"xy").is_err());
+        let mut out = [0u8; 2];
+        region.read_at(8190, &mut out).unwrap();
+        assert_eq!(&out, b"xy");
+        assert!(region.read_at(u64::MAX, &mut out).is_err());
+        let back = inner.revoke_and_drain().await.unwrap();
+        assert_eq!(&back.as_slice()[8190..], b"xy");
+        assert_eq!(&back.as_slice()[..4], b"head");
+        assert!(region.read_at(0, &mut out).is_err(), "deregistered");
+    }
+}
