@@ -418,7 +418,8 @@ impl Engine {
         access: Access,
         name: Option<&str>,
     ) -> Result<Region> {
-        let desc = MemDesc::new(buf.as_ptr() as u64, buf.len() as u64);
+        let mut buf = buf;
+        let desc = MemDesc::new(buf.as_mut_ptr() as u64, buf.len() as u64);
         self.register_inner(desc, MemKind::Host, access, name, Some(Owned::Host(buf)))
     }
 
@@ -429,7 +430,9 @@ impl Engine {
     /// `desc` must describe memory that is valid for reads and writes for its whole length
     /// until [`Engine::deregister`] (or [`Engine::deregister_id`]) has returned for it, or the
     /// engine has been shut down and dropped: peers may read and write it at any time until
-    /// then, concurrently with this process.
+    /// then, concurrently with this process. Meanwhile the caller must not hold a Rust reference
+    /// (`&[u8]`, `&mut [u8]`) to it: reach it through raw pointers or [`Region::read_at`] and
+    /// [`Region::write_at`].
     ///
     /// # Errors
     /// [`Error::NullAddress`], [`Error::ZeroLength`], [`Error::Overlap`] for a partial overlap

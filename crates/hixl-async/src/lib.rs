@@ -6,6 +6,7 @@ pub mod addr;
 mod completion;
 mod memory;
 mod notify;
+mod rawio;
 mod reactor;
 
 pub use memory::{HostBuffer, Region};

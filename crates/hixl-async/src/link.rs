@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::engine::Shared;
 use crate::frame_io::{read_frame, tune, write_frame, write_frames};
 use crate::link_state::LinkState;
-use crate::memory::{Lease, MemPtr};
+use crate::memory::Lease;
 use crate::tcp::initiator::{fail_parts, DataConn, Part};
 use crate::transfer::Transfer;
 use crate::transport::{select, LinkHooks, Negotiation, PeerChannel, Withdraw};
@@ -432,7 +432,7 @@ impl Link {
                     per[k % n].push(Part {
                         token,
                         write,
-                        local: MemPtr((d.local_addr + off) as *mut u8),
+                        local: d.local_addr + off,
                         req: DataReq {
                             id: token.0,
                             rkey,

@@ -1,17 +1,26 @@
 //! Registered memory: owned host buffers, the region lease that in-flight ops hold, and the
 //! user's `Region` handle.
+//!
+//! Once registered, memory is shared with peers, copy engines and the device: nothing here
+//! forms a Rust reference over it. Bytes move through [`RawRange`]s, which a [`Lease`] (for
+//! ops) or the region's lock (for [`Region::read_at`]/[`Region::write_at`]) keeps valid.
 
-use std::alloc::{self, Layout};
 use std::any::Any;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hixl_core::{Access, Error, MemKind, RegionId, Result};
 
+use crate::rawio::RawRange;
+
 const PAGE: usize = 4096;
 
 /// A page-aligned, zero-initialised host buffer that hixl can own while it is registered.
+///
+/// Its bytes are reachable as slices only while the caller owns it, that is, while it is not
+/// registered: [`crate::Engine::register`] takes it by value and [`crate::Engine::deregister`]
+/// hands it back once no op touches it. While it is registered, use [`Region::read_at`] and
+/// [`Region::write_at`].
 ///
 /// ```
 /// let b = hixl_async::HostBuffer::zeroed(1 << 20).unwrap();
@@ -19,17 +28,17 @@ const PAGE: usize = 4096;
 /// assert_eq!(b.as_ptr() as usize % 4096, 0);
 /// ```
 pub struct HostBuffer {
-    ptr: NonNull<u8>,
+    /// The allocation: `len` bytes starting at the first page boundary inside it. It is never
+    /// resized, so its heap block (and the buffer's address) never moves.
+    mem: Vec<u8>,
+    /// Offset of the page boundary in `mem`.
+    off: usize,
     len: usize,
 }
 
-// SAFETY: HostBuffer uniquely owns its allocation, like a Box<[u8]>.
-unsafe impl Send for HostBuffer {}
-// SAFETY: shared access only hands out `&[u8]` through `&self`.
-unsafe impl Sync for HostBuffer {}
-
 impl HostBuffer {
-    /// Allocates `len` zeroed bytes aligned to 4 KiB.
+    /// Allocates `len` zeroed bytes aligned to 4 KiB (the allocation is up to 4095 bytes
+    /// larger, to find the boundary).
     ///
     /// # Errors
     /// [`Error::ZeroLength`] for `len == 0`, [`Error::ResourceExhausted`] when the allocation
@@ -38,20 +47,31 @@ impl HostBuffer {
         if len == 0 {
             return Err(Error::ZeroLength { index: 0 });
         }
-        let layout = Layout::from_size_align(len, PAGE).map_err(|_| Error::InvalidParam {
-            what: format!("buffer length {len} is too large"),
-        })?;
-        // SAFETY: layout has non-zero size (checked above).
-        let p = unsafe { alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(p).ok_or_else(|| Error::ResourceExhausted {
-            what: format!("allocating {len} bytes of host memory"),
-        })?;
-        Ok(HostBuffer { ptr, len })
+        let total = len
+            .checked_add(PAGE - 1)
+            .filter(|&t| t <= isize::MAX as usize)
+            .ok_or_else(|| Error::InvalidParam {
+                what: format!("buffer length {len} is too large"),
+            })?;
+        let mut mem = Vec::new();
+        mem.try_reserve_exact(total)
+            .map_err(|_| Error::ResourceExhausted {
+                what: format!("allocating {len} bytes of host memory"),
+            })?;
+        mem.resize(total, 0);
+        let off = (mem.as_ptr() as usize).wrapping_neg() % PAGE;
+        Ok(HostBuffer { mem, off, len })
     }
 
-    /// Start address.
+    /// Start address (for registration and descriptors: access the bytes through
+    /// [`HostBuffer::as_slice`] while unregistered, [`Region::read_at`] while registered).
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.mem.as_ptr().wrapping_add(self.off).cast_mut()
+    }
+
+    /// Start address, with the provenance to write (what a registration keeps).
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.mem.as_mut_ptr().wrapping_add(self.off)
     }
 
     /// Length in bytes.
@@ -64,33 +84,21 @@ impl HostBuffer {
         false
     }
 
-    /// The bytes.
+    /// The bytes (the buffer is not registered: only its owner can reach them).
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is a live allocation of len bytes owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        &self.mem[self.off..self.off + self.len]
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and &mut self guarantees exclusivity.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for HostBuffer {
-    fn drop(&mut self) {
-        // The layout was valid at allocation with the same len and alignment.
-        if let Ok(layout) = Layout::from_size_align(self.len, PAGE) {
-            // SAFETY: allocated by alloc_zeroed with this layout, freed once.
-            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) }
-        }
+        &mut self.mem[self.off..self.off + self.len]
     }
 }
 
 impl std::fmt::Debug for HostBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostBuffer")
-            .field("addr", &self.ptr)
+            .field("addr", &self.as_ptr())
             .field("len", &self.len)
             .finish()
     }
@@ -248,6 +256,34 @@ impl Lease {
     pub(crate) fn region(&self) -> &RegionInner {
         &self.0
     }
+
+    /// The bytes `addr..addr + len` of the leased region, as a range that cannot outlive the
+    /// lease.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParam`] when the bytes are not all inside the region (callers checked
+    /// this already; a failure here is a bug, reported rather than acted on).
+    pub(crate) fn range(&self, addr: u64, len: u64) -> Result<RawRange<'_>> {
+        let r = self.region();
+        let inside = addr >= r.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= r.addr + r.len);
+        if !inside {
+            return Err(Error::InvalidParam {
+                what: format!(
+                    "range {addr:#x}+{len} is outside the leased region {:#x}+{}",
+                    r.addr, r.len
+                ),
+            });
+        }
+        // SAFETY: the range lies inside the region (checked above). The lease, which the
+        // returned range borrows, keeps the region registered, so its memory stays valid:
+        // an owned buffer is not freed while a lease exists, and raw memory stays valid until
+        // deregistration returns by register_raw's contract. Others may access the bytes
+        // concurrently; RawRange never forms a reference over them.
+        Ok(unsafe { RawRange::new(addr as *mut u8, len as usize) })
+    }
 }
 
 impl Clone for Lease {
@@ -265,15 +301,6 @@ impl Drop for Lease {
         }
     }
 }
-
-/// A raw pointer into leased memory that may cross threads: the lease that travels with it
-/// keeps the memory valid.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct MemPtr(pub(crate) *mut u8);
-// SAFETY: a MemPtr is only dereferenced while a Lease on its region is held by the same op.
-unsafe impl Send for MemPtr {}
-// SAFETY: as above.
-unsafe impl Sync for MemPtr {}
 
 /// The user's handle to a registered region (HIXL `MemHandle`).
 ///
@@ -331,9 +358,10 @@ impl Region {
         Ok(self.inner.addr + offset)
     }
 
-    /// Runs `f` with the region's memory guaranteed live: bounds-checked, and the owned buffer
-    /// (if any) locked so deregistration cannot free it meanwhile.
-    fn with_mem(&self, offset: u64, len: usize, f: impl FnOnce(*mut u8)) -> Result<()> {
+    /// Runs `f` on bytes `offset..offset + len` of the region with its memory guaranteed
+    /// live: bounds-checked, and the owned buffer (if any) locked so deregistration cannot
+    /// free it (or, for raw memory, return to the caller) meanwhile.
+    fn with_range(&self, offset: u64, len: usize, f: impl FnOnce(RawRange<'_>)) -> Result<()> {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.inner.len => {}
             _ => {
@@ -353,43 +381,101 @@ impl Region {
                 what: format!("region {:#x} was deregistered", self.inner.addr),
             });
         }
-        f((self.inner.addr + offset) as *mut u8);
+        // SAFETY: the range is inside the region (checked above), which is not revoked, and
+        // `guard` holds the lock that deregistration takes before handing back (or freeing)
+        // the memory, so it stays valid (owned buffers) or, by register_raw's contract, valid
+        // for raw memory, until the range (which cannot escape `f`) is gone. Peers may access
+        // the bytes concurrently: RawRange never forms a reference over them.
+        let range = unsafe { RawRange::new((self.inner.addr + offset) as *mut u8, len) };
+        f(range);
         drop(guard);
         Ok(())
     }
 
-    /// Copies bytes out of the region (which peers may be writing concurrently: synchronise
-    /// with them through transfer completion or notifies).
+    /// Copies bytes out of the region.
+    ///
+    /// Peers and in-flight transfers may be writing the region concurrently: the bytes read
+    /// are then unspecified (never undefined behaviour: no reference to the region's memory is
+    /// formed). Synchronise with them through transfer completion or notifies.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] when the range is outside the region.
+    /// [`Error::InvalidParam`] when the range is outside the region or the region was
+    /// deregistered.
     pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
-        let n = out.len();
-        self.with_mem(offset, n, |p| {
-            // SAFETY: the range is inside the region, whose memory with_mem keeps live (owned
-            // buffers) or register_raw's contract keeps valid.
-            unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), n) }
-        })
+        self.with_range(offset, out.len(), |r| r.copy_out(out))
     }
 
-    /// Copies bytes into the region.
+    /// Copies bytes into the region (see [`Region::read_at`] on concurrent access).
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] when the range is outside the region.
+    /// [`Error::InvalidParam`] when the range is outside the region or the region was
+    /// deregistered.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.with_mem(offset, data.len(), |p| {
-            // SAFETY: as in read_at; the region is writable memory we registered.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) }
-        })
+        self.with_range(offset, data.len(), |r| r.copy_in(data))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_buffers_are_aligned_zeroed_and_sized() {
+        for len in [1, 100, 4095, 4096, 4097, 1 << 20, (1 << 20) + 3] {
+            let mut b = HostBuffer::zeroed(len).unwrap();
+            assert_eq!(b.as_ptr() as usize % PAGE, 0, "{len}");
+            assert_eq!(b.as_mut_ptr(), b.as_ptr());
+            assert_eq!(b.as_slice().len(), len);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+            b.as_mut_slice().fill(0x5a);
+            assert_eq!(b.as_slice().as_ptr(), b.as_ptr().cast_const());
+        }
+        assert!(HostBuffer::zeroed(0).is_err());
+        assert!(HostBuffer::zeroed(usize::MAX).is_err());
     }
 
-    /// A view of the whole region.
-    ///
-    /// # Safety
-    /// No peer or local transfer may write the region while the slice lives, and the region
-    /// must stay registered (or, for raw registrations, its memory valid) meanwhile.
-    pub unsafe fn as_slice(&self) -> &[u8] {
-        // SAFETY: per the caller's contract.
-        unsafe { std::slice::from_raw_parts(self.inner.addr as *const u8, self.inner.len as usize) }
+    #[tokio::test]
+    async fn lease_ranges_and_region_copies_stay_inside_the_region() {
+        let mut buf = HostBuffer::zeroed(8192).unwrap();
+        buf.as_mut_slice()[..4].copy_from_slice(b"head");
+        let addr = buf.as_mut_ptr() as u64;
+        let backing = Backing {
+            owned: Some(Owned::Host(buf)),
+            mr: None,
+        };
+        let inner = Arc::new(RegionInner::new(
+            RegionId(1),
+            addr,
+            8192,
+            MemKind::Host,
+            Access::REMOTE_RW,
+            7,
+            backing,
+        ));
+        let region = Region {
+            inner: inner.clone(),
+        };
+        {
+            let lease = Lease::new(&inner);
+            assert!(lease.range(addr, 8192).is_ok());
+            assert!(lease.range(addr + 8191, 1).is_ok());
+            assert!(lease.range(addr + 8192, 0).is_ok());
+            assert!(lease.range(addr + 8191, 2).is_err());
+            assert!(lease.range(addr - 1, 1).is_err());
+            assert!(lease.range(addr, u64::MAX).is_err());
+            let mut head = [0u8; 4];
+            lease.range(addr, 4).unwrap().copy_out(&mut head);
+            assert_eq!(&head, b"head");
+        }
+        region.write_at(8190, b"xy").unwrap();
+        assert!(region.write_at(8191, b"xy").is_err());
+        let mut out = [0u8; 2];
+        region.read_at(8190, &mut out).unwrap();
+        assert_eq!(&out, b"xy");
+        assert!(region.read_at(u64::MAX, &mut out).is_err());
+        let back = inner.revoke_and_drain().await.unwrap();
+        assert_eq!(&back.as_slice()[8190..], b"xy");
+        assert_eq!(&back.as_slice()[..4], b"head");
+        assert!(region.read_at(0, &mut out).is_err(), "deregistered");
     }
 }

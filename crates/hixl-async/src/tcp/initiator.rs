@@ -3,7 +3,6 @@
 //! FIFO order, landing READ payloads straight into registered memory.
 
 use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::sync::{Arc, Mutex};
 
 use hixl_core::wire::{
@@ -11,7 +10,7 @@ use hixl_core::wire::{
     READ_RESP_FRAME,
 };
 use hixl_core::{Error, Status, Token};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -20,14 +19,16 @@ use crate::completion::Completion;
 use crate::engine::Shared;
 use crate::frame_io::shutdown_both;
 use crate::link_state::LinkState;
-use crate::memory::{Lease, MemPtr};
+use crate::memory::Lease;
+use crate::rawio::{self, RawRange};
 
 /// One piece of a transfer on one connection.
 #[derive(Debug)]
 pub(crate) struct Part {
     pub(crate) token: Token,
     pub(crate) write: bool,
-    pub(crate) local: MemPtr,
+    /// Address of the part's local bytes (inside the region that `lease` holds).
+    pub(crate) local: u64,
     pub(crate) req: DataReq,
     pub(crate) lease: Lease,
 }
@@ -204,8 +205,7 @@ async fn send_batch(
         }
         let hdr = encode_data_req(part.write, &part.req);
         if part.write {
-            let ptr = part.local;
-            let len = part.req.len as usize;
+            let (local, len) = (part.local, part.req.len);
             // Keeps the source memory live while the socket reads it, even if the reader
             // fails this part (and drops its lease) concurrently.
             let hold = part.lease.clone();
@@ -214,16 +214,10 @@ async fn send_batch(
                 let _ = flush(w, live, hdrs, peer).await;
                 return Err(e);
             }
-            // SAFETY: ptr..ptr+len lies in a registered region (checked at submit) on which
-            // `hold` keeps a lease, so the memory stays valid until this write returns.
-            let payload = unsafe { std::slice::from_raw_parts(ptr.0 as *const u8, len) };
-            let r = if hdrs.is_empty() {
-                write_or_dead(w, &mut live.dead, &hdr, payload).await
-            } else {
-                hdrs.extend_from_slice(&hdr);
-                let r = write_or_dead(w, &mut live.dead, hdrs, payload).await;
-                hdrs.clear();
-                r
+            // The range borrows `hold`: the memory stays valid until the send is over.
+            let r = match hold.range(local, len) {
+                Ok(payload) => send_part(w, live, hdrs, &hdr, payload).await,
+                Err(e) => Err(std::io::Error::other(e.to_string())),
             };
             drop(hold);
             if let Err(e) = r {
@@ -280,48 +274,45 @@ async fn flush(
     if hdrs.is_empty() {
         return Ok(());
     }
-    let r = write_or_dead(w, &mut live.dead, hdrs, &[]).await;
+    let r = write_or_dead(w, &mut live.dead, hdrs, RawRange::empty()).await;
     hdrs.clear();
     r.map_err(|e| live.cause(lost(peer, e)))
 }
 
-/// [`write_two`], abandoned when the link dies (the socket is shut down after that anyway).
+/// Sends a write part's header (after the read headers waiting in `hdrs`, which it empties)
+/// and its payload, racing the link's death.
+async fn send_part(
+    w: &mut OwnedWriteHalf,
+    live: &mut Live<'_>,
+    hdrs: &mut Vec<u8>,
+    hdr: &[u8],
+    payload: RawRange<'_>,
+) -> std::io::Result<()> {
+    if hdrs.is_empty() {
+        write_or_dead(w, &mut live.dead, hdr, payload).await
+    } else {
+        hdrs.extend_from_slice(hdr);
+        let r = write_or_dead(w, &mut live.dead, hdrs, payload).await;
+        hdrs.clear();
+        r
+    }
+}
+
+/// [`rawio::send_all`] of `head` then `payload`, abandoned when the link dies (the socket is
+/// shut down after that anyway).
 async fn write_or_dead(
     w: &mut OwnedWriteHalf,
     dead: &mut watch::Receiver<bool>,
-    a: &[u8],
-    b: &[u8],
+    head: &[u8],
+    payload: RawRange<'_>,
 ) -> std::io::Result<()> {
     if *dead.borrow() {
         return Err(std::io::Error::other("link closed"));
     }
     tokio::select! {
-        r = write_two(w, a, b) => r,
+        r = rawio::send_all(w.as_ref(), head, payload) => r,
         _ = dead.changed() => Err(std::io::Error::other("link closed while sending")),
     }
-}
-
-/// Writes `a` then `b` with as few syscalls as the kernel allows.
-pub(crate) async fn write_two(
-    w: &mut (impl tokio::io::AsyncWrite + Unpin),
-    a: &[u8],
-    b: &[u8],
-) -> std::io::Result<()> {
-    let total = a.len() + b.len();
-    let mut off = 0;
-    while off < total {
-        let n = if off < a.len() {
-            w.write_vectored(&[IoSlice::new(&a[off..]), IoSlice::new(b)])
-                .await?
-        } else {
-            w.write(&b[off - a.len()..]).await?
-        };
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        off += n;
-    }
-    Ok(())
 }
 
 async fn reader(
@@ -511,10 +502,12 @@ async fn read_loop(
                     fail_parts(shared, [p], &e);
                     return Err(e);
                 }
-                // SAFETY: p.local..+len lies in a registered local region (checked at submit)
-                // on which p.lease is held until after this read completes.
-                let dst = unsafe { std::slice::from_raw_parts_mut(p.local.0, len as usize) };
-                if let Err(e) = r.read_exact(dst).await {
+                // The range borrows p.lease: the memory stays valid until the payload is in.
+                let got = match p.lease.range(p.local, len) {
+                    Ok(dst) => rawio::recv_exact(r.as_ref(), dst).await,
+                    Err(e) => Err(std::io::Error::other(e.to_string())),
+                };
+                if let Err(e) = got {
                     // If the link was closed (our own disconnect shuts the socket down), the
                     // part fails with the link's cause like every other part of the link.
                     let e = state.error().unwrap_or_else(|| lost(peer, e));

@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 
 use crate::engine::Shared;
 use crate::memory::Lease;
-use crate::tcp::initiator::write_two;
+use crate::rawio;
 
 /// Acks buffered before a forced flush.
 const ACK_FLUSH: usize = 64 * ACK_FRAME;
@@ -122,15 +122,11 @@ async fn serve_loop(
             Message::WriteReq(req) => {
                 let status = match validate(shared, &req, Access::REMOTE_WRITE) {
                     Ok(lease) => {
-                        let addr = lease.region().addr;
-                        debug_assert!(req.addr >= addr);
-                        // SAFETY: validate checked req.addr..+len lies inside a live registered
-                        // region that grants remote write; `lease` keeps it registered (and
-                        // its memory alive) until the payload is in.
-                        let dst = unsafe {
-                            std::slice::from_raw_parts_mut(req.addr as *mut u8, req.len as usize)
-                        };
-                        rd.read_exact(dst)
+                        // validate checked the bytes lie inside the region, which grants remote
+                        // write; the range borrows `lease`, which keeps the region registered
+                        // (and its memory alive) until the payload is in.
+                        let dst = lease.range(req.addr, req.len)?;
+                        rawio::recv_exact(rd.as_ref(), dst)
                             .await
                             .map_err(|e| io("reading write payload", e))?;
                         drop(lease);
@@ -161,12 +157,10 @@ async fn serve_loop(
                 }
                 match validate(shared, &req, Access::REMOTE_READ) {
                     Ok(lease) => {
-                        // SAFETY: as for writes, with remote read granted; the lease holds the
-                        // region until the payload is handed to the socket.
-                        let src = unsafe {
-                            std::slice::from_raw_parts(req.addr as *const u8, req.len as usize)
-                        };
-                        write_two(wr, &encode_read_resp(req.id, 0, req.len), src)
+                        // As for writes, with remote read granted; the lease holds the region
+                        // until the payload is handed to the socket.
+                        let src = lease.range(req.addr, req.len)?;
+                        rawio::send_all(wr.as_ref(), &encode_read_resp(req.id, 0, req.len), src)
                             .await
                             .map_err(|e| io("writing read payload", e))?;
                         drop(lease);

@@ -1,0 +1,401 @@
+//! Raw-range I/O: the one place where bytes move between registered memory and a socket or a
+//! caller's buffer.
+//!
+//! Registered memory is shared. While we read or write it, a peer's requests (through this
+//! engine's TCP target or the fabric copy engines), the RDMA device and the user may touch the
+//! same bytes. A `&[u8]` or `&mut [u8]` over it would promise the compiler that nobody writes
+//! (or, for `&mut`, reads) those bytes while the reference lives, a promise nobody here can
+//! keep. So no reference is ever formed over a [`RawRange`]: it is an address and a length,
+//! and bytes move through it only by `recv(2)`/`sendmsg(2)` (the kernel copies) or
+//! `ptr::copy_nonoverlapping` between raw pointers. Concurrent access by others then yields
+//! unspecified bytes (the caller's protocol, completion or notify, orders it), never a broken
+//! aliasing assumption.
+//!
+//! The unsafety is at construction ([`RawRange::new`]); every operation on a range is safe.
+
+use std::future::poll_fn;
+use std::io;
+use std::marker::PhantomData;
+use std::os::fd::AsRawFd;
+
+use tokio::io::Interest;
+use tokio::net::TcpStream;
+
+/// `len` bytes at `ptr` in memory that stays valid for `'a` and that others may access
+/// concurrently. Never dereferenced into a reference.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawRange<'a> {
+    ptr: *mut u8,
+    len: usize,
+    _keep: PhantomData<&'a ()>,
+}
+
+// SAFETY: a RawRange is an address range; every access through it is a syscall or a raw copy,
+// valid from any thread for 'a by the contract of `new`. No reference is formed, so sharing or
+// moving the range across threads creates no aliasing claim.
+unsafe impl Send for RawRange<'_> {}
+// SAFETY: as above: `&RawRange` only gives the same raw accesses.
+unsafe impl Sync for RawRange<'_> {}
+
+impl<'a> RawRange<'a> {
+    /// A range over `ptr..ptr + len`.
+    ///
+    /// # Safety
+    /// For all of `'a` (tie `'a` to whatever keeps the memory alive, such as a region lease),
+    /// the bytes `ptr..ptr + len` must be allocated, mapped and valid for reads and writes, and
+    /// `len` at most `isize::MAX`. Others (peers, copy engines, the device, the user through
+    /// raw pointers) may read and write them concurrently: that makes the bytes moved
+    /// unspecified, not the program undefined, because no reference to them is ever formed
+    /// here. The caller must not hold a Rust reference to them while the range is in use.
+    pub(crate) unsafe fn new(ptr: *mut u8, len: usize) -> RawRange<'a> {
+        RawRange {
+            ptr,
+            len,
+            _keep: PhantomData,
+        }
+    }
+
+    /// The empty range (for a send with nothing but a header).
+    pub(crate) fn empty() -> RawRange<'static> {
+        RawRange {
+            ptr: std::ptr::NonNull::dangling().as_ptr(),
+            len: 0,
+            _keep: PhantomData,
+        }
+    }
+
+    /// The address of byte `off` (`off <= len`); pointer arithmetic only.
+    fn at(&self, off: usize) -> *mut u8 {
+        debug_assert!(off <= self.len);
+        self.ptr.wrapping_add(off)
+    }
+
+    /// Copies the whole range into `out`, which must be exactly as long.
+    pub(crate) fn copy_out(&self, out: &mut [u8]) {
+        assert_eq!(
+            out.len(),
+            self.len,
+            "copy_out into a buffer of another length"
+        );
+        // SAFETY: validity: the range is readable for 'a (contract of `new`) and `out` is a
+        // distinct, exclusively borrowed buffer of the same length (it cannot overlap: the
+        // caller holds no reference into the range). Aliasing: the source is read through the
+        // raw pointer only; no reference to it exists.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr, out.as_mut_ptr(), self.len) }
+    }
+
+    /// Copies `data`, which must be exactly as long, into the range.
+    pub(crate) fn copy_in(&self, data: &[u8]) {
+        assert_eq!(
+            data.len(),
+            self.len,
+            "copy_in from a buffer of another length"
+        );
+        // SAFETY: validity: the range is writable for 'a (contract of `new`) and `data` cannot
+        // overlap it (no reference into the range exists). Aliasing: the destination is written
+        // through the raw pointer only.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr, self.len) }
+    }
+}
+
+/// Result of one socket syscall, with the count moved also when tokio is told the socket
+/// would block (to clear its cached readiness after a short transfer, as tokio's own
+/// `poll_read`/`poll_write` do: a short transfer on Linux means the socket buffer is drained
+/// or full, so trying again before the next edge would only cost an `EAGAIN` syscall).
+fn syscall_result(n: isize, asked: usize, moved: &mut usize) -> io::Result<()> {
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    *moved = n as usize;
+    if 0 < *moved && *moved < asked {
+        Err(io::ErrorKind::WouldBlock.into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Receives exactly `dst.len()` bytes from `s` into `dst`.
+///
+/// Like `AsyncReadExt::read_exact` (one `recv` per readiness edge, the task's cooperative
+/// budget honoured), but landing bytes in shared memory without forming a reference to it.
+/// Cancel-safe in the same (weak) sense: when dropped, an unknown prefix has been consumed.
+///
+/// # Errors
+/// [`io::ErrorKind::UnexpectedEof`] when the peer closes before the range is full; socket
+/// errors as they come (`EINTR` is retried).
+pub(crate) async fn recv_exact(s: &TcpStream, dst: RawRange<'_>) -> io::Result<()> {
+    let fd = s.as_raw_fd();
+    let mut off = 0;
+    while off < dst.len {
+        // Honours the cooperative budget (as tokio's reads do) before touching the socket.
+        poll_fn(|cx| s.poll_read_ready(cx)).await?;
+        let want = dst.len - off;
+        let mut got = 0;
+        let r = s.try_io(Interest::READABLE, || {
+            // SAFETY: validity: dst.at(off)..+want lies inside dst (off < len), writable for
+            // the range's life by the contract of RawRange::new, and fd is a live socket
+            // borrowed through `s`. Aliasing: the kernel writes the bytes; no Rust reference
+            // to them exists.
+            let n = unsafe { libc::recv(fd, dst.at(off).cast(), want, 0) };
+            syscall_result(n, want, &mut got)
+        });
+        match r {
+            Ok(()) if got == 0 => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed inside a payload",
+                ))
+            }
+            Ok(()) => off += got,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => off += got,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Sends `head` then the bytes of `src` on `s`, as one `sendmsg` with two iovecs while the
+/// header is not all out (so a small op stays one syscall), looping on partial sends.
+/// `MSG_NOSIGNAL`: a peer that went away gives `EPIPE`, never `SIGPIPE`.
+///
+/// Not cancel-safe beyond `write_all`'s sense: when dropped, an unknown prefix has been sent.
+///
+/// # Errors
+/// Socket errors (`EINTR` is retried); [`io::ErrorKind::WriteZero`] if the kernel accepts
+/// nothing.
+pub(crate) async fn send_all(s: &TcpStream, head: &[u8], src: RawRange<'_>) -> io::Result<()> {
+    let fd = s.as_raw_fd();
+    let total = head.len() + src.len;
+    let mut off = 0;
+    while off < total {
+        poll_fn(|cx| s.poll_write_ready(cx)).await?;
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2];
+        let mut n_iov = 0;
+        if off < head.len() {
+            iov[0] = libc::iovec {
+                // The kernel only reads through an iovec given to sendmsg.
+                iov_base: head[off..].as_ptr().cast_mut().cast(),
+                iov_len: head.len() - off,
+            };
+            n_iov = 1;
+        }
+        let poff = off.saturating_sub(head.len());
+        if poff < src.len {
+            iov[n_iov] = libc::iovec {
+                iov_base: src.at(poff).cast(),
+                iov_len: src.len - poff,
+            };
+            n_iov += 1;
+        }
+        let want = total - off;
+        let mut sent = 0;
+        let r = s.try_io(Interest::WRITABLE, || {
+            // SAFETY: an all-zero msghdr is valid (null name and control, no iovecs); the
+            // iovecs are set below.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = iov.as_mut_ptr();
+            msg.msg_iovlen = n_iov as _;
+            // SAFETY: validity: iov[0] (if used) covers the live borrowed `head[off..]`;
+            // iov[1] covers src.at(poff)..+(len - poff), inside src and readable for its
+            // life by the contract of RawRange::new; `msg` and `iov` outlive the call; fd is a
+            // live socket borrowed through `s`. Aliasing: the kernel only reads the iovecs'
+            // bytes; no Rust reference to src's memory exists.
+            let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
+            syscall_result(n, want, &mut sent)
+        });
+        match r {
+            Ok(()) if sent == 0 => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(()) => off += sent,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => off += sent,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| {
+                (i as u8)
+                    .wrapping_mul(31)
+                    .wrapping_add(seed ^ (i >> 12) as u8)
+            })
+            .collect()
+    }
+
+    /// A range over a vector the test keeps alive and does not reference meanwhile.
+    fn range(v: &mut [u8]) -> RawRange<'_> {
+        // SAFETY: the slice's memory lives for the borrow, which the range's lifetime carries;
+        // the exclusive borrow keeps every other reference away while the range is used.
+        unsafe { RawRange::new(v.as_mut_ptr(), v.len()) }
+    }
+
+    /// A connected pair; `small` gives the sender a small send buffer, which forces partial
+    /// sends (and, on the other side, partial receives). The receive buffer keeps its default:
+    /// a tiny window would make loopback crawl at the delayed-ack pace.
+    async fn pair(small: bool) -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (b, _) = l.accept().await.unwrap();
+        if small {
+            socket2::SockRef::from(&a)
+                .set_send_buffer_size(16 << 10)
+                .unwrap();
+        }
+        (a, b)
+    }
+
+    #[tokio::test]
+    async fn large_ranges_through_small_buffers() {
+        let (a, mut b) = pair(true).await;
+        let len = 8 << 20;
+        let src = pattern(len, 7);
+        let mut sbuf = src.clone();
+        let head = pattern(40, 3);
+        let mut dst = vec![0u8; len];
+        let send = async {
+            send_all(&a, &head, range(&mut sbuf)).await.unwrap();
+        };
+        let recv = async {
+            let mut h = [0u8; 40];
+            b.read_exact(&mut h).await.unwrap();
+            assert_eq!(&h[..], &head[..]);
+            recv_exact(&b, range(&mut dst)).await.unwrap();
+        };
+        tokio::join!(send, recv);
+        assert!(dst == src, "payload differs");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn large_ranges_across_threads() {
+        let (a, mut b) = pair(true).await;
+        let len = 8 << 20;
+        let want = pattern(len, 9);
+        let src = want.clone();
+        let t = tokio::spawn(async move {
+            let mut src = src;
+            send_all(&a, &[], range(&mut src)).await.unwrap();
+            a
+        });
+        let mut dst = vec![0u8; len];
+        // Odd piece sizes: ranges that end mid-segment.
+        let mut off = 0;
+        for piece in [1usize, 4095, 65_537, 1 << 20].iter().cycle() {
+            if off == len {
+                break;
+            }
+            let n = (*piece).min(len - off);
+            recv_exact(&b, range(&mut dst[off..off + n])).await.unwrap();
+            off += n;
+        }
+        let a = t.await.unwrap();
+        assert!(dst == want, "payload differs");
+        drop(a);
+        let mut rest = Vec::new();
+        b.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "bytes past the ranges");
+    }
+
+    #[tokio::test]
+    async fn header_and_payload_sizes() {
+        for (hlen, plen) in [
+            (0, 1),
+            (40, 0),
+            (40, 1),
+            (40, 4096),
+            (1, 3 << 20),
+            (64 * 40, 16),
+        ] {
+            let (a, b) = pair(false).await;
+            let head = pattern(hlen, 1);
+            let payload = pattern(plen, 2);
+            let mut p = payload.clone();
+            let reader = tokio::spawn(async move {
+                let mut b = b;
+                let mut got = Vec::new();
+                b.read_to_end(&mut got).await.unwrap();
+                got
+            });
+            if plen == 0 {
+                send_all(&a, &head, RawRange::empty()).await.unwrap();
+            } else {
+                send_all(&a, &head, range(&mut p)).await.unwrap();
+            }
+            drop(a);
+            let got = reader.await.unwrap();
+            assert_eq!(got.len(), hlen + plen, "{hlen}+{plen}");
+            assert!(
+                got[..hlen] == head[..] && got[hlen..] == payload[..],
+                "{hlen}+{plen}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn eof_mid_range() {
+        let (mut a, b) = pair(false).await;
+        a.write_all(&pattern(100, 4)).await.unwrap();
+        drop(a);
+        let mut dst = vec![0u8; 1000];
+        let e = recv_exact(&b, range(&mut dst)).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        assert_eq!(&dst[..100], &pattern(100, 4)[..]);
+        // EOF before any byte is the same error (the caller expected a payload).
+        let (a, b) = pair(false).await;
+        drop(a);
+        let e = recv_exact(&b, range(&mut dst)).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[tokio::test]
+    async fn peer_closing_mid_send() {
+        let (a, mut b) = pair(true).await;
+        let mut src = pattern(32 << 20, 5);
+        let reader = tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 << 10];
+            b.read_exact(&mut buf).await.unwrap();
+            // Closing with unread data makes the kernel reset the connection.
+            drop(b);
+        });
+        let e = send_all(&a, b"header", range(&mut src)).await.unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ),
+            "{e:?}"
+        );
+        reader.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn zero_length_ops_do_nothing() {
+        let (a, b) = pair(false).await;
+        recv_exact(&b, RawRange::empty()).await.unwrap();
+        send_all(&a, &[], RawRange::empty()).await.unwrap();
+    }
+
+    #[test]
+    fn copies() {
+        let mut mem = pattern(64, 6);
+        let r = range(&mut mem[8..24]);
+        let mut out = [0u8; 16];
+        r.copy_out(&mut out);
+        assert_eq!(&out[..], &pattern(64, 6)[8..24]);
+        r.copy_in(&[0xEE; 16]);
+        assert!(mem[8..24].iter().all(|&b| b == 0xEE));
+        assert_eq!(mem[..8], pattern(64, 6)[..8]);
+        assert_eq!(mem[24..], pattern(64, 6)[24..]);
+    }
+}
