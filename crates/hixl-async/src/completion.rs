@@ -7,6 +7,13 @@ use std::sync::Mutex;
 
 use hixl_core::{CompletionSource, Error, PartResult, Token};
 
+/// Locks `m`, recovering it if a panic poisoned it. The policy for the op table and the
+/// completion queues: their updates cannot panic half-way, so the data stays consistent, and
+/// recovering means no completion is ever dropped.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// One finished part of an op.
 #[derive(Debug)]
 pub(crate) struct Completion {
@@ -43,18 +50,14 @@ impl CompletionQueue {
     /// Posts one completion and rings.
     #[cfg(test)]
     pub(crate) fn push(&self, c: Completion) {
-        if let Ok(mut q) = self.q.lock() {
-            q.push(c);
-        }
+        lock(&self.q).push(c);
         self.ring();
     }
 
     /// Posts completions without ringing; the caller drains them itself or calls
     /// [`CompletionQueue::ring`].
     pub(crate) fn push_quiet(&self, cs: impl IntoIterator<Item = Completion>) {
-        if let Ok(mut q) = self.q.lock() {
-            q.extend(cs);
-        }
+        lock(&self.q).extend(cs);
     }
 
     /// Rings the eventfd if the reactor armed it.
@@ -103,14 +106,10 @@ impl CompletionQueue {
 
 impl CompletionSource for CompletionQueue {
     fn drain(&self, out: &mut Vec<PartResult>) -> usize {
-        match self.q.lock() {
-            Ok(mut q) => {
-                let n = q.len();
-                out.extend(q.drain(..).map(|c| (c.token, c.result)));
-                n
-            }
-            Err(_) => 0,
-        }
+        let mut q = lock(&self.q);
+        let n = q.len();
+        out.extend(q.drain(..).map(|c| (c.token, c.result)));
+        n
     }
 
     fn arm(&self) {

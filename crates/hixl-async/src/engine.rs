@@ -349,8 +349,8 @@ pub struct Engine {
 }
 
 fn poisoned() -> Error {
-    Error::InvalidParam {
-        what: "engine lock poisoned by an earlier panic".into(),
+    Error::Internal {
+        what: "engine lock poisoned by an earlier panic",
     }
 }
 
@@ -871,8 +871,9 @@ impl Engine {
         }
         if q.tx.send(t).is_err() {
             self.inner.async_pending.fetch_sub(1, Ordering::SeqCst);
-            return Err(Error::InvalidParam {
-                what: "the engine is shutting down".into(),
+            return Err(Error::ShutDown {
+                engine: self.inner.shared.name.clone(),
+                what: "asynchronous connect or disconnect refused",
             });
         }
         Ok(())

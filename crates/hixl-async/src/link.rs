@@ -162,9 +162,7 @@ struct KillOnDrop(Option<Arc<LinkState>>);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if let Some(s) = self.0.take() {
-            s.kill(Error::InvalidParam {
-                what: "connect did not complete".into(),
-            });
+            s.kill(Error::Cancelled { what: "a connect" });
         }
     }
 }
@@ -584,8 +582,8 @@ impl Link {
 }
 
 fn poisoned() -> Error {
-    Error::InvalidParam {
-        what: "engine lock poisoned by an earlier panic".into(),
+    Error::Internal {
+        what: "engine lock poisoned by an earlier panic",
     }
 }
 
@@ -700,8 +698,8 @@ impl Withdraw for Link {
         if self.channels.is_empty() {
             return; // TCP writers skip parts of unwanted ops themselves.
         }
-        let e = Error::InvalidParam {
-            what: "transfer was dropped or timed out before this part started".into(),
+        let e = Error::Cancelled {
+            what: "a transport part",
         };
         for ch in &self.channels {
             ch.withdraw(token, &e);

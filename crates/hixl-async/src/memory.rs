@@ -373,8 +373,8 @@ impl Region {
                 })
             }
         }
-        let guard = self.inner.owned.lock().map_err(|_| Error::InvalidParam {
-            what: "region lock poisoned".into(),
+        let guard = self.inner.owned.lock().map_err(|_| Error::Internal {
+            what: "region lock poisoned",
         })?;
         if self.inner.revoked.load(Ordering::SeqCst) {
             return Err(Error::InvalidParam {

@@ -75,10 +75,7 @@ impl Reactor {
     /// Poll: applies every queued completion; wakes owners after releasing the op-table
     /// lock. Returns how many completions were applied.
     pub(crate) fn poll(&self) -> usize {
-        match self.drain.lock() {
-            Ok(mut d) => self.poll_with(&mut d),
-            Err(_) => 0,
-        }
+        self.poll_with(&mut crate::completion::lock(&self.drain))
     }
 
     /// A poll run by a producer right after posting. `None` when a drain is already running;
@@ -87,7 +84,8 @@ impl Reactor {
     pub(crate) fn poll_inline(&self) -> Option<usize> {
         match self.drain.try_lock() {
             Ok(mut d) => Some(self.poll_with(&mut d)),
-            Err(_) => None,
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(self.poll_with(&mut p.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
 
@@ -97,7 +95,8 @@ impl Reactor {
         if n == 0 {
             return 0;
         }
-        if let Ok(mut ops) = self.ops.lock() {
+        {
+            let mut ops = crate::completion::lock(&self.ops);
             for (token, result) in batch.drain(..) {
                 match ops.complete(token, result) {
                     Completed::Finished(Some(w)) => wake.push(w),
@@ -137,10 +136,9 @@ impl Reactor {
         }
     }
 
-    /// Whether no op has parts outstanding (a poisoned table counts as settled: nothing
-    /// can be completed through it any more).
+    /// Whether no op has parts outstanding.
     fn is_settled(&self) -> bool {
-        self.ops.lock().map_or(true, |o| o.outstanding() == 0)
+        crate::completion::lock(&self.ops).outstanding() == 0
     }
 
     /// Runs until the engine shuts down (or is dropped) and then, so that every transfer in
@@ -265,6 +263,28 @@ mod tests {
         r.arm();
         assert_eq!(r.poll(), 1);
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn poisoned_locks_drop_no_completion() {
+        let (r, cq, ops) = setup();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let tok = waiting_op(&ops, &count);
+        // A panic while holding the op table's lock poisons it (a bug elsewhere).
+        let o = ops.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = o.lock().unwrap();
+            panic!("poison the op table");
+        })
+        .join();
+        assert!(ops.is_poisoned());
+        cq.push(Completion {
+            token: tok,
+            result: Ok(()),
+        });
+        assert_eq!(r.poll(), 1);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "the waiter was still woken");
+        assert_eq!(crate::completion::lock(&ops).live(), 1, "done, waiting to be taken");
     }
 
     #[test]

@@ -161,8 +161,8 @@ impl Future for Transfer {
         };
         let r = match this.shared.ops.lock() {
             Ok(mut ops) => ops.poll_result(token, cx.waker().clone()),
-            Err(_) => Some(Err(Error::InvalidParam {
-                what: "op table lock poisoned".into(),
+            Err(_) => Some(Err(Error::Internal {
+                what: "op table lock poisoned",
             })),
         };
         if let Some(r) = r {

@@ -46,6 +46,20 @@ pub enum Error {
         /// What was refused or ended: `"connect refused"`, `"register refused"`, ...
         what: &'static str,
     },
+    /// Work of a transfer withdrawn before it started, because the transfer was dropped or
+    /// timed out (or its connect was abandoned). Only the op's owner, already gone, could see it.
+    #[error("{what} was withdrawn: its transfer was dropped or timed out first")]
+    Cancelled {
+        /// What was withdrawn (`"a TCP part"`, `"a fabric copy"`, ...).
+        what: &'static str,
+    },
+    /// A lock was poisoned by a panic in another thread: a bug in hixl. The call fails; no
+    /// completion is dropped (the op table and completion queues recover their locks).
+    #[error("internal error: {what} (a bug in hixl; please report it)")]
+    Internal {
+        /// What failed.
+        what: &'static str,
+    },
     /// An option key that HIXL and hixl do not know.
     #[error("unknown option key {key:?}")]
     UnknownOption {
@@ -265,7 +279,10 @@ impl Error {
     /// The HIXL status this error maps onto.
     pub fn status(&self) -> Status {
         match self {
-            Error::NotInitialized | Error::ShutDown { .. } => Status::Failed,
+            Error::NotInitialized
+            | Error::ShutDown { .. }
+            | Error::Cancelled { .. }
+            | Error::Internal { .. } => Status::Failed,
             Error::UnknownOption { .. }
             | Error::InvalidOption { .. }
             | Error::InvalidAddress { .. }

@@ -315,8 +315,8 @@ impl FabricLink {
 }
 
 fn poisoned() -> Error {
-    Error::InvalidParam {
-        what: "fabric table lock poisoned".into(),
+    Error::Internal {
+        what: "fabric table lock poisoned",
     }
 }
 

@@ -185,9 +185,7 @@ async fn send_batch(
     };
     // A dropped or timed-out transfer moves no further bytes: its unsent parts complete as
     // cancelled (checked again every RECHECK parts) so the abandoned op can be reaped.
-    let cancelled = || Error::InvalidParam {
-        what: "transfer was dropped or timed out before this part was sent".into(),
-    };
+    let cancelled = || Error::Cancelled { what: "a TCP part" };
     if !wanted() {
         fail_parts(shared, batch, &cancelled());
         return Ok(());

@@ -468,8 +468,8 @@ impl VerbsLink {
             }
         }
         if !dropped.is_empty() {
-            let e = Error::InvalidParam {
-                what: "transfer was dropped or timed out before this request was posted".into(),
+            let e = Error::Cancelled {
+                what: "an RDMA work request",
             };
             drop((backlog, qp));
             self.fail(&dropped, &e);
