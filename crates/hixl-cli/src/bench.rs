@@ -6,7 +6,7 @@ use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use hixl::{Engine, HostBuffer, OpDesc, TransferOp};
+use hixl::{Engine, HostBuffer, OpDesc, Peer, TransferOp};
 use hixl_cli::child::Target;
 use serde::Serialize;
 
@@ -106,8 +106,18 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// Runs `hixl bench comm` and returns its cases (also printed).
-pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
+/// What `hixl bench comm` runs, from valid arguments.
+struct Plan {
+    /// The fabric transport (its baseline is a memcpy).
+    fabric: bool,
+    /// The verbs transport (the target must serve it too).
+    verbs: bool,
+    /// The ops measured, each over every block size.
+    ops: Vec<TransferOp>,
+}
+
+/// Checks the arguments.
+fn plan(a: &CommArgs) -> CliResult<Plan> {
     let fabric = match a.transport.as_str() {
         "tcp" | "auto" => false,
         "fabric" => true,
@@ -141,33 +151,38 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
             a.duration
         )));
     }
-    let per_call = |block: u64| match a.batch {
+    Ok(Plan { fabric, verbs, ops })
+}
+
+/// Bytes one call moves with blocks of `block` bytes.
+fn per_call(a: &CommArgs, block: u64) -> u64 {
+    match a.batch {
         Some(n) => n * block,
         None => (a.total / block).max(1) * block,
-    };
-    let mem = a
-        .blocks
-        .iter()
-        .map(|&b| per_call(b))
-        .max()
-        .unwrap_or(a.total);
+    }
+}
+
+/// Starts the target with a `mem`-byte region, unless `--target` names one.
+fn spawn_target(a: &CommArgs, plan: &Plan, mem: u64) -> CliResult<Option<Target>> {
     let exe: PathBuf = std::env::current_exe()?;
-    let mut target = match &a.target {
+    Ok(match &a.target {
         Some(_) => None,
-        None if fabric && !a.heap => Some(Target::spawn(&exe, mem, &["--baseline", "--pool"])?),
+        None if plan.fabric && !a.heap => {
+            Some(Target::spawn(&exe, mem, &["--baseline", "--pool"])?)
+        }
         // The target must serve verbs too (the two processes share a host, where `auto`
         // would pick the fabric).
-        None if verbs => Some(Target::spawn(
+        None if plan.verbs => Some(Target::spawn(
             &exe,
             mem,
             &["--baseline", "--option", "hixl.Transport=verbs"],
         )?),
         None => Some(Target::spawn(&exe, mem, &["--baseline"])?),
-    };
-    let remote = match (&a.target, &target) {
-        (Some(t), _) => t.clone(),
-        (None, t) => t.as_ref().map(|t| t.engine.clone()).unwrap_or_default(),
-    };
+    })
+}
+
+/// The initiator engine, with the transport options of the arguments.
+async fn initiator(a: &CommArgs, fabric: bool) -> CliResult<Engine> {
     let mut builder = Engine::builder("127.0.0.1").option("hixl.Transport", &a.transport);
     match (a.streams, fabric) {
         (Some(s), false) => builder = builder.option("hixl.TcpStreams", s.to_string()),
@@ -185,7 +200,24 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
     if let Some(c) = a.chunk {
         builder = builder.option("hixl.TcpChunkBytes", c.to_string());
     }
-    let engine = builder.build().await?;
+    Ok(builder.build().await?)
+}
+
+/// Runs `hixl bench comm` and returns its cases (also printed).
+pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
+    let plan = plan(&a)?;
+    let mem = a
+        .blocks
+        .iter()
+        .map(|&b| per_call(&a, b))
+        .max()
+        .unwrap_or(a.total);
+    let mut target = spawn_target(&a, &plan, mem)?;
+    let remote = match (&a.target, &target) {
+        (Some(t), _) => t.clone(),
+        (None, t) => t.as_ref().map(|t| t.engine.clone()).unwrap_or_default(),
+    };
+    let engine = initiator(&a, plan.fabric).await?;
     let local = engine.register(HostBuffer::zeroed(mem as usize)?)?;
     let peer = engine.connect(&remote, Duration::from_secs(5)).await?;
     if !a.json {
@@ -203,123 +235,173 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
             human(mem)
         )));
     }
-    let dur = Duration::from_secs_f64(a.duration);
+    let run = Run {
+        a: &a,
+        fabric: plan.fabric,
+        peer: &peer,
+        local: local.addr(),
+        remote: rr.addr,
+        target: target.as_ref(),
+        dur: Duration::from_secs_f64(a.duration),
+        mem,
+    };
     let mut results = Vec::new();
     if !a.json {
-        println!(
-            "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8} {:>9} {:>9} {:>13} {:>6}",
-            "transport",
-            "op",
-            "block",
-            "batch",
-            "calls",
-            "GB/s",
-            "p50 us",
-            "p99 us",
-            "baseline GB/s",
-            "ratio"
-        );
+        print_header();
     }
-    for &op in &ops {
+    for &op in &plan.ops {
         for &block in &a.blocks {
-            let pc = per_call(block);
-            let n = pc / block;
-            let descs: Vec<OpDesc> = (0..n)
-                .map(|i| OpDesc::new(local.addr() + i * block, rr.addr + i * block, block))
-                .collect();
-            peer.transfer(op, &descs).await?; // warm-up
-            let mut pids = vec![std::process::id()];
-            pids.extend(target.as_ref().map(|t| t.pid));
-            let sampler = RssSampler::start(pids);
-            let mut lat = Vec::new();
-            let start = Instant::now();
-            while start.elapsed() < dur || lat.len() < 3 {
-                let t = Instant::now();
-                peer.transfer(op, &descs).await?;
-                lat.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            let secs = start.elapsed().as_secs_f64();
-            let rss = sampler.finish();
-            let mib = |i: usize| {
-                rss.get(i)
-                    .filter(|&&b| b > 0)
-                    .map(|&b| b as f64 / 1048576.0)
-            };
-            let calls = lat.len() as u64;
-            lat.sort_by(f64::total_cmp);
-            let gbps = (calls * pc) as f64 / secs / 1e9;
-            let baseline_gbps = match (&target, a.no_baseline, fabric) {
-                (_, false, true) => Some(memcpy_baseline(pc, block, dur).await?),
-                (Some(t), false, false) => match &t.baseline {
-                    Some(addr) => Some(baseline(addr, op, pc, block, dur).await?),
-                    None => None,
-                },
-                _ => None,
-            };
-            let r = CaseResult {
-                bench: "comm",
-                transport: a.transport.clone(),
-                op: op.to_string(),
-                block_bytes: block,
-                batch: n,
-                bytes_per_call: pc,
-                calls,
-                gbps,
-                p50_us: percentile(&lat, 0.5),
-                p99_us: percentile(&lat, 0.99),
-                baseline: if fabric {
-                    "memcpy of the same bytes per call in the same blocks, one thread, distinct buffers"
-                } else {
-                    "plain TCP stream, same processes, blocking sockets, ack per call"
-                },
-                baseline_gbps,
-                ratio_to_baseline: baseline_gbps.map(|b| gbps / b),
-                initiator_peak_rss_mib: mib(0),
-                target_peak_rss_mib: mib(1),
-                registered_mib_each_side: mem as f64 / 1048576.0,
-            };
-            if a.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&r).map_err(|e| CliError(e.to_string()))?
-                );
-            } else {
-                println!(
-                    "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8.2} {:>9.1} {:>9.1} {:>13} {:>6}",
-                    r.transport,
-                    r.op,
-                    human(block),
-                    n,
-                    calls,
-                    gbps,
-                    r.p50_us,
-                    r.p99_us,
-                    baseline_gbps
-                        .map(|b| format!("{b:.2}"))
-                        .unwrap_or_else(|| "-".into()),
-                    r.ratio_to_baseline
-                        .map(|x| format!("{x:.2}"))
-                        .unwrap_or_else(|| "-".into()),
-                );
-            }
+            let r = run.case(op, block).await?;
+            print_case(&r, a.json)?;
             results.push(r);
         }
     }
     if !a.json {
-        let peak =
-            |f: fn(&CaseResult) -> Option<f64>| results.iter().filter_map(f).fold(0.0f64, f64::max);
-        println!(
-            "peak RSS during hixl transfers (sampled every 2 ms): initiator {:.1} MiB, target {:.1} MiB; each registers {}",
-            peak(|r| r.initiator_peak_rss_mib),
-            peak(|r| r.target_peak_rss_mib),
-            human(mem)
-        );
+        print_peaks(&results, mem);
     }
     engine.shutdown(Duration::from_secs(1)).await;
     if let Some(t) = target.take() {
         t.stop();
     }
     Ok(results)
+}
+
+/// What every case of a run shares.
+struct Run<'a> {
+    a: &'a CommArgs,
+    fabric: bool,
+    peer: &'a Peer,
+    /// Start of the local region.
+    local: u64,
+    /// Start of the target's region.
+    remote: u64,
+    target: Option<&'a Target>,
+    /// How long each case (and again its baseline) is measured.
+    dur: Duration,
+    /// Bytes registered on each side.
+    mem: u64,
+}
+
+impl Run<'_> {
+    /// Measures `op` with blocks of `block` bytes: a warm-up call, then calls for the duration
+    /// (at least 3) with both processes' memory sampled, then the baseline.
+    async fn case(&self, op: TransferOp, block: u64) -> CliResult<CaseResult> {
+        let (a, peer, dur) = (self.a, self.peer, self.dur);
+        let pc = per_call(a, block);
+        let n = pc / block;
+        let descs: Vec<OpDesc> = (0..n)
+            .map(|i| OpDesc::new(self.local + i * block, self.remote + i * block, block))
+            .collect();
+        peer.transfer(op, &descs).await?; // warm-up
+        let mut pids = vec![std::process::id()];
+        pids.extend(self.target.map(|t| t.pid));
+        let sampler = RssSampler::start(pids);
+        let mut lat = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < dur || lat.len() < 3 {
+            let t = Instant::now();
+            peer.transfer(op, &descs).await?;
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let rss = sampler.finish();
+        let mib = |i: usize| {
+            rss.get(i)
+                .filter(|&&b| b > 0)
+                .map(|&b| b as f64 / 1048576.0)
+        };
+        let calls = lat.len() as u64;
+        lat.sort_by(f64::total_cmp);
+        let gbps = (calls * pc) as f64 / secs / 1e9;
+        let baseline_gbps = match (self.target, a.no_baseline, self.fabric) {
+            (_, false, true) => Some(memcpy_baseline(pc, block, dur).await?),
+            (Some(t), false, false) => match &t.baseline {
+                Some(addr) => Some(baseline(addr, op, pc, block, dur).await?),
+                None => None,
+            },
+            _ => None,
+        };
+        Ok(CaseResult {
+            bench: "comm",
+            transport: a.transport.clone(),
+            op: op.to_string(),
+            block_bytes: block,
+            batch: n,
+            bytes_per_call: pc,
+            calls,
+            gbps,
+            p50_us: percentile(&lat, 0.5),
+            p99_us: percentile(&lat, 0.99),
+            baseline: if self.fabric {
+                "memcpy of the same bytes per call in the same blocks, one thread, distinct buffers"
+            } else {
+                "plain TCP stream, same processes, blocking sockets, ack per call"
+            },
+            baseline_gbps,
+            ratio_to_baseline: baseline_gbps.map(|b| gbps / b),
+            initiator_peak_rss_mib: mib(0),
+            target_peak_rss_mib: mib(1),
+            registered_mib_each_side: self.mem as f64 / 1048576.0,
+        })
+    }
+}
+
+/// The header of the table of cases.
+fn print_header() {
+    println!(
+        "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8} {:>9} {:>9} {:>13} {:>6}",
+        "transport",
+        "op",
+        "block",
+        "batch",
+        "calls",
+        "GB/s",
+        "p50 us",
+        "p99 us",
+        "baseline GB/s",
+        "ratio"
+    );
+}
+
+/// One case: a JSON object, or a row of the table.
+fn print_case(r: &CaseResult, json: bool) -> CliResult {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(r).map_err(|e| CliError(e.to_string()))?
+        );
+    } else {
+        println!(
+            "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8.2} {:>9.1} {:>9.1} {:>13} {:>6}",
+            r.transport,
+            r.op,
+            human(r.block_bytes),
+            r.batch,
+            r.calls,
+            r.gbps,
+            r.p50_us,
+            r.p99_us,
+            r.baseline_gbps
+                .map(|b| format!("{b:.2}"))
+                .unwrap_or_else(|| "-".into()),
+            r.ratio_to_baseline
+                .map(|x| format!("{x:.2}"))
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
+    Ok(())
+}
+
+/// The peak memory of both processes over all cases.
+fn print_peaks(results: &[CaseResult], mem: u64) {
+    let peak =
+        |f: fn(&CaseResult) -> Option<f64>| results.iter().filter_map(f).fold(0.0f64, f64::max);
+    println!(
+        "peak RSS during hixl transfers (sampled every 2 ms): initiator {:.1} MiB, target {:.1} MiB; each registers {}",
+        peak(|r| r.initiator_peak_rss_mib),
+        peak(|r| r.target_peak_rss_mib),
+        human(mem)
+    );
 }
 
 /// memcpy of the same footprint: `per_call` bytes in `block`-sized copies between two distinct

@@ -9,6 +9,7 @@ use hixl::datadist::models::{by_name, ModelGeometry};
 use hixl::datadist::{
     BlocksCacheKey, Cache, ClusterInfo, KvCacheExtParam, LayerTarget, LlmDataDist, LlmRole,
 };
+use hixl::Peer;
 use hixl_cli::child::Target;
 use serde::Serialize;
 
@@ -143,8 +144,8 @@ fn p50(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
-/// Runs `hixl bench kv`.
-pub async fn bench(a: KvArgs) -> CliResult {
+/// Checks the arguments of `hixl bench kv`.
+fn check(a: &KvArgs) -> CliResult {
     if !matches!(a.transport.as_str(), "tcp" | "fabric") {
         return Err(CliError(format!(
             "--transport must be tcp or fabric, not {:?}",
@@ -161,8 +162,16 @@ pub async fn bench(a: KvArgs) -> CliResult {
             "--tokens and --duration must be > 0, --layer-ms ≥ 0".into(),
         ));
     }
-    let m = by_name(&a.model).map_err(cli)?;
-    let blocks = a.tokens.div_ceil(m.block_tokens);
+    Ok(())
+}
+
+/// Starts the peer cluster (cluster 1, in its own process) with `blocks` blocks per cache,
+/// and this one (cluster 2) with its caches, linked to the peer.
+async fn clusters(
+    a: &KvArgs,
+    m: &ModelGeometry,
+    blocks: u64,
+) -> CliResult<(Target, LlmDataDist, Vec<(Cache, u32)>)> {
     let exe: PathBuf = std::env::current_exe()?;
     let blocks_s = blocks.to_string();
     let peer = Target::spawn_with(
@@ -185,7 +194,7 @@ pub async fn bench(a: KvArgs) -> CliResult {
     ])
     .await
     .map_err(cli)?;
-    let local = allocate(&dd, &m, 2, blocks).await?;
+    let local = allocate(&dd, m, 2, blocks).await?;
     let cluster = ClusterInfo {
         remote_cluster_id: 1,
         remote_addr: peer.engine.clone(),
@@ -198,9 +207,17 @@ pub async fn bench(a: KvArgs) -> CliResult {
     {
         return Err(cli(e));
     }
+    Ok((peer, dd, local))
+}
+
+/// Runs `hixl bench kv`.
+pub async fn bench(a: KvArgs) -> CliResult {
+    check(&a)?;
+    let m = by_name(&a.model).map_err(cli)?;
+    let blocks = a.tokens.div_ceil(m.block_tokens);
+    let (peer, mut dd, local) = clusters(&a, &m, blocks).await?;
     let ids: Vec<u64> = (0..blocks).collect();
     let bytes = m.bytes_for(blocks * m.block_tokens);
-    let dur = Duration::from_secs_f64(a.duration);
     let engine = dd.engine().map_err(cli)?;
     let hpeer = engine.peer(&peer.engine).map_err(cli)?;
     if !a.json {
@@ -217,72 +234,7 @@ pub async fn bench(a: KvArgs) -> CliResult {
     let result = if a.layerwise {
         layerwise(&a, &dd, &m, &local, &ids, bytes).await?
     } else {
-        // The KV layer: one pull per cache per request (after one to warm both sides' pages).
-        let pull_all = || async {
-            for (i, (cache, per_layer)) in local.iter().enumerate() {
-                let (key, ext) = peer_cache(i, *per_layer);
-                dd.pull_kv_blocks(key, cache, &ids, &ids, &ext)
-                    .await
-                    .map_err(cli)?;
-            }
-            CliResult::Ok(())
-        };
-        pull_all().await?;
-        let mut lat = Vec::new();
-        let start = Instant::now();
-        let mut n = 0u64;
-        while start.elapsed() < dur || n < 3 {
-            let t = Instant::now();
-            pull_all().await?;
-            lat.push(t.elapsed().as_secs_f64() * 1e3);
-            n += 1;
-        }
-        let gbps = (n * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9;
-        // The engine alone, posting the same descriptors (what `bench comm` measures).
-        let mut plans = Vec::new();
-        for (i, (cache, per_layer)) in local.iter().enumerate() {
-            let (_, ext) = peer_cache(i, *per_layer);
-            // Same geometry on both sides: the remote cache's addresses come from the table.
-            plans.push(
-                LlmDataDist::plan_blocks(
-                    (&cache.desc, &peer_addrs(&dd, i).await?),
-                    (&cache.desc, &cache.tensor_addrs),
-                    &ids,
-                    &ids,
-                    &ext,
-                    true,
-                )
-                .map_err(cli)?,
-            );
-        }
-        let descs: usize = plans.iter().map(Vec::len).sum();
-        let start = Instant::now();
-        let mut k = 0u64;
-        while start.elapsed() < dur || k < 3 {
-            for p in &plans {
-                hpeer.read(p).await.map_err(cli)?;
-            }
-            k += 1;
-        }
-        let eng = (k * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9;
-        KvResult {
-            bench: "kv",
-            model: m.name.clone(),
-            transport: a.transport.clone(),
-            tokens: blocks * m.block_tokens,
-            mode: "pull",
-            bytes_per_request: bytes,
-            descriptors_per_request: descs,
-            requests: n,
-            gbps,
-            p50_ms: p50(lat),
-            engine_same_descs_gbps: Some(eng),
-            ratio_to_engine: Some(gbps / eng),
-            compute_ms: None,
-            transfer_ms: None,
-            exposed_ms: None,
-            hidden_fraction: None,
-        }
+        pull(&a, &dd, &m, &local, &ids, bytes, &hpeer).await?
     };
     if a.json {
         println!("{}", serde_json::to_string(&result).map_err(cli)?);
@@ -292,6 +244,101 @@ pub async fn bench(a: KvArgs) -> CliResult {
     dd.finalize().await;
     peer.stop();
     Ok(())
+}
+
+/// Whole requests pulled through the KV layer for the duration, compared with the engine
+/// alone posting the same descriptors.
+async fn pull(
+    a: &KvArgs,
+    dd: &LlmDataDist,
+    m: &ModelGeometry,
+    local: &[(Cache, u32)],
+    ids: &[u64],
+    bytes: u64,
+    hpeer: &Peer,
+) -> CliResult<KvResult> {
+    let dur = Duration::from_secs_f64(a.duration);
+    // The KV layer: one pull per cache per request (after one to warm both sides' pages).
+    let pull_all = || async {
+        for (i, (cache, per_layer)) in local.iter().enumerate() {
+            let (key, ext) = peer_cache(i, *per_layer);
+            dd.pull_kv_blocks(key, cache, ids, ids, &ext)
+                .await
+                .map_err(cli)?;
+        }
+        CliResult::Ok(())
+    };
+    pull_all().await?;
+    let mut lat = Vec::new();
+    let start = Instant::now();
+    let mut n = 0u64;
+    while start.elapsed() < dur || n < 3 {
+        let t = Instant::now();
+        pull_all().await?;
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        n += 1;
+    }
+    let gbps = (n * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9;
+    let (descs, eng) = engine_alone(dd, local, ids, bytes, hpeer, dur).await?;
+    Ok(KvResult {
+        bench: "kv",
+        model: m.name.clone(),
+        transport: a.transport.clone(),
+        tokens: ids.len() as u64 * m.block_tokens,
+        mode: "pull",
+        bytes_per_request: bytes,
+        descriptors_per_request: descs,
+        requests: n,
+        gbps,
+        p50_ms: p50(lat),
+        engine_same_descs_gbps: Some(eng),
+        ratio_to_engine: Some(gbps / eng),
+        compute_ms: None,
+        transfer_ms: None,
+        exposed_ms: None,
+        hidden_fraction: None,
+    })
+}
+
+/// The engine alone, posting the descriptors of a whole-request pull for the duration (what
+/// `bench comm` measures): the descriptors per request and the GB/s.
+async fn engine_alone(
+    dd: &LlmDataDist,
+    local: &[(Cache, u32)],
+    ids: &[u64],
+    bytes: u64,
+    hpeer: &Peer,
+    dur: Duration,
+) -> CliResult<(usize, f64)> {
+    let mut plans = Vec::new();
+    for (i, (cache, per_layer)) in local.iter().enumerate() {
+        let (_, ext) = peer_cache(i, *per_layer);
+        // Same geometry on both sides: the remote cache's addresses come from the table.
+        plans.push(
+            LlmDataDist::plan_blocks(
+                (&cache.desc, &peer_addrs(dd, i).await?),
+                (&cache.desc, &cache.tensor_addrs),
+                ids,
+                ids,
+                &ext,
+                true,
+            )
+            .map_err(cli)?,
+        );
+    }
+    let descs: usize = plans.iter().map(Vec::len).sum();
+    let start = Instant::now();
+    let mut k = 0u64;
+    while start.elapsed() < dur || k < 3 {
+        for p in &plans {
+            hpeer.read(p).await.map_err(cli)?;
+        }
+        k += 1;
+    }
+    Ok((
+        descs,
+        (k * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9,
+    ))
 }
 
 /// The peer's tensor addresses of cache `i`, from its published table.

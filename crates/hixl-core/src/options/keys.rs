@@ -1,116 +1,14 @@
-//! Initialize options: HIXL's string key/value options, parsed into typed, validated values.
-//!
-//! [`Options`] accepts every key HIXL's `Initialize` accepts (`EnableUseFabricMem`, `BufferPool`,
-//! `RdmaTrafficClass`, `RdmaServiceLevel`, `GlobalResourceConfig`, `AutoConnect`,
-//! `LocalCommRes`), the ADXL spellings of four of them (`adxl.BufferPool`,
-//! `adxl.RdmaTrafficClass`, `adxl.RdmaServiceLevel`, `adxl.LocalCommRes`), and hixl's own
-//! extensions under the `hixl.` prefix. Ranges and defaults are HIXL's. Keys are case-sensitive,
-//! as in HIXL; values have surrounding whitespace trimmed.
-//!
-//! Where hixl is stricter than HIXL:
-//! - an unknown key, even inside `GlobalResourceConfig`, is an error (HIXL ignores it);
-//! - [`Options::from_pairs`] refuses a key given twice (HIXL keeps one silently);
-//! - environment fallbacks (`HCCL_RDMA_TC`, `HCCL_RDMA_SL`) are not read by this sans-io module;
-//!   an empty RDMA value means "the default", as it does in HIXL when the variable is unset.
+//! The keys of the options: each key's parsing and validation, and the building of options
+//! from key/value pairs.
 
 use serde_json::Value;
 
-use crate::error::{Error, Result};
-
-mod global;
-
-pub use global::{
-    ChannelPool, CommResourceConfig, ConnectPool, FabricMemory, GlobalResourceConfig,
-    PROTOCOL_DESCS,
+use super::size::{parse_size, parse_uint};
+use super::{
+    invalid, BufferPool, GlobalResourceConfig, Options, TransportChoice, DEFAULT_SERVICE_LEVEL,
+    DEFAULT_TRAFFIC_CLASS, GIB, MIN_SECRET,
 };
-
-const DEFAULT_TRAFFIC_CLASS: u64 = 132;
-const DEFAULT_SERVICE_LEVEL: u64 = 4;
-const MIB: u64 = 1 << 20;
-/// Shortest `hixl.AuthSecret`.
-const MIN_SECRET: usize = 16;
-const GIB: u64 = 1 << 30;
-
-/// Typed, validated initialize options. `Default` gives HIXL's defaults.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Options {
-    /// `EnableUseFabricMem` (`"0"`/`"1"`, default off): FabricMem mode (HIXL: A3 only). Cannot be
-    /// combined with an explicitly enabled `BufferPool`. An empty value means off, as in HIXL.
-    pub enable_use_fabric_mem: bool,
-    /// `BufferPool` / `adxl.BufferPool`: relay buffer pool, default `4:8`. Validated, not used.
-    pub buffer_pool: BufferPool,
-    /// `RdmaTrafficClass` / `adxl.RdmaTrafficClass`: 0–255, a multiple of 4, default 132.
-    pub rdma_traffic_class: u8,
-    /// `RdmaServiceLevel` / `adxl.RdmaServiceLevel`: 0–7, default 4.
-    pub rdma_service_level: u8,
-    /// `GlobalResourceConfig`: JSON object of dotted keys; see [`GlobalResourceConfig`].
-    pub global: GlobalResourceConfig,
-    /// `AutoConnect` (`"0"`/`"1"`, default off): transfers connect lazily; broken links are
-    /// cleaned up automatically.
-    pub auto_connect: bool,
-    /// `LocalCommRes` / `adxl.LocalCommRes`: the raw JSON string (an object with a string
-    /// `"version"`), or `None` when empty or unset.
-    pub local_comm_res: Option<String>,
-    /// `hixl.Transport` (hixl extension): which data transport to use, default `auto`.
-    pub transport: TransportChoice,
-    /// `hixl.TcpStreams` (hixl extension): data connections per peer, 1–16, default 4.
-    pub tcp_streams: usize,
-    /// `hixl.TcpChunkBytes` (hixl extension): TCP chunk size, 4 KiB–1 GiB, default 4 MiB. Accepts
-    /// sizes such as `"512K"`, `"2M"`, `"1048576"` (see [`parse_size`]).
-    pub tcp_chunk_bytes: u64,
-    /// `hixl.HeartbeatIntervalMs` (hixl extension): 10–600000 ms, default 1000.
-    pub heartbeat_interval_ms: u64,
-    /// `hixl.HeartbeatMissLimit` (hixl extension): missed heartbeats before a peer is declared
-    /// dead, 1–100, default 5.
-    pub heartbeat_miss_limit: u32,
-    /// `hixl.FabricBusyPollUs` (hixl extension): how long an idle fabric copy stream spins
-    /// before sleeping, 0–10000 µs, default 0 (an idle engine uses no CPU).
-    pub fabric_busy_poll_us: u64,
-    /// `hixl.VerbsDevice` (hixl extension): the RDMA device to use (e.g. `mlx5_0`, `rxe0`);
-    /// unset or empty picks the first device with an active port.
-    pub verbs_device: Option<String>,
-    /// `hixl.VerbsPort` (hixl extension): the device port, 1–255, default 1.
-    pub verbs_port: u8,
-    /// `hixl.VerbsGidIndex` (hixl extension): source GID index for RoCE, 0–255; unset picks the
-    /// port's first RoCE v2 GID.
-    pub verbs_gid_index: Option<u8>,
-    /// `hixl.VerbsTimeout` (hixl extension): local ACK timeout exponent of the QPs
-    /// (4.096 µs × 2^n per try), 1–31, default 14 (~67 ms).
-    pub verbs_timeout: u8,
-    /// `hixl.VerbsRetryCount` (hixl extension): transport retries before an op fails, 0–7,
-    /// default 7.
-    pub verbs_retry_count: u8,
-    /// `hixl.AuthSecret` (hixl extension): a shared secret (at least 16 bytes) that makes
-    /// connect run a mutual HMAC-SHA256 challenge-response before any memory table is sent.
-    /// When unset, the engine reads `HIXL_AUTH_SECRET` from the environment at build.
-    pub auth_secret: Option<crate::auth::Secret>,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            enable_use_fabric_mem: false,
-            buffer_pool: BufferPool::default(),
-            rdma_traffic_class: DEFAULT_TRAFFIC_CLASS as u8,
-            rdma_service_level: DEFAULT_SERVICE_LEVEL as u8,
-            global: GlobalResourceConfig::default(),
-            auto_connect: false,
-            local_comm_res: None,
-            transport: TransportChoice::Auto,
-            tcp_streams: 4,
-            tcp_chunk_bytes: 4 * MIB,
-            heartbeat_interval_ms: 1000,
-            heartbeat_miss_limit: 5,
-            fabric_busy_poll_us: 0,
-            verbs_device: None,
-            verbs_port: 1,
-            verbs_gid_index: None,
-            verbs_timeout: 14,
-            verbs_retry_count: 7,
-            auth_secret: None,
-        }
-    }
-}
+use crate::error::{Error, Result};
 
 /// An integer-valued top-level key: its range, how it is parsed and where the value goes.
 struct UintKey {
@@ -166,14 +64,6 @@ fn canonical(key: &str) -> Option<&'static str> {
         .iter()
         .copied()
         .find(|k| *k == key && !k.starts_with("adxl."))
-}
-
-fn invalid(key: &str, value: &str, reason: impl Into<String>) -> Error {
-    Error::InvalidOption {
-        key: key.to_owned(),
-        value: value.to_owned(),
-        reason: reason.into(),
-    }
 }
 
 impl Options {
@@ -319,31 +209,6 @@ impl Options {
     }
 }
 
-/// A non-empty run of ASCII digits as a `u64` (no sign, no whitespace); `None` on overflow.
-fn parse_uint(s: &str) -> Option<u64> {
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
-}
-
-/// Parses a byte size: digits with an optional `K`, `M` or `G` suffix (powers of 1024; `Ki`,
-/// `KiB`, `KB` and a bare `B` are accepted too, case-insensitively), e.g. `"512K"`, `"2MiB"`,
-/// `"1048576"`. Returns `None` for anything else, or if the size overflows `u64`.
-pub fn parse_size(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, suffix) = s.split_at_checked(end)?;
-    let mult: u64 = match suffix.trim_start().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "ki" | "kb" | "kib" => 1 << 10,
-        "m" | "mi" | "mb" | "mib" => 1 << 20,
-        "g" | "gi" | "gb" | "gib" => 1 << 30,
-        _ => return None,
-    };
-    parse_uint(num)?.checked_mul(mult)
-}
-
 fn check_uint(spec: &UintKey, v: &str) -> Result<u64, String> {
     let (min, max) = (spec.min, spec.max);
     let parsed = if spec.size {
@@ -386,148 +251,12 @@ fn parse_local_comm_res(v: &str) -> Result<Option<String>, String> {
     }
 }
 
-/// The relay buffer pool (`BufferPool`, written `"N:SIZE_MB"`). `"0:0"` disables it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BufferPool {
-    /// Number of buffers.
-    pub count: u32,
-    /// Size of each buffer in MiB.
-    pub size_mb: u32,
-}
-
-impl Default for BufferPool {
-    /// HIXL's default, `4:8`.
-    fn default() -> Self {
-        BufferPool {
-            count: 4,
-            size_mb: 8,
-        }
-    }
-}
-
-impl BufferPool {
-    /// The disabled pool, `0:0` (Mooncake always sets this).
-    pub const DISABLED: BufferPool = BufferPool {
-        count: 0,
-        size_mb: 0,
-    };
-
-    /// Whether the pool is enabled (anything but `0:0`).
-    pub fn is_enabled(&self) -> bool {
-        self.count != 0
-    }
-
-    fn parse(v: &str) -> Result<Self, String> {
-        let (n, m) = v
-            .split_once(':')
-            .ok_or("expected \"N:SIZE_MB\", e.g. \"4:8\"")?;
-        let num = |s: &str, what: &str| {
-            parse_uint(s.trim())
-                .and_then(|x| u32::try_from(x).ok())
-                .ok_or_else(|| format!("{what} {s:?} is not an integer in [0, {}]", u32::MAX))
-        };
-        let pool = BufferPool {
-            count: num(n, "count")?,
-            size_mb: num(m, "size")?,
-        };
-        if (pool.count == 0) != (pool.size_mb == 0) {
-            return Err("count and size must both be 0 (disabled) or both be non-zero".to_owned());
-        }
-        Ok(pool)
-    }
-}
-
-impl std::fmt::Display for BufferPool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.count, self.size_mb)
-    }
-}
-
-/// Which data transport hixl uses (`hixl.Transport`, a hixl extension).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum TransportChoice {
-    /// Pick the best transport available to both peers (`auto`).
-    #[default]
-    Auto,
-    /// Host TCP streams (`tcp`).
-    Tcp,
-    /// The fabric transport (`fabric`).
-    Fabric,
-    /// RDMA verbs (`verbs`).
-    Verbs,
-}
-
-impl TransportChoice {
-    /// Parses `auto`, `tcp`, `fabric` or `verbs`, ignoring ASCII case.
-    pub fn from_name(s: &str) -> Option<Self> {
-        [Self::Auto, Self::Tcp, Self::Fabric, Self::Verbs]
-            .into_iter()
-            .find(|t| t.as_str().eq_ignore_ascii_case(s))
-    }
-
-    /// The lower-case name, as accepted by [`TransportChoice::from_name`].
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::Tcp => "tcp",
-            Self::Fabric => "fabric",
-            Self::Verbs => "verbs",
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
     use proptest::prelude::*;
 
-    fn opts(pairs: &[(&str, &str)]) -> Result<Options> {
-        Options::from_pairs(pairs.iter().copied())
-    }
-
-    /// The fields of an `InvalidOption`; panics on any other error.
-    pub(super) fn invalid_parts(e: Error) -> (String, String, String) {
-        match e {
-            Error::InvalidOption { key, value, reason } => (key, value, reason),
-            other => panic!("expected InvalidOption, got {other:?}"),
-        }
-    }
-
-    /// `set(key, value)` fails with `InvalidOption` naming `key` and `value`; returns the reason.
-    fn set_err(key: &str, value: &str) -> String {
-        let err = Options::default().set(key, value).unwrap_err();
-        let msg = err.to_string();
-        assert!(
-            msg.contains(key) && msg.contains(&format!("{value:?}")),
-            "{msg}"
-        );
-        let (k, v, reason) = invalid_parts(err);
-        assert_eq!((k.as_str(), v.as_str()), (key, value));
-        reason
-    }
-
-    #[test]
-    fn defaults_match_hixl() {
-        let o = Options::default();
-        assert!(!o.enable_use_fabric_mem && !o.auto_connect);
-        assert_eq!(
-            o.buffer_pool,
-            BufferPool {
-                count: 4,
-                size_mb: 8
-            }
-        );
-        assert!(o.buffer_pool.is_enabled() && !BufferPool::DISABLED.is_enabled());
-        assert_eq!((o.rdma_traffic_class, o.rdma_service_level), (132, 4));
-        assert_eq!(
-            (o.local_comm_res.as_deref(), o.transport),
-            (None, TransportChoice::Auto)
-        );
-        assert_eq!((o.tcp_streams, o.tcp_chunk_bytes), (4, 4 * MIB));
-        assert_eq!((o.heartbeat_interval_ms, o.heartbeat_miss_limit), (1000, 5));
-        assert_eq!(o.global, GlobalResourceConfig::default());
-        assert_eq!(opts(&[]).unwrap(), o);
-    }
+    use super::*;
+    use crate::options::tests::{invalid_parts, opts, set_err};
 
     #[test]
     fn keys_are_exact() {
@@ -595,22 +324,6 @@ mod tests {
     }
 
     #[test]
-    fn sizes() {
-        #[rustfmt::skip]
-        let good = [("1048576", MIB), ("512K", 512 << 10), ("2M", 2 * MIB), ("2mib", 2 * MIB),
-            ("1 GiB", GIB), ("4KB", 4096), ("4096b", 4096), (" 3Mi ", 3 * MIB)];
-        for (s, n) in good {
-            assert_eq!(parse_size(s), Some(n), "{s}");
-        }
-        #[rustfmt::skip]
-        let bad = ["", "M", "-1", "1.5M", "1T", "4 K B", "1MM", "99999999999999999999",
-            "18014398509481984K"];
-        for s in bad {
-            assert_eq!(parse_size(s), None, "{s}");
-        }
-    }
-
-    #[test]
     fn flags_transport_and_local_comm_res() {
         let pairs = [
             ("EnableUseFabricMem", "1"),
@@ -655,29 +368,6 @@ mod tests {
                 set_err("LocalCommRes", v).contains("\"version\" field"),
                 "{v}"
             );
-        }
-    }
-
-    #[test]
-    fn buffer_pool_values() {
-        assert_eq!(
-            opts(&[("BufferPool", "0:0")]).unwrap().buffer_pool,
-            BufferPool::DISABLED
-        );
-        let pool = opts(&[("BufferPool", " 16 : 2 ")]).unwrap().buffer_pool;
-        assert_eq!(
-            pool,
-            BufferPool {
-                count: 16,
-                size_mb: 2
-            }
-        );
-        assert_eq!(pool.to_string(), "16:2");
-        for v in ["4:0", "0:8"] {
-            assert!(set_err("BufferPool", v).contains("both be 0"), "{v}");
-        }
-        for v in ["4", "4:8:1", "-1:8", "a:b", "4294967296:1", "", ":"] {
-            set_err("BufferPool", v);
         }
     }
 

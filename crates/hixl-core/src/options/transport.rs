@@ -1,0 +1,34 @@
+//! The choice of data transport.
+
+/// Which data transport hixl uses (`hixl.Transport`, a hixl extension).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TransportChoice {
+    /// Pick the best transport available to both peers (`auto`).
+    #[default]
+    Auto,
+    /// Host TCP streams (`tcp`).
+    Tcp,
+    /// The fabric transport (`fabric`).
+    Fabric,
+    /// RDMA verbs (`verbs`).
+    Verbs,
+}
+
+impl TransportChoice {
+    /// Parses `auto`, `tcp`, `fabric` or `verbs`, ignoring ASCII case.
+    pub fn from_name(s: &str) -> Option<Self> {
+        [Self::Auto, Self::Tcp, Self::Fabric, Self::Verbs]
+            .into_iter()
+            .find(|t| t.as_str().eq_ignore_ascii_case(s))
+    }
+
+    /// The lower-case name, as accepted by [`TransportChoice::from_name`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Tcp => "tcp",
+            Self::Fabric => "fabric",
+            Self::Verbs => "verbs",
+        }
+    }
+}

@@ -1,0 +1,54 @@
+//! Wire format of the control plane and the TCP data path: length-prefixed frames that decode
+//! without panicking on any byte sequence.
+//!
+//! Every frame starts with a 12-byte header:
+//!
+//! ```text
+//! magic u32 = "HIXL" | version u8 | type u8 | flags u16 = 0 | body_len u32
+//! ```
+//!
+//! followed by `body_len` bytes of body (all integers little-endian). `WriteReq` and a
+//! successful `ReadResp` are followed by their payload, whose length is in the body and which is
+//! not counted in `body_len`: the payload goes between socket and registered memory without a
+//! staging copy.
+
+mod data;
+mod decode;
+mod encode;
+mod error;
+mod frame;
+mod message;
+pub mod ty;
+
+pub use data::{
+    encode_ack, encode_data_req, encode_read_resp, ACK_FRAME, DATA_REQ_BODY, DATA_REQ_FRAME,
+    READ_RESP_FRAME,
+};
+pub use error::WireError;
+pub use frame::FrameHeader;
+pub use message::{Channel, DataReq, FabricRegion, Message, NO_FD};
+
+/// `"HIXL"` read as a little-endian u32.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"HIXL");
+/// Protocol version of this build.
+pub const VERSION: u8 = 1;
+/// Size of a frame header.
+pub const HEADER_LEN: usize = 12;
+/// Largest control body accepted (HIXL's control plane allows 4 MB).
+pub const MAX_BODY: u32 = 4 << 20;
+/// Largest engine name accepted.
+pub const MAX_NAME: usize = 256;
+/// The `Refuse` reason a server gives an engine that connected to itself (under another of
+/// its addresses), so the initiator can report `ConnectToSelf` rather than a generic refusal.
+pub const REFUSE_SELF: &str = "connect to self";
+/// Largest payload a single data request may announce (1 TiB): anything above is malformed.
+pub const MAX_PAYLOAD: u64 = 1 << 40;
+
+/// Bit set in the sequence numbers of heartbeats a target originates.
+pub const HEARTBEAT_FROM_TARGET: u64 = 1 << 63;
+
+/// Longest nonce or MAC an authentication message may carry.
+pub const MAX_AUTH: usize = 64;
+
+/// Longest queue-pair endpoint a `VerbsConnect`/`VerbsAccept` may carry.
+pub const MAX_ENDPOINT: usize = 64;

@@ -1,0 +1,228 @@
+//! Links to other clusters: linking (connect and read the peer's cache table), unlinking, and
+//! finding a linked peer's cache.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hixl_async::{Engine, HostBuffer, Peer};
+use hixl_core::OpDesc;
+
+use super::{poisoned, ClusterInfo, Inner, Linked, LlmDataDist, MAX_CLUSTERS_PER_CALL};
+use crate::cache::BlocksCacheKey;
+use crate::status::{DataDistError, LlmStatus, Result};
+use crate::table::{CacheEntry, CacheTable, TABLE_REGION};
+
+impl LlmDataDist {
+    /// Links to clusters: connects and fetches each one's cache table (at most 16 per call).
+    /// Returns a result per cluster, in order.
+    ///
+    /// # Errors
+    /// `LLM_CLUSTER_NUM_EXCEED_LIMIT` for more than 16 clusters, `LLM_PARAM_INVALID` for a
+    /// timeout of zero; per-cluster: `LLM_ALREADY_LINK`, `LLM_LINK_FAILED`, `LLM_TIMEOUT`.
+    pub async fn link_clusters(
+        &self,
+        clusters: &[ClusterInfo],
+        timeout: Duration,
+    ) -> Result<Vec<Result<()>>> {
+        let inner = self.inner()?.clone();
+        if clusters.len() > MAX_CLUSTERS_PER_CALL {
+            return Err(DataDistError::new(
+                LlmStatus::ClusterNumExceedLimit,
+                format!(
+                    "{} clusters in one call, the limit is {MAX_CLUSTERS_PER_CALL}",
+                    clusters.len()
+                ),
+            ));
+        }
+        if timeout.is_zero() {
+            return Err(DataDistError::param("link timeout must be > 0"));
+        }
+        let futs = clusters.iter().map(|c| self.link_one(&inner, c, timeout));
+        Ok(futures::future::join_all(futs).await)
+    }
+
+    async fn link_one(&self, inner: &Arc<Inner>, c: &ClusterInfo, timeout: Duration) -> Result<()> {
+        if inner
+            .state
+            .lock()
+            .map_err(|_| poisoned())?
+            .links
+            .contains_key(&c.remote_cluster_id)
+        {
+            return Err(DataDistError::new(
+                LlmStatus::AlreadyLink,
+                format!("cluster {} is already linked", c.remote_cluster_id),
+            ));
+        }
+        let peer = inner
+            .engine
+            .connect(&c.remote_addr, timeout)
+            .await
+            .map_err(|e| {
+                let mut d = DataDistError::from(e);
+                if d.status != LlmStatus::AlreadyLink {
+                    d.status = if d.status == LlmStatus::Timeout {
+                        LlmStatus::Timeout
+                    } else {
+                        LlmStatus::LinkFailed
+                    };
+                }
+                d
+            })?;
+        let table = match read_table(&inner.engine, &peer, timeout).await {
+            Ok(t) if t.cluster_id == c.remote_cluster_id => t,
+            Ok(t) => {
+                let _ = inner.engine.disconnect(&c.remote_addr).await;
+                return Err(DataDistError::new(
+                    LlmStatus::LinkFailed,
+                    format!(
+                        "{} is cluster {}, not {}",
+                        c.remote_addr, t.cluster_id, c.remote_cluster_id
+                    ),
+                ));
+            }
+            Err(e) => {
+                let _ = inner.engine.disconnect(&c.remote_addr).await;
+                return Err(e);
+            }
+        };
+        inner
+            .state
+            .lock()
+            .map_err(|_| poisoned())?
+            .links
+            .insert(c.remote_cluster_id, Linked { peer, table });
+        Ok(())
+    }
+
+    /// Unlinks clusters; a result per cluster. With `force` an unreachable peer is not waited
+    /// for (only this side is torn down, as in LLM-DataDist).
+    ///
+    /// # Errors
+    /// `LLM_CLUSTER_NUM_EXCEED_LIMIT`; per-cluster `LLM_NOT_YET_LINK`.
+    pub async fn unlink_clusters(
+        &self,
+        clusters: &[ClusterInfo],
+        _timeout: Duration,
+        force: bool,
+    ) -> Result<Vec<Result<()>>> {
+        let inner = self.inner()?;
+        if clusters.len() > MAX_CLUSTERS_PER_CALL {
+            return Err(DataDistError::new(
+                LlmStatus::ClusterNumExceedLimit,
+                format!(
+                    "{} clusters in one call, the limit is {MAX_CLUSTERS_PER_CALL}",
+                    clusters.len()
+                ),
+            ));
+        }
+        let mut out = Vec::with_capacity(clusters.len());
+        for c in clusters {
+            let linked = inner
+                .state
+                .lock()
+                .map_err(|_| poisoned())?
+                .links
+                .remove(&c.remote_cluster_id);
+            out.push(match linked {
+                None => Err(DataDistError::new(
+                    LlmStatus::NotYetLink,
+                    format!("cluster {} is not linked", c.remote_cluster_id),
+                )),
+                Some(l) => match inner.engine.disconnect(l.peer.name()).await {
+                    Ok(()) => Ok(()),
+                    Err(_) if force => Ok(()),
+                    Err(e) => Err(DataDistError::new(LlmStatus::UnlinkFailed, e.to_string())),
+                },
+            });
+        }
+        Ok(out)
+    }
+
+    /// The linked peer and the remote cache `pick` selects (re-reading the peer's table once
+    /// if the cache is not in it yet).
+    pub(super) async fn remote(
+        &self,
+        cluster_id: u64,
+        pick: impl Fn(&CacheTable) -> Option<CacheEntry>,
+        what: String,
+    ) -> Result<(Peer, CacheEntry)> {
+        let inner = self.inner()?;
+        let (peer, found) = {
+            let st = inner.state.lock().map_err(|_| poisoned())?;
+            let l = st.links.get(&cluster_id).ok_or_else(|| {
+                DataDistError::new(
+                    LlmStatus::NotYetLink,
+                    format!("cluster {cluster_id} is not linked"),
+                )
+            })?;
+            (l.peer.clone(), pick(&l.table))
+        };
+        if let Some(e) = found {
+            return Ok((peer, e));
+        }
+        let table = read_table(&inner.engine, &peer, inner.opts.sync_wait).await?;
+        let found = pick(&table);
+        if let Some(l) = inner
+            .state
+            .lock()
+            .map_err(|_| poisoned())?
+            .links
+            .get_mut(&cluster_id)
+        {
+            l.table = table;
+        }
+        found.map(|e| (peer, e)).ok_or_else(|| {
+            DataDistError::new(LlmStatus::KvCacheNotExist, format!("{what} does not exist"))
+        })
+    }
+
+    /// The cache table of a linked cluster, as last read.
+    ///
+    /// # Errors
+    /// `LLM_NOT_YET_LINK`.
+    pub async fn peer_table(&self, cluster_id: u64) -> Result<CacheTable> {
+        let inner = self.inner()?;
+        let st = inner.state.lock().map_err(|_| poisoned())?;
+        st.links
+            .get(&cluster_id)
+            .map(|l| l.table.clone())
+            .ok_or_else(|| {
+                DataDistError::new(
+                    LlmStatus::NotYetLink,
+                    format!("cluster {cluster_id} is not linked"),
+                )
+            })
+    }
+
+    /// The linked peer and its blocks cache under `key`.
+    pub(crate) async fn remote_for(&self, key: BlocksCacheKey) -> Result<(Peer, CacheEntry)> {
+        self.remote(
+            key.cluster_id,
+            |t| t.by_key(key).cloned(),
+            format!("blocks cache {key:?}"),
+        )
+        .await
+    }
+}
+
+/// READs a peer's cache table region.
+async fn read_table(engine: &Engine, peer: &Peer, timeout: Duration) -> Result<CacheTable> {
+    let r = peer.region(TABLE_REGION).ok_or_else(|| {
+        DataDistError::new(
+            LlmStatus::LinkFailed,
+            format!("{} publishes no cache table", peer.name()),
+        )
+    })?;
+    let local = engine.register(HostBuffer::zeroed(r.len as usize)?)?;
+    let res = peer
+        .read(&[OpDesc::new(local.addr(), r.addr, r.len)])
+        .timeout(timeout)
+        .await;
+    let mut bytes = vec![0u8; r.len as usize];
+    let read = local.read_at(0, &mut bytes);
+    let _ = engine.deregister(&local).await;
+    res?;
+    read?;
+    CacheTable::decode(&bytes)
+}

@@ -1,0 +1,236 @@
+//! Pull and push of blocks and of whole batch entries between a local cache and a linked
+//! peer's cache.
+
+use hixl_async::Peer;
+use hixl_core::{OpDesc, TransferOp};
+
+use super::{Cache, LlmDataDist};
+use crate::cache::{
+    block_descs, coalesce, layer_tensors, BlocksCacheKey, CacheDesc, CacheIndex, KvCacheExtParam,
+    Run, Side,
+};
+use crate::status::{DataDistError, Result};
+use crate::table::{CacheEntry, CacheTable};
+
+impl LlmDataDist {
+    /// Pushes `runs` of `local` into `remote` with `ext`'s layers.
+    pub(crate) async fn move_runs_pub(
+        &self,
+        peer: &Peer,
+        remote: &CacheEntry,
+        local: &Cache,
+        runs: &[Run],
+        ext: &KvCacheExtParam,
+    ) -> Result<()> {
+        self.move_runs(peer, remote, local, runs, ext, false).await
+    }
+
+    async fn move_runs(
+        &self,
+        peer: &Peer,
+        remote: &CacheEntry,
+        local: &Cache,
+        runs: &[Run],
+        ext: &KvCacheExtParam,
+        pull: bool,
+    ) -> Result<()> {
+        let inner = self.inner()?;
+        let (src_desc, src_addrs, dst_desc, dst_addrs) = if pull {
+            (
+                &remote.desc,
+                &remote.addrs,
+                &local.desc,
+                &local.tensor_addrs,
+            )
+        } else {
+            (
+                &local.desc,
+                &local.tensor_addrs,
+                &remote.desc,
+                &remote.addrs,
+            )
+        };
+        let n = ext.tensor_num_per_layer;
+        let src_t = layer_tensors(ext.src_layer_range.as_ref(), n, src_desc.num_tensors)?;
+        let dst_t = layer_tensors(ext.dst_layer_range.as_ref(), n, dst_desc.num_tensors)?;
+        let descs = block_descs(
+            Side {
+                addrs: src_addrs,
+                stride: src_desc.stride()?,
+            },
+            Side {
+                addrs: dst_addrs,
+                stride: dst_desc.stride()?,
+            },
+            src_t,
+            dst_t,
+            runs,
+            pull,
+        )?;
+        let op = if pull {
+            TransferOp::Read
+        } else {
+            TransferOp::Write
+        };
+        peer.transfer(op, &descs)
+            .timeout(inner.opts.sync_wait)
+            .await?;
+        Ok(())
+    }
+
+    /// Moves `src_blocks` to `dst_blocks` between `local` and the peer cache `pick` selects:
+    /// pull (remote → local) or push (local → remote).
+    #[allow(clippy::too_many_arguments)]
+    async fn transfer(
+        &self,
+        cluster_id: u64,
+        pick: impl Fn(&CacheTable) -> Option<CacheEntry>,
+        what: String,
+        local: &Cache,
+        src_blocks: &[u64],
+        dst_blocks: &[u64],
+        ext: &KvCacheExtParam,
+        pull: bool,
+    ) -> Result<()> {
+        let (peer, remote) = self.remote(cluster_id, pick, what).await?;
+        let (src_units, dst_units) = if pull {
+            (remote.desc.units()?, local.desc.units()?)
+        } else {
+            (local.desc.units()?, remote.desc.units()?)
+        };
+        let runs = coalesce(src_blocks, dst_blocks, src_units, dst_units)?;
+        self.move_runs(&peer, &remote, local, &runs, ext, pull)
+            .await
+    }
+
+    /// Pulls blocks of a peer's blocks cache into `dst` (HIXL `PullKvBlocks`). Block lists are
+    /// coalesced into runs contiguous on both sides.
+    ///
+    /// # Errors
+    /// `LLM_NOT_YET_LINK`, `LLM_KV_CACHE_NOT_EXIST`, `LLM_PARAM_INVALID` (blocks, layers,
+    /// geometry), `LLM_TIMEOUT` past `llm.SyncKvCacheWaitTime`.
+    pub async fn pull_kv_blocks(
+        &self,
+        src: BlocksCacheKey,
+        dst: &Cache,
+        src_blocks: &[u64],
+        dst_blocks: &[u64],
+        ext: &KvCacheExtParam,
+    ) -> Result<()> {
+        let what = format!("blocks cache {src:?}");
+        let pick = move |t: &CacheTable| t.by_key(src).cloned();
+        self.transfer(
+            src.cluster_id,
+            pick,
+            what,
+            dst,
+            src_blocks,
+            dst_blocks,
+            ext,
+            true,
+        )
+        .await
+    }
+
+    /// Pushes blocks of `src` into a peer's blocks cache (HIXL `PushKvBlocks`); the source and
+    /// destination layer ranges must be equal.
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::pull_kv_blocks`].
+    pub async fn push_kv_blocks(
+        &self,
+        dst: BlocksCacheKey,
+        src: &Cache,
+        src_blocks: &[u64],
+        dst_blocks: &[u64],
+        ext: &KvCacheExtParam,
+    ) -> Result<()> {
+        if ext.src_layer_range != ext.dst_layer_range {
+            return Err(DataDistError::param(format!(
+                "push needs equal layer ranges, got {:?} and {:?}",
+                ext.src_layer_range, ext.dst_layer_range
+            )));
+        }
+        let what = format!("blocks cache {dst:?}");
+        let pick = move |t: &CacheTable| t.by_key(dst).cloned();
+        self.transfer(
+            dst.cluster_id,
+            pick,
+            what,
+            src,
+            src_blocks,
+            dst_blocks,
+            ext,
+            false,
+        )
+        .await
+    }
+
+    /// Pulls batch entry `src.batch_index` of a peer's contiguous cache into entry
+    /// `batch_index` of `dst` (HIXL `PullKvCache`, `size = -1`).
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::pull_kv_blocks`].
+    pub async fn pull_kv_cache(
+        &self,
+        src: CacheIndex,
+        dst: &Cache,
+        batch_index: u32,
+        ext: &KvCacheExtParam,
+    ) -> Result<()> {
+        let what = format!("cache {}", src.cache_id);
+        let pick = move |t: &CacheTable| t.by_id(src.cache_id).cloned();
+        let (s, d) = (u64::from(src.batch_index), u64::from(batch_index));
+        self.transfer(src.cluster_id, pick, what, dst, &[s], &[d], ext, true)
+            .await
+    }
+
+    /// Pushes batch entry `src_batch_index` of `src` into a peer's contiguous cache at
+    /// `dst.batch_index` (HIXL `PushKvCache`, `size = -1`).
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::pull_kv_blocks`].
+    pub async fn push_kv_cache(
+        &self,
+        src: &Cache,
+        dst: CacheIndex,
+        src_batch_index: u32,
+        ext: &KvCacheExtParam,
+    ) -> Result<()> {
+        let what = format!("cache {}", dst.cache_id);
+        let pick = move |t: &CacheTable| t.by_id(dst.cache_id).cloned();
+        let (s, d) = (u64::from(src_batch_index), u64::from(dst.batch_index));
+        self.transfer(dst.cluster_id, pick, what, src, &[s], &[d], ext, false)
+            .await
+    }
+
+    /// The descriptors a block transfer would post (for benchmarks and tests).
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::pull_kv_blocks`].
+    pub fn plan_blocks(
+        src: (&CacheDesc, &[u64]),
+        dst: (&CacheDesc, &[u64]),
+        src_blocks: &[u64],
+        dst_blocks: &[u64],
+        ext: &KvCacheExtParam,
+        local_is_dst: bool,
+    ) -> Result<Vec<OpDesc>> {
+        let runs = coalesce(src_blocks, dst_blocks, src.0.units()?, dst.0.units()?)?;
+        let n = ext.tensor_num_per_layer;
+        block_descs(
+            Side {
+                addrs: src.1,
+                stride: src.0.stride()?,
+            },
+            Side {
+                addrs: dst.1,
+                stride: dst.0.stride()?,
+            },
+            layer_tensors(ext.src_layer_range.as_ref(), n, src.0.num_tensors)?,
+            layer_tensors(ext.dst_layer_range.as_ref(), n, dst.0.num_tensors)?,
+            &runs,
+            local_is_dst,
+        )
+    }
+}
