@@ -283,8 +283,16 @@ mod tests {
             result: Ok(()),
         });
         assert_eq!(r.poll(), 1);
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "the waiter was still woken");
-        assert_eq!(crate::completion::lock(&ops).live(), 1, "done, waiting to be taken");
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            1,
+            "the waiter was still woken"
+        );
+        assert_eq!(
+            crate::completion::lock(&ops).live(),
+            1,
+            "done, waiting to be taken"
+        );
     }
 
     #[test]
