@@ -99,15 +99,20 @@ impl<'a> RawRange<'a> {
 }
 
 /// Result of one socket syscall, with the count moved also when tokio is told the socket
-/// would block (to clear its cached readiness after a short transfer, as tokio's own
-/// `poll_read`/`poll_write` do: a short transfer on Linux means the socket buffer is drained
-/// or full, so trying again before the next edge would only cost an `EAGAIN` syscall).
-fn syscall_result(n: isize, asked: usize, moved: &mut usize) -> io::Result<()> {
+/// would block: with `clear_if_short`, a short transfer clears tokio's cached readiness, as
+/// tokio's own `poll_read`/`poll_write` do (on Linux it means the socket buffer is drained or
+/// full, so trying again before the next edge would mostly cost an `EAGAIN` syscall).
+fn syscall_result(
+    n: isize,
+    asked: usize,
+    moved: &mut usize,
+    clear_if_short: bool,
+) -> io::Result<()> {
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
     *moved = n as usize;
-    if 0 < *moved && *moved < asked {
+    if clear_if_short && 0 < *moved && *moved < asked {
         Err(io::ErrorKind::WouldBlock.into())
     } else {
         Ok(())
@@ -137,7 +142,7 @@ pub(crate) async fn recv_exact(s: &TcpStream, dst: RawRange<'_>) -> io::Result<(
             // borrowed through `s`. Aliasing: the kernel writes the bytes; no Rust reference
             // to them exists.
             let n = unsafe { libc::recv(fd, dst.at(off).cast(), want, 0) };
-            syscall_result(n, want, &mut got)
+            syscall_result(n, want, &mut got, true)
         });
         match r {
             Ok(()) if got == 0 => {
@@ -168,6 +173,7 @@ pub(crate) async fn send_all(s: &TcpStream, head: &[u8], src: RawRange<'_>) -> i
     let fd = s.as_raw_fd();
     let total = head.len() + src.len;
     let mut off = 0;
+    let mut first_send = true;
     while off < total {
         poll_fn(|cx| s.poll_write_ready(cx)).await?;
         let mut iov = [libc::iovec {
@@ -193,6 +199,7 @@ pub(crate) async fn send_all(s: &TcpStream, head: &[u8], src: RawRange<'_>) -> i
         }
         let want = total - off;
         let mut sent = 0;
+        let first = std::mem::replace(&mut first_send, false);
         let r = s.try_io(Interest::WRITABLE, || {
             // SAFETY: an all-zero msghdr is valid (null name and control, no iovecs); the
             // iovecs are set below.
@@ -205,7 +212,11 @@ pub(crate) async fn send_all(s: &TcpStream, head: &[u8], src: RawRange<'_>) -> i
             // live socket borrowed through `s`. Aliasing: the kernel only reads the iovecs'
             // bytes; no Rust reference to src's memory exists.
             let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
-            syscall_result(n, want, &mut sent)
+            // After an op's first short send, try once more at once instead of waiting for
+            // the next edge: the peer drains meanwhile, and waiting for the kernel's
+            // write-space wakeup costs about 10% on 1 MiB reads. Later short sends wait. (The
+            // vectored-then-plain tokio writes this replaces behaved the same way.)
+            syscall_result(n, want, &mut sent, !first)
         });
         match r {
             Ok(()) if sent == 0 => return Err(io::ErrorKind::WriteZero.into()),

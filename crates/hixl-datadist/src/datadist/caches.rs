@@ -67,7 +67,8 @@ impl LlmDataDist {
     /// # Safety
     /// Each `addrs[i]` must point to `desc.tensor_size()` bytes valid for reads and writes by
     /// peers until [`LlmDataDist::unregister_kv_cache`] returned for this cache or the instance
-    /// was finalized.
+    /// was finalized. Meanwhile hold no Rust reference (`&[u8]`, `&mut [u8]`) to that memory:
+    /// peers may write it at any time.
     ///
     /// # Errors
     /// `LLM_PARAM_INVALID` for bad geometry, a null or overlapping address, a key already in use
