@@ -17,7 +17,7 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::Shared;
+use crate::context::Shared;
 use crate::frame_io::{read_frame, tune, write_frame, write_frames};
 use crate::link_state::LinkState;
 use crate::memory::Lease;
@@ -589,7 +589,7 @@ fn poisoned() -> Error {
 
 /// Probes the peer every heartbeat interval on the control connection and kills the link when
 /// nothing (no answer, nor any other frame) has arrived for `interval × miss_limit`.
-async fn probe(link: Arc<Link>, hb: crate::engine::Heartbeat) {
+async fn probe(link: Arc<Link>, hb: crate::context::Heartbeat) {
     let mut tick = tokio::time::interval(hb.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seq = 0u64;
