@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the verbs test binaries (hixl-verbs, and the engine's tests/verbs.rs) and the hixl
+# Builds the verbs test binaries (hixl-verbs, and the engine's tests/verbs/) and the hixl
 # command with the verbs feature on the host, and runs them inside the Soft-RoCE guest of
 # tools/softroce-vm.sh with HIXL_VERBS_DEVICE=rxe0 (on the host, without it, the tests skip),
 # followed by `hixl info` and `hixl bench comm --transport verbs`.

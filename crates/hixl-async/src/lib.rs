@@ -4,6 +4,7 @@
 
 pub mod addr;
 mod completion;
+mod context;
 mod memory;
 mod notify;
 mod rawio;

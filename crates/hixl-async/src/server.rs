@@ -10,7 +10,7 @@ use hixl_core::{Error, Result, Status};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use crate::engine::Shared;
+use crate::context::Shared;
 use crate::frame_io::{read_frame, tune, write_frame, write_frames};
 use crate::transport::target::{Session, Sessions, TargetCx};
 
@@ -261,7 +261,7 @@ impl Server {
 
     async fn serve_control(self: Arc<Self>, mut s: TcpStream, mut buf: BytesMut, peer: Arc<str>) {
         let id = loop {
-            let id = crate::engine::random_u64();
+            let id = crate::context::random_u64();
             if id != 0 && !self.cx.sessions.contains(id) {
                 break id;
             }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hixl_core::{Error, Result, Token, TransferStatus};
 use tokio::time::Sleep;
 
-use crate::engine::Shared;
+use crate::context::Shared;
 use crate::transport::Withdraw;
 
 /// A transfer in flight (HIXL `TransferReq`). `.await` it for the result, or ask

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::completion::Completion;
-use crate::engine::Shared;
+use crate::context::Shared;
 use crate::frame_io::shutdown_both;
 use crate::link_state::LinkState;
 use crate::memory::Lease;

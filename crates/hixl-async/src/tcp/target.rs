@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-use crate::engine::Shared;
+use crate::context::Shared;
 use crate::memory::Lease;
 use crate::rawio;
 

@@ -1,0 +1,78 @@
+//! State every task and handle of one engine shares: the region and op tables, the
+//! completion sink, notifies, the transports, heartbeat and authentication settings.
+//! A bottom-level module: it imports none of the link, server or transport-task modules.
+
+use std::sync::{Arc, Mutex};
+use std::task::Waker;
+use std::time::Duration;
+
+use hixl_core::region::OsRkeys;
+use hixl_core::{Error, OpTable, RegionTable};
+
+use crate::completion::{Completion, Completions};
+use crate::memory::RegionInner;
+use crate::notify::NotifyQueue;
+
+/// State shared by the engine's tasks and handles.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) name: String,
+    pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,
+    pub(crate) ops: Arc<Mutex<OpTable<Waker>>>,
+    /// Where transports hand in finished parts.
+    pub(crate) sink: Completions,
+    pub(crate) notifies: Arc<NotifyQueue>,
+    /// The transports besides TCP, in the order the transport policy tries them.
+    pub(crate) transports: Vec<Arc<dyn crate::transport::Transport>>,
+    /// Liveness of control connections (`hixl.HeartbeatIntervalMs`, `hixl.HeartbeatMissLimit`).
+    pub(crate) heartbeat: Heartbeat,
+    /// The shared secret connects are authenticated with (`hixl.AuthSecret` or
+    /// `HIXL_AUTH_SECRET`), if any.
+    pub(crate) auth: Option<hixl_core::auth::Secret>,
+}
+
+/// How often each end of a control connection probes the other, and how many probes may go
+/// unanswered before the link is declared dead.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Heartbeat {
+    pub(crate) interval: Duration,
+    pub(crate) miss_limit: u32,
+}
+
+impl Heartbeat {
+    /// Silence longer than this kills a link.
+    pub(crate) fn bound(&self) -> Duration {
+        self.interval * self.miss_limit
+    }
+
+    /// The error of a link that went silent.
+    pub(crate) fn lost(&self, peer: &str, silent: Duration) -> Error {
+        Error::PeerLost {
+            peer: peer.to_string(),
+            cause: format!(
+                "no heartbeat answer for {} ms ({} probes at {} ms intervals missed; the peer is dead or the network is cut)",
+                silent.as_millis(),
+                self.miss_limit,
+                self.interval.as_millis()
+            ),
+        }
+    }
+}
+
+impl Shared {
+    /// See [`Completions::complete_all`].
+    pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
+        self.sink.complete_all(cs);
+    }
+
+    /// See [`Completions::complete`].
+    pub(crate) fn complete(&self, c: Completion) {
+        self.sink.complete(c);
+    }
+}
+
+/// A random u64 from the OS CSPRNG.
+pub(crate) fn random_u64() -> u64 {
+    use hixl_core::region::RkeySource;
+    OsRkeys.next_rkey()
+}

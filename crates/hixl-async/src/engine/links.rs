@@ -1,0 +1,270 @@
+//! The link table: connect, disconnect, peer lookup, AutoConnect and transfers by name.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hixl_core::{Error, OpDesc, Result, TransferOp};
+
+use super::{poisoned, Engine, LinkSlot};
+use crate::addr::{engine_name, EngineAddr};
+use crate::link::{Link, LinkParams, Peer};
+use crate::transfer::Transfer;
+
+/// AutoConnect and the channel pool connect with HIXL's fixed timeout (`kAutoConnectTimeout`).
+const AUTO_CONNECT_TIMEOUT: Duration = Duration::from_millis(3000);
+
+/// Removes a `Connecting` placeholder when a connect is abandoned (its future dropped, e.g.
+/// by a caller's own timeout), so the peer can be connected again.
+struct ConnectingSlot<'a> {
+    links: &'a Mutex<HashMap<String, LinkSlot>>,
+    key: &'a str,
+    armed: bool,
+}
+
+impl Drop for ConnectingSlot<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Ok(mut l) = self.links.lock() {
+                if matches!(l.get(self.key), Some(LinkSlot::Connecting)) {
+                    l.remove(self.key);
+                }
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// Connects to a server engine (`"ip:port"`), fetching its memory table and opening its
+    /// data connections, within `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::ConnectToSelf`], [`Error::AlreadyConnected`], [`Error::InvalidAddress`] (also for
+    /// an address without a port), [`Error::Timeout`], [`Error::Io`] (refused), or the peer's
+    /// refusal.
+    pub async fn connect(&self, remote: &str, timeout: Duration) -> Result<Peer> {
+        self.check_open("connect refused")?;
+        if timeout.is_zero() {
+            return Err(Error::InvalidTimeout { millis: 0 });
+        }
+        let ra = EngineAddr::parse(remote)?;
+        let sa = ra.socket_addr().ok_or_else(|| Error::InvalidAddress {
+            addr: remote.to_string(),
+            reason: "a remote engine needs a port".into(),
+        })?;
+        if self.is_self(sa) {
+            return Err(Error::ConnectToSelf {
+                engine: remote.to_string(),
+            });
+        }
+        let key = engine_name(sa);
+        {
+            let mut links = self.inner.links.lock().map_err(|_| poisoned())?;
+            match links.get(&key) {
+                Some(LinkSlot::Up(l)) if !l.state.is_dead() => {
+                    return Err(Error::AlreadyConnected { peer: key })
+                }
+                Some(LinkSlot::Connecting) => return Err(Error::AlreadyConnected { peer: key }),
+                _ => {}
+            }
+            self.make_room(&mut links, &key)?;
+            links.insert(key.clone(), LinkSlot::Connecting);
+        }
+        let mut slot = ConnectingSlot {
+            links: &self.inner.links,
+            key: &key,
+            armed: true,
+        };
+        let params = LinkParams {
+            local_name: &self.inner.shared.name,
+            instance: self.inner.instance,
+            remote: &key,
+            addr: sa,
+            streams: self.inner.options.tcp_streams,
+            chunk: self.inner.options.tcp_chunk_bytes,
+        };
+        let r =
+            tokio::time::timeout(timeout, Link::establish(self.inner.shared.clone(), params)).await;
+        let r = match r {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                what: "connect",
+                peer: key.clone(),
+                after: timeout,
+            }),
+        };
+        slot.armed = false;
+        // A shutdown that began while this connect ran has closed every link but this one.
+        let r = match (r, self.check_open("connect refused")) {
+            (Ok(link), Err(e)) => {
+                link.close_because("engine finalized", e.clone());
+                Err(e)
+            }
+            (r, _) => r,
+        };
+        let mut links = self.inner.links.lock().map_err(|_| poisoned())?;
+        match r {
+            Ok(link) => {
+                links.insert(key.clone(), LinkSlot::Up(link.clone()));
+                self.evict_idle(&mut links, &key);
+                drop(links);
+                if self.inner.auto_connect {
+                    self.forget_when_dead(&key, &link);
+                }
+                Ok(Peer {
+                    link,
+                    shared: self.inner.shared.clone(),
+                })
+            }
+            Err(e) => {
+                links.remove(&key);
+                if let Error::Remote {
+                    status: hixl_core::Status::ParamInvalid,
+                    message,
+                    ..
+                } = &e
+                {
+                    if message == hixl_core::wire::REFUSE_SELF {
+                        return Err(Error::ConnectToSelf {
+                            engine: remote.to_string(),
+                        });
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// AutoConnect: drops a dead link from the table, so the next transfer reconnects.
+    fn forget_when_dead(&self, key: &str, link: &Arc<Link>) {
+        let (inner, key, link) = (Arc::downgrade(&self.inner), key.to_string(), link.clone());
+        tokio::spawn(async move {
+            link.state.dead().await;
+            if let Some(inner) = inner.upgrade() {
+                if let Ok(mut l) = inner.links.lock() {
+                    if matches!(l.get(&key), Some(LinkSlot::Up(x)) if Arc::ptr_eq(x, &link)) {
+                        l.remove(&key);
+                        tracing::info!(peer = %key, "auto-connect: dropped a dead link");
+                    }
+                }
+            }
+        });
+    }
+
+    /// The peer `remote`; with AutoConnect (or a configured channel pool), connects first
+    /// when there is no live link, within HIXL's 3000 ms.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`] without AutoConnect; else those of [`Engine::connect`].
+    pub async fn peer_or_connect(&self, remote: &str) -> Result<Peer> {
+        match self.peer(remote) {
+            Ok(p) if p.is_connected() || !self.inner.auto_connect => return Ok(p),
+            Err(e) if !self.inner.auto_connect => return Err(e),
+            _ => {}
+        }
+        let deadline = tokio::time::Instant::now() + AUTO_CONNECT_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    what: "auto-connect",
+                    peer: remote.to_string(),
+                    after: AUTO_CONNECT_TIMEOUT,
+                });
+            }
+            match self.connect(remote, left).await {
+                Err(Error::AlreadyConnected { .. }) => {
+                    // Connected meanwhile, or another task is connecting: use or wait for it.
+                    if let Ok(p) = self.peer(remote) {
+                        if p.is_connected() {
+                            return Ok(p);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Closes the link to `remote`. Its in-flight transfers fail.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`] if there is no link.
+    pub async fn disconnect(&self, remote: &str) -> Result<()> {
+        let key = self.key(remote)?;
+        let slot = self
+            .inner
+            .links
+            .lock()
+            .map_err(|_| poisoned())?
+            .remove(&key);
+        match slot {
+            Some(LinkSlot::Up(l)) => {
+                l.close("disconnect");
+                Ok(())
+            }
+            Some(LinkSlot::Connecting) | None => Err(Error::NotConnected { peer: key }),
+        }
+    }
+
+    /// The peer `remote`, if connected.
+    ///
+    /// # Errors
+    /// [`Error::NotConnected`].
+    pub fn peer(&self, remote: &str) -> Result<Peer> {
+        let key = self.key(remote)?;
+        match self.inner.links.lock().map_err(|_| poisoned())?.get(&key) {
+            Some(LinkSlot::Up(l)) => Ok(Peer {
+                link: l.clone(),
+                shared: self.inner.shared.clone(),
+            }),
+            _ => Err(Error::NotConnected { peer: key }),
+        }
+    }
+
+    /// Names of connected peers.
+    pub fn peers(&self) -> Vec<String> {
+        self.inner
+            .links
+            .lock()
+            .map(|l| {
+                l.iter()
+                    .filter(|(_, v)| matches!(v, LinkSlot::Up(_)))
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Posts a transfer to `remote` by name (HIXL's `TransferAsync`); see [`Peer::transfer`].
+    /// With `AutoConnect=1` (or a configured channel pool) a missing or dead link is
+    /// connected first (within 3000 ms, as in HIXL); the transfer is posted as soon as it is
+    /// up, whether or not the returned future is polled.
+    pub fn transfer(&self, remote: &str, op: TransferOp, descs: &[OpDesc]) -> Transfer {
+        if let Err(e) = self.check_open("transfer refused") {
+            return Transfer::failed(self.inner.shared.clone(), e, Arc::from(remote));
+        }
+        if self.inner.auto_connect && !matches!(self.peer(remote), Ok(p) if p.is_connected()) {
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return Transfer::failed(
+                    self.inner.shared.clone(),
+                    Error::InvalidParam {
+                        what: "auto-connect needs a tokio runtime".into(),
+                    },
+                    Arc::from(remote),
+                );
+            };
+            let (me, r, d) = (self.clone(), remote.to_string(), descs.to_vec());
+            let task = rt.spawn(async move {
+                let p = me.peer_or_connect(&r).await?;
+                Ok(p.transfer(op, &d))
+            });
+            return Transfer::connecting(self.inner.shared.clone(), task, Arc::from(remote));
+        }
+        match self.peer(remote) {
+            Ok(p) => p.transfer(op, descs),
+            Err(e) => Transfer::failed(self.inner.shared.clone(), e, Arc::from(remote)),
+        }
+    }
+}

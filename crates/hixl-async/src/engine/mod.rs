@@ -1,0 +1,235 @@
+//! The `Engine`: registered memory, links to peers, the listener, the reactor, notifies.
+
+mod async_connect;
+mod builder;
+mod links;
+mod pool;
+mod registry;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hixl_core::{Error, Notify, Options, Result};
+use tokio::sync::watch;
+
+pub use builder::EngineBuilder;
+
+use self::async_connect::AsyncQueue;
+use crate::addr::{engine_name, EngineAddr};
+use crate::context::Shared;
+use crate::link::Link;
+use crate::notify::NotifyStream;
+use crate::server::Server;
+
+#[derive(Debug)]
+enum LinkSlot {
+    Connecting,
+    Up(Arc<Link>),
+}
+
+#[derive(Debug)]
+struct EngineInner {
+    shared: Arc<Shared>,
+    addr: EngineAddr,
+    listen: Option<SocketAddr>,
+    instance: u64,
+    options: Options,
+    server: Option<Arc<Server>>,
+    links: Mutex<HashMap<String, LinkSlot>>,
+    shutdown: watch::Sender<bool>,
+    /// `AutoConnect=1`, or `channel_pool.*` configured: transfers connect lazily and dead
+    /// links are dropped from the table.
+    auto_connect: bool,
+    /// `ConnectAsync`/`DisconnectAsync` queues, one per peer.
+    async_conn: Mutex<HashMap<String, AsyncQueue>>,
+    /// Tasks queued on all of them (bounded by `connect_pool.task_queue_capacity`).
+    async_pending: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        // The reactor runs on until the ops of the closed links have resolved.
+        self.shutdown.send_replace(true);
+        if let Ok(mut l) = self.links.lock() {
+            for (_, s) in l.drain() {
+                if let LinkSlot::Up(link) = s {
+                    link.close_because(
+                        "engine dropped",
+                        Error::ShutDown {
+                            engine: self.shared.name.clone(),
+                            what: "the engine was dropped",
+                        },
+                    );
+                }
+            }
+        }
+        if let Some(s) = &self.server {
+            s.close_all("engine dropped");
+        }
+        self.shared.notifies.close();
+    }
+}
+
+/// A hixl engine: one per process and device, like HIXL's `Hixl` object.
+///
+/// ```no_run
+/// # async fn demo() -> hixl_core::Result<()> {
+/// use std::time::Duration;
+/// use hixl_async::{Engine, HostBuffer};
+/// use hixl_core::OpDesc;
+///
+/// let engine = Engine::builder("127.0.0.1").build().await?;
+/// let local = engine.register(HostBuffer::zeroed(1 << 20)?)?;
+/// let peer = engine.connect("127.0.0.1:26000", Duration::from_secs(1)).await?;
+/// let remote = peer.region("kv").expect("peer exported a region named kv");
+/// peer.write(&[OpDesc::new(local.addr(), remote.addr, 4096)]).await?;
+/// peer.notify("cache_ready", "block_0").await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+fn poisoned() -> Error {
+    Error::Internal {
+        what: "engine lock poisoned by an earlier panic",
+    }
+}
+
+impl Engine {
+    /// Starts building an engine for `local_engine`: `"ip:port"` listens (a server, which
+    /// peers can connect to), `"ip"` is client-only, as in HIXL.
+    pub fn builder(local_engine: impl Into<String>) -> EngineBuilder {
+        EngineBuilder {
+            local: local_engine.into(),
+            pairs: Vec::new(),
+            options: None,
+            ephemeral: false,
+        }
+    }
+
+    /// `Err(ShutDown)` once [`Engine::shutdown`] has begun.
+    fn check_open(&self, what: &'static str) -> Result<()> {
+        if *self.inner.shutdown.borrow() {
+            return Err(Error::ShutDown {
+                engine: self.inner.shared.name.clone(),
+                what,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether [`Engine::shutdown`] has begun (every later call fails with
+    /// [`Error::ShutDown`]).
+    pub fn is_shut_down(&self) -> bool {
+        *self.inner.shutdown.borrow()
+    }
+
+    /// This engine's name: `ip:port` for a server (the real port), `ip` for a client.
+    pub fn local_engine(&self) -> &str {
+        &self.inner.shared.name
+    }
+
+    /// The listening address, if this engine is a server.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        self.inner.listen
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &Options {
+        &self.inner.options
+    }
+
+    /// Whether transfers connect lazily (`AutoConnect=1`, or a configured channel pool).
+    pub fn auto_connects(&self) -> bool {
+        self.inner.auto_connect
+    }
+
+    /// Which RDMA device this engine uses, or why it uses none.
+    pub fn verbs_status(&self) -> std::result::Result<String, String> {
+        self.inner
+            .shared
+            .transports
+            .iter()
+            .find_map(|t| t.device())
+            .unwrap_or_else(|| {
+                Err("this build has no verbs backend (feature `verbs` is off)".to_string())
+            })
+    }
+
+    fn is_self(&self, sa: SocketAddr) -> bool {
+        match self.inner.listen {
+            Some(l) if l.port() == sa.port() => {
+                l.ip() == sa.ip()
+                    || (l.ip().is_unspecified()
+                        && (sa.ip().is_loopback() || sa.ip() == self.inner.addr.ip))
+            }
+            _ => false,
+        }
+    }
+
+    fn key(&self, remote: &str) -> Result<String> {
+        let ra = EngineAddr::parse(remote)?;
+        Ok(match ra.socket_addr() {
+            Some(sa) => engine_name(sa),
+            None => remote.to_string(),
+        })
+    }
+
+    /// Notifies received by this engine, as a stream.
+    pub fn notifications(&self) -> NotifyStream {
+        NotifyStream {
+            queue: self.inner.shared.notifies.clone(),
+        }
+    }
+
+    /// Returns and clears every received notify (HIXL `GetNotifies`).
+    pub fn take_notifies(&self) -> Vec<Notify> {
+        self.inner.shared.notifies.drain()
+    }
+
+    /// Ops not yet finished or reaped (in-flight and abandoned ones).
+    pub fn ops_in_flight(&self) -> usize {
+        self.inner.shared.ops.lock().map(|o| o.live()).unwrap_or(0)
+    }
+
+    /// Stops the engine (HIXL `Finalize`): from now on every call that would start something
+    /// (`connect`, `register`, `transfer`, `notify`, async connects) fails with
+    /// [`Error::ShutDown`] (status FAILED, as HIXL answers after `Finalize`); `deregister`
+    /// still hands buffers back. Closes every link, so their in-flight ops fail with
+    /// [`Error::ShutDown`] (every one of them resolves, on every transport: the reactor runs
+    /// on until no op has parts outstanding), tells connected initiators, stops listening and
+    /// ends notify streams. Waits up to `grace` for the ops in flight to resolve. Calling it
+    /// again is harmless.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner.shutdown.send_replace(true);
+        let links: Vec<_> = self
+            .inner
+            .links
+            .lock()
+            .map(|mut l| l.drain().map(|(_, v)| v).collect())
+            .unwrap_or_default();
+        for l in links {
+            if let LinkSlot::Up(l) = l {
+                l.close_because(
+                    "engine finalized",
+                    Error::ShutDown {
+                        engine: self.inner.shared.name.clone(),
+                        what: "the link was closed by shutdown",
+                    },
+                );
+            }
+        }
+        if let Some(s) = &self.inner.server {
+            s.close_all("engine finalized");
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.ops_in_flight() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.inner.shared.notifies.close();
+    }
+}

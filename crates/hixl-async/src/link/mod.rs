@@ -1,0 +1,190 @@
+//! The initiator's side of a link to one peer: handshake, the peer's memory table, data
+//! connections, notifies, and the `Peer` handle users hold.
+
+mod control;
+mod establish;
+mod notify;
+mod peer;
+mod submit;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::BytesMut;
+use hixl_core::wire::Message;
+use hixl_core::{Error, RemoteRegion, Status, Token};
+use tokio::sync::{mpsc, oneshot};
+
+pub(crate) use establish::LinkParams;
+pub use peer::Peer;
+
+use crate::link_state::LinkState;
+use crate::tcp::initiator::DataConn;
+use crate::transport::{PeerChannel, Withdraw};
+
+/// Tokens of a link's ops, so that the channel pool can tell a busy link from an idle one and
+/// the link's death can cancel its copies still queued on the copy engine. Finished ops are
+/// pruned only when the list has doubled since the last prune: amortized O(1) per submit, and
+/// the op table is not locked on every submission.
+#[derive(Debug, Default)]
+struct TokenLog {
+    tokens: Vec<Token>,
+    prune_at: usize,
+}
+
+impl TokenLog {
+    fn record(&mut self, token: Token, ops: &Mutex<hixl_core::OpTable<std::task::Waker>>) {
+        if self.tokens.len() >= self.prune_at {
+            if let Ok(o) = ops.lock() {
+                self.tokens.retain(|&t| o.phase(t).is_some());
+            }
+            self.prune_at = (self.tokens.len() * 2).max(64);
+        }
+        self.tokens.push(token);
+    }
+}
+
+/// Milliseconds since the first call in this process (a clock links can be compared by).
+fn now_ms() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
+/// What the initiator keeps per connected peer.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) name: Arc<str>,
+    pub(crate) state: Arc<LinkState>,
+    table: RwLock<Vec<RemoteRegion>>,
+    conns: Vec<DataConn>,
+    next: AtomicUsize,
+    control: mpsc::UnboundedSender<BytesMut>,
+    notify_seq: AtomicU64,
+    notify_waiters: Mutex<HashMap<u64, oneshot::Sender<u32>>>,
+    chunk: u64,
+    /// The transports' channels to the peer (fabric, verbs), in the order the transport
+    /// policy chose; a descriptor goes to the first that reaches it, else over the data
+    /// connections.
+    channels: Vec<Arc<dyn PeerChannel>>,
+    /// Every op of the link: for [`Link::busy`], and so that the link's death can cancel its
+    /// copies still queued on the copy engine.
+    ops: Mutex<TokenLog>,
+    /// When the link was last used for a transfer or notify (`now_ms`).
+    last_used: AtomicU64,
+    /// Which transport serves this peer, and why.
+    transport: String,
+    /// When the control connection last delivered a frame (ms since `born`).
+    last_rx: AtomicU64,
+    born: std::time::Instant,
+}
+
+fn refusal(peer: &str, status: u32, reason: String) -> Error {
+    Error::Remote {
+        peer: peer.to_string(),
+        status: Status::from_code(status).unwrap_or(Status::Failed),
+        message: reason,
+    }
+}
+
+fn unexpected(peer: &str, m: &Message, wanted: &str) -> Error {
+    Error::Protocol {
+        peer: peer.to_string(),
+        reason: format!("expected {wanted}, got {m:?}"),
+    }
+}
+
+fn sort_table(mut v: Vec<RemoteRegion>) -> Vec<RemoteRegion> {
+    v.sort_by_key(|r| r.addr);
+    v
+}
+
+fn poisoned() -> Error {
+    Error::Internal {
+        what: "engine lock poisoned by an earlier panic",
+    }
+}
+
+impl Link {
+    /// Marks the link used now.
+    fn touch(&self) {
+        self.last_used.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// When the link was last used (for least-recently-used eviction).
+    pub(crate) fn last_used(&self) -> u64 {
+        self.last_used.load(Ordering::Relaxed)
+    }
+
+    /// Whether an op of this link may still touch memory or wait for an answer (posted,
+    /// waited on or abandoned with parts outstanding): such a link is never evicted.
+    pub(crate) fn busy(&self, ops: &hixl_core::OpTable<std::task::Waker>) -> bool {
+        use hixl_core::Phase;
+        if self.notify_waiters.lock().map_or(true, |w| !w.is_empty()) {
+            return true;
+        }
+        let Ok(t) = self.ops.lock() else { return true };
+        t.tokens.iter().any(|&t| {
+            matches!(
+                ops.phase(t),
+                Some(Phase::Staged | Phase::Posted | Phase::Waiting | Phase::Abandoned)
+            )
+        })
+    }
+
+    /// Which transport serves this peer, and why.
+    pub(crate) fn transport(&self) -> &str {
+        &self.transport
+    }
+
+    /// The peer's remotely accessible regions, in address order.
+    pub(crate) fn regions(&self) -> Vec<RemoteRegion> {
+        self.table.read().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    fn lost(&self, cause: &str) -> Error {
+        self.state.error().unwrap_or_else(|| Error::PeerLost {
+            peer: self.name.to_string(),
+            cause: cause.into(),
+        })
+    }
+
+    /// Orderly close with `cause` as the link's error (what later uses of it report).
+    pub(crate) fn close_because(&self, reason: &str, cause: Error) {
+        self.state.doom(cause.clone());
+        let mut b = BytesMut::new();
+        Message::Disconnect {
+            reason: reason.into(),
+        }
+        .encode(&mut b);
+        let _ = self.control.send(b);
+        self.state.kill(cause);
+    }
+
+    /// Orderly close: tells the peer, then ends every task of the link. In-flight ops fail.
+    pub(crate) fn close(&self, reason: &str) {
+        self.close_because(
+            reason,
+            Error::NotConnected {
+                peer: self.name.to_string(),
+            },
+        );
+    }
+}
+
+impl Withdraw for Link {
+    fn withdraw(&self, token: Token) {
+        if self.channels.is_empty() {
+            return; // TCP writers skip parts of unwanted ops themselves.
+        }
+        let e = Error::Cancelled {
+            what: "a transport part",
+        };
+        for ch in &self.channels {
+            ch.withdraw(token, &e);
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! [`Peer`]: the handle users hold on a connected peer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hixl_core::{Error, OpDesc, RemoteRegion, Result, TransferOp};
+
+use super::Link;
+use crate::context::Shared;
+use crate::transfer::Transfer;
+
+/// A connected peer (the initiator's view): its memory table, transfers and notifies.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub(crate) link: Arc<Link>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Peer {
+    /// The peer's engine address.
+    pub fn name(&self) -> &str {
+        &self.link.name
+    }
+
+    /// Which transport serves this peer and why, e.g. `fabric (same host: ...)` or
+    /// `tcp (the peer is on another host ...)`.
+    pub fn transport(&self) -> &str {
+        self.link.transport()
+    }
+
+    /// Whether the link is up.
+    pub fn is_connected(&self) -> bool {
+        !self.link.state.is_dead()
+    }
+
+    /// Why the link went down, if it did.
+    pub fn error(&self) -> Option<Error> {
+        self.link.state.error()
+    }
+
+    /// The regions the peer made remotely accessible, in address order. Kept current: the
+    /// peer pushes its table again whenever it registers or deregisters memory.
+    pub fn regions(&self) -> Vec<RemoteRegion> {
+        self.link.regions()
+    }
+
+    /// The peer's region registered under `name`.
+    pub fn region(&self, name: &str) -> Option<RemoteRegion> {
+        self.link
+            .regions()
+            .into_iter()
+            .find(|r| r.name.as_deref() == Some(name))
+    }
+
+    /// Posts a transfer. Every descriptor is checked first (local range registered, remote
+    /// range inside a region the peer exported with the needed access); if any fails, nothing
+    /// moves and the returned future resolves with that error.
+    pub fn transfer(&self, op: TransferOp, descs: &[OpDesc]) -> Transfer {
+        match self.link.submit(&self.shared, op, descs) {
+            Ok(t) => Transfer::posted(
+                self.shared.clone(),
+                t,
+                self.link.name.clone(),
+                self.link.clone(),
+            ),
+            Err(e) => Transfer::failed(self.shared.clone(), e, self.link.name.clone()),
+        }
+    }
+
+    /// `transfer(TransferOp::Read, descs)`: remote → local.
+    pub fn read(&self, descs: &[OpDesc]) -> Transfer {
+        self.transfer(TransferOp::Read, descs)
+    }
+
+    /// `transfer(TransferOp::Write, descs)`: local → remote.
+    pub fn write(&self, descs: &[OpDesc]) -> Transfer {
+        self.transfer(TransferOp::Write, descs)
+    }
+
+    /// Sends a notify (name and msg ≤ 1024 bytes each) and waits up to 1 s for the ack.
+    ///
+    /// A notify sent after a transfer completed is observed by the peer after that transfer's
+    /// bytes are in its memory: a transfer completes only once the peer has placed the data.
+    ///
+    /// # Errors
+    /// [`Error::NotifyTooLong`], [`Error::NotifyQueueFull`] when the peer has 4096 of ours
+    /// undrained, [`Error::Timeout`], or the link's failure.
+    pub async fn notify(&self, name: impl AsRef<[u8]>, msg: impl AsRef<[u8]>) -> Result<()> {
+        self.notify_timeout(name, msg, Duration::from_secs(1)).await
+    }
+
+    /// [`Peer::notify`] with an explicit timeout.
+    ///
+    /// # Errors
+    /// As [`Peer::notify`].
+    pub async fn notify_timeout(
+        &self,
+        name: impl AsRef<[u8]>,
+        msg: impl AsRef<[u8]>,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.link.notify(name.as_ref(), msg.as_ref(), timeout).await
+    }
+}

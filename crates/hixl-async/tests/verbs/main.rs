@@ -1,0 +1,61 @@
+//! The engine over real RDMA verbs (`hixl.Transport=verbs`): run inside the Soft-RoCE guest by
+//! `tools/verbs-tests.sh`, with `HIXL_VERBS_DEVICE` naming the device (e.g. `rxe0`). Without it
+//! every test prints that it is skipped and returns.
+//!
+//! The two-process tests re-execute this binary as the target (`target_role`, ignored as a
+//! test), which runs an engine with a region named `kv`, announces `HIXL ADDR <engine>` and
+//! `HIXL KV <addr> <len>` on stdout and answers `SUM <offset> <len>` and `NOTIFY` on stdin.
+#![cfg(feature = "verbs")]
+
+mod lifecycle;
+mod setup;
+mod target;
+mod transfers;
+
+use std::time::Duration;
+
+const DEVICE_VAR: &str = "HIXL_VERBS_DEVICE";
+const ROLE_VAR: &str = "HIXL_ENGINE_ROLE";
+const KV: usize = 8 << 20;
+const T: Duration = Duration::from_secs(30);
+
+#[test]
+#[ignore = "the target role of the two-process tests; Target::spawn runs it"]
+fn target_role() {
+    target::target_role();
+}
+
+#[test]
+fn write_read_blocks_verified_across_processes_and_notify_after_data() {
+    transfers::write_read_blocks_verified_across_processes_and_notify_after_data();
+}
+
+#[test]
+fn thousands_of_descriptors_per_call() {
+    transfers::thousands_of_descriptors_per_call();
+}
+
+#[test]
+fn a_dropped_transfer_posts_nothing_more_from_its_backlog() {
+    transfers::a_dropped_transfer_posts_nothing_more_from_its_backlog();
+}
+
+#[test]
+fn remote_range_outside_the_peers_regions_is_refused_before_posting() {
+    transfers::remote_range_outside_the_peers_regions_is_refused_before_posting();
+}
+
+#[test]
+fn deregistration_revokes_device_access_and_the_peer_can_reconnect() {
+    lifecycle::deregistration_revokes_device_access_and_the_peer_can_reconnect();
+}
+
+#[test]
+fn killed_target_fails_in_flight_ops_without_hanging() {
+    lifecycle::killed_target_fails_in_flight_ops_without_hanging();
+}
+
+#[test]
+fn auto_transport_without_a_device_uses_tcp_and_says_why() {
+    lifecycle::auto_transport_without_a_device_uses_tcp_and_says_why();
+}

@@ -1,0 +1,63 @@
+//! The device, engines over it, test patterns and checksums, connecting, the runtime.
+
+use hixl_async::{Engine, Peer, Region};
+
+use crate::{DEVICE_VAR, T};
+
+pub(crate) fn device(test: &str) -> Option<String> {
+    match std::env::var(DEVICE_VAR) {
+        Ok(d) if !d.is_empty() => Some(d),
+        _ => {
+            eprintln!("{test}: skipped ({DEVICE_VAR} is not set; tools/verbs-tests.sh runs it in the Soft-RoCE guest)");
+            None
+        }
+    }
+}
+
+pub(crate) async fn engine(dev: &str) -> Engine {
+    Engine::builder("127.0.0.1")
+        .ephemeral_port()
+        .option("hixl.Transport", "verbs")
+        .option("hixl.VerbsDevice", dev)
+        .build()
+        .await
+        .expect("engine with the verbs backend")
+}
+
+pub(crate) fn pattern(seed: u64, off: u64, out: &mut [u8]) {
+    for (i, b) in out.iter_mut().enumerate() {
+        let x = (off + i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ seed;
+        *b = (x >> 29) as u8;
+    }
+}
+
+pub(crate) fn checksum(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+pub(crate) fn region_bytes(r: &Region, off: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    r.read_at(off, &mut v).expect("read region");
+    v
+}
+
+pub(crate) async fn connect(e: &Engine, addr: &str) -> Peer {
+    let p = e.connect(addr, T).await.expect("connect");
+    assert!(
+        p.transport().starts_with("verbs"),
+        "transport: {}",
+        p.transport()
+    );
+    println!("transport: {}", p.transport());
+    p
+}
+
+pub(crate) fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
