@@ -9,9 +9,10 @@ use std::time::Duration;
 use hixl_core::region::OsRkeys;
 use hixl_core::{Error, OpTable, RegionTable};
 
-use crate::completion::{Completion, Completions};
+use crate::completion::Completion;
 use crate::memory::RegionInner;
 use crate::notify::NotifyQueue;
+use crate::sink::Completions;
 
 /// State shared by the engine's tasks and handles.
 #[derive(Debug)]

@@ -9,6 +9,7 @@ mod memory;
 mod notify;
 mod rawio;
 mod reactor;
+mod sink;
 
 pub use memory::{HostBuffer, Region};
 pub use notify::NotifyStream;

@@ -11,11 +11,12 @@ use tokio::sync::watch;
 
 use super::{Engine, EngineInner};
 use crate::addr::{engine_name, EngineAddr};
-use crate::completion::{CompletionQueue, Completions};
+use crate::completion::CompletionQueue;
 use crate::context::{random_u64, Heartbeat, Shared};
 use crate::notify::NotifyQueue;
 use crate::reactor::Reactor;
 use crate::server::Server;
+use crate::sink::Completions;
 
 /// Builds an [`Engine`] from HIXL's `local_engine` string and option keys.
 #[derive(Debug)]

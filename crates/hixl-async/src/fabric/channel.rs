@@ -11,8 +11,9 @@ use hixl_fabric::{CopyKind, CopyOp};
 
 use super::client::{FabricLink, FabricStream, Reach};
 use super::FabricBackend;
-use crate::completion::{Completion, Completions};
+use crate::completion::Completion;
 use crate::memory::{Lease, RegionInner};
+use crate::sink::Completions;
 use crate::transport::{Batch, LinkHooks, PeerChannel};
 
 /// Fabric copies of one call up to this many bytes (and ops) run on the submitting thread:

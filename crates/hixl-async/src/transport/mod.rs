@@ -30,9 +30,9 @@ use hixl_core::{
 };
 use tokio::net::TcpStream;
 
-use crate::completion::Completions;
 use crate::link_state::LinkState;
 use crate::memory::{DeviceMr, Owned, RegionInner};
+use crate::sink::Completions;
 use target::{Session, TargetCx};
 
 /// A boxed future, as the transport interface's async methods return.

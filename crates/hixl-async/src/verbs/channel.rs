@@ -10,8 +10,8 @@ use hixl_core::{Error, OpDesc, RemoteRegion, Result, Token, TransferOp};
 use hixl_verbs::{LocalRange, RemoteRange, WorkRequest};
 
 use super::VerbsLink;
-use crate::completion::Completions;
 use crate::memory::{Lease, RegionInner};
+use crate::sink::Completions;
 use crate::transport::{Batch, PeerChannel};
 
 /// The verbs channel of one link.

@@ -33,9 +33,10 @@ use hixl_verbs::{
     WorkRequest,
 };
 
-use crate::completion::{Completion, Completions};
+use crate::completion::Completion;
 use crate::link_state::LinkState;
 use crate::memory::Lease;
+use crate::sink::Completions;
 
 /// Send-queue depth of an initiator's QP (clamped to the device's `max_qp_wr`).
 const SEND_QUEUE: u32 = 2048;
