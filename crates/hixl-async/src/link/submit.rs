@@ -65,7 +65,11 @@ impl Link {
         let mut per: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
         let mut k = self.next.fetch_add(1, Ordering::Relaxed);
         let token = shared.ops.lock().map_err(|_| poisoned())?.insert();
-        let mut batches: Vec<_> = self.channels.iter().map(|c| c.batch(token, op)).collect();
+        // Links have one channel or none: the first batch is kept apart, so that a call
+        // allocates no vector for them (an empty `rest` does not allocate).
+        let mut channels = self.channels.iter().map(|c| c.batch(token, op));
+        let mut first = channels.next();
+        let mut rest: Vec<_> = channels.collect();
         let built = (|| -> Result<u32> {
             let table = self.table.read().map_err(|_| poisoned())?;
             let regions = shared.regions.lock().map_err(|_| poisoned())?;
@@ -81,7 +85,7 @@ impl Link {
             'descs: for (i, d) in descs.iter().enumerate() {
                 let local = regions.lookup_local(i, d.local_addr, d.len)?;
                 let rkey = Self::remote_rkey(&table, &self.name, i, d.remote_addr, d.len, need)?;
-                for b in batches.iter_mut() {
+                for b in first.iter_mut().chain(rest.iter_mut()) {
                     if let Some(n) = b.add(i, d, &local.data, rkey)? {
                         count(n)?;
                         continue 'descs;
@@ -125,7 +129,7 @@ impl Link {
         if let Ok(mut t) = self.ops.lock() {
             t.record(token, &shared.ops);
         }
-        for b in batches {
+        for b in first.into_iter().chain(rest) {
             b.post(&shared.sink);
         }
         for (i, batch) in per.into_iter().enumerate() {
