@@ -25,7 +25,8 @@ pub struct Transfer {
     link: Option<Arc<dyn Withdraw>>,
     state: State,
     deadline: Option<(Pin<Box<Sleep>>, Duration)>,
-    peer: Arc<str>,
+    /// The peer's name, unless `link` names it (one reference count less per transfer).
+    peer: Option<Arc<str>>,
 }
 
 enum State {
@@ -39,25 +40,29 @@ enum State {
 impl std::fmt::Debug for Transfer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transfer")
-            .field("peer", &self.peer)
+            .field("peer", &self.peer_name())
             .field("status", &self.status())
             .finish()
     }
 }
 
 impl Transfer {
-    pub(crate) fn posted(
-        shared: Arc<Shared>,
-        token: Token,
-        peer: Arc<str>,
-        link: Arc<dyn Withdraw>,
-    ) -> Transfer {
+    pub(crate) fn posted(shared: Arc<Shared>, token: Token, link: Arc<dyn Withdraw>) -> Transfer {
         Transfer {
             shared,
             link: Some(link),
             state: State::Posted(token),
             deadline: None,
-            peer,
+            peer: None,
+        }
+    }
+
+    /// The peer's name, for errors.
+    fn peer_name(&self) -> &str {
+        match (&self.peer, &self.link) {
+            (Some(p), _) => p,
+            (None, Some(l)) => l.peer(),
+            (None, None) => "",
         }
     }
 
@@ -67,7 +72,7 @@ impl Transfer {
             link: None,
             state: State::Failed(Some(e)),
             deadline: None,
-            peer,
+            peer: Some(peer),
         }
     }
 
@@ -82,7 +87,7 @@ impl Transfer {
             link: None,
             state: State::Connecting(task),
             deadline: None,
-            peer,
+            peer: Some(peer),
         }
     }
 
@@ -136,7 +141,7 @@ impl Future for Transfer {
                             this.state = State::Done(TransferStatus::TimedOut);
                             return Poll::Ready(Err(Error::Timeout {
                                 what: "transfer (while auto-connecting)",
-                                peer: this.peer.to_string(),
+                                peer: this.peer_name().to_string(),
                                 after,
                             }));
                         }
@@ -169,7 +174,7 @@ impl Future for Transfer {
             // A device error (a copy engine's syscall) is the link's failure: name the peer.
             let r = r.map_err(|e| match e {
                 Error::Io { context, source } => Error::PeerLost {
-                    peer: this.peer.to_string(),
+                    peer: this.peer_name().to_string(),
                     cause: format!("{context}: {source}"),
                 },
                 e => e,
@@ -188,7 +193,7 @@ impl Future for Transfer {
                 this.state = State::Done(TransferStatus::TimedOut);
                 return Poll::Ready(Err(Error::Timeout {
                     what: "transfer",
-                    peer: this.peer.to_string(),
+                    peer: this.peer_name().to_string(),
                     after,
                 }));
             }

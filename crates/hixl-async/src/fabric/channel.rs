@@ -83,6 +83,24 @@ impl PeerChannel for FabricChannel {
         })
     }
 
+    fn with_batch(
+        &self,
+        token: Token,
+        op: TransferOp,
+        sink: &Completions,
+        build: &mut dyn FnMut(&mut dyn Batch) -> Result<()>,
+    ) -> Result<()> {
+        let mut b = FabricBatch {
+            ch: self,
+            token,
+            write: op == TransferOp::Write,
+            copies: Vec::new(),
+        };
+        build(&mut b)?;
+        b.post_now(sink);
+        Ok(())
+    }
+
     fn send_notify(&self, m: Message) -> Option<bool> {
         Some(self.link.send(m))
     }
@@ -175,6 +193,13 @@ impl Batch for FabricBatch<'_> {
     }
 
     fn post(self: Box<Self>, sink: &Completions) {
+        (*self).post_now(sink);
+    }
+}
+
+impl FabricBatch<'_> {
+    /// [`Batch::post`] without the box.
+    fn post_now(self, sink: &Completions) {
         let copies = self.copies;
         if copies.is_empty() {
             return;

@@ -176,6 +176,10 @@ impl Link {
 }
 
 impl Withdraw for Link {
+    fn peer(&self) -> &str {
+        &self.name
+    }
+
     fn withdraw(&self, token: Token) {
         if self.channels.is_empty() {
             return; // TCP writers skip parts of unwanted ops themselves.

@@ -57,12 +57,7 @@ impl Peer {
     /// moves and the returned future resolves with that error.
     pub fn transfer(&self, op: TransferOp, descs: &[OpDesc]) -> Transfer {
         match self.link.submit(&self.shared, op, descs) {
-            Ok(t) => Transfer::posted(
-                self.shared.clone(),
-                t,
-                self.link.name.clone(),
-                self.link.clone(),
-            ),
+            Ok(t) => Transfer::posted(self.shared.clone(), t, self.link.clone()),
             Err(e) => Transfer::failed(self.shared.clone(), e, self.link.name.clone()),
         }
     }

@@ -11,6 +11,7 @@ use super::{poisoned, Link};
 use crate::context::Shared;
 use crate::memory::Lease;
 use crate::tcp::initiator::{fail_parts, Part};
+use crate::transport::Batch;
 
 impl Link {
     fn remote_rkey(
@@ -65,72 +66,86 @@ impl Link {
         let mut per: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
         let mut k = self.next.fetch_add(1, Ordering::Relaxed);
         let token = shared.ops.lock().map_err(|_| poisoned())?.insert();
-        // Links have one channel or none: the first batch is kept apart, so that a call
-        // allocates no vector for them (an empty `rest` does not allocate).
-        let mut channels = self.channels.iter().map(|c| c.batch(token, op));
-        let mut first = channels.next();
-        let mut rest: Vec<_> = channels.collect();
-        let built = (|| -> Result<u32> {
-            let table = self.table.read().map_err(|_| poisoned())?;
-            let regions = shared.regions.lock().map_err(|_| poisoned())?;
-            let mut parts = 0u32;
-            let mut count = |n: u32| -> Result<()> {
-                parts = parts
-                    .checked_add(n)
-                    .ok_or_else(|| Error::ResourceExhausted {
-                        what: "more than 2^32 parts in one transfer".into(),
-                    })?;
-                Ok(())
-            };
-            'descs: for (i, d) in descs.iter().enumerate() {
-                let local = regions.lookup_local(i, d.local_addr, d.len)?;
-                let rkey = Self::remote_rkey(&table, &self.name, i, d.remote_addr, d.len, need)?;
-                for b in first.iter_mut().chain(rest.iter_mut()) {
-                    if let Some(n) = b.add(i, d, &local.data, rkey)? {
-                        count(n)?;
-                        continue 'descs;
+        // Validates and routes every descriptor (to the first channel batch that takes it,
+        // else into TCP parts), then posts the op in the op table.
+        let mut stage = |batches: &mut [&mut (dyn Batch + '_)]| -> Result<()> {
+            let built = (|| -> Result<u32> {
+                let table = self.table.read().map_err(|_| poisoned())?;
+                let regions = shared.regions.lock().map_err(|_| poisoned())?;
+                let mut parts = 0u32;
+                let mut count = |n: u32| -> Result<()> {
+                    parts = parts
+                        .checked_add(n)
+                        .ok_or_else(|| Error::ResourceExhausted {
+                            what: "more than 2^32 parts in one transfer".into(),
+                        })?;
+                    Ok(())
+                };
+                'descs: for (i, d) in descs.iter().enumerate() {
+                    let local = regions.lookup_local(i, d.local_addr, d.len)?;
+                    let rkey =
+                        Self::remote_rkey(&table, &self.name, i, d.remote_addr, d.len, need)?;
+                    for b in batches.iter_mut() {
+                        if let Some(n) = b.add(i, d, &local.data, rkey)? {
+                            count(n)?;
+                            continue 'descs;
+                        }
+                    }
+                    let mut off = 0;
+                    while off < d.len {
+                        let len = self.chunk.min(d.len - off);
+                        per[k % n].push(Part {
+                            token,
+                            write,
+                            local: d.local_addr + off,
+                            req: DataReq {
+                                id: token.0,
+                                rkey,
+                                addr: d.remote_addr + off,
+                                len,
+                            },
+                            lease: Lease::new(&local.data),
+                        });
+                        k += 1;
+                        off += len;
+                        count(1)?;
                     }
                 }
-                let mut off = 0;
-                while off < d.len {
-                    let len = self.chunk.min(d.len - off);
-                    per[k % n].push(Part {
-                        token,
-                        write,
-                        local: d.local_addr + off,
-                        req: DataReq {
-                            id: token.0,
-                            rkey,
-                            addr: d.remote_addr + off,
-                            len,
-                        },
-                        lease: Lease::new(&local.data),
-                    });
-                    k += 1;
-                    off += len;
-                    count(1)?;
+                Ok(parts)
+            })();
+            let mut ops = shared.ops.lock().map_err(|_| poisoned())?;
+            let parts = match built {
+                Ok(p) => p,
+                Err(e) => {
+                    ops.abandon(token);
+                    return Err(e);
+                }
+            };
+            ops.post(token, parts).map_err(|e| Error::InvalidParam {
+                what: e.to_string(),
+            })?;
+            drop(ops);
+            self.touch();
+            if let Ok(mut t) = self.ops.lock() {
+                t.record(token, &shared.ops);
+            }
+            Ok(())
+        };
+        // The channels' batches are posted once the op is: a link's one channel keeps its
+        // batch on its own stack (no allocation per call); several are boxed.
+        match self.channels.as_slice() {
+            [] => stage(&mut [])?,
+            [one] => one.with_batch(token, op, &shared.sink, &mut |b| stage(&mut [b]))?,
+            many => {
+                let mut boxes: Vec<_> = many.iter().map(|c| c.batch(token, op)).collect();
+                let mut refs: Vec<&mut (dyn Batch + '_)> =
+                    boxes.iter_mut().map(|b| &mut **b).collect();
+                stage(&mut refs)?;
+                drop(refs);
+                for b in boxes {
+                    b.post(&shared.sink);
                 }
             }
-            Ok(parts)
-        })();
-        let mut ops = shared.ops.lock().map_err(|_| poisoned())?;
-        let parts = match built {
-            Ok(p) => p,
-            Err(e) => {
-                ops.abandon(token);
-                return Err(e);
-            }
-        };
-        ops.post(token, parts).map_err(|e| Error::InvalidParam {
-            what: e.to_string(),
-        })?;
-        drop(ops);
-        self.touch();
-        if let Ok(mut t) = self.ops.lock() {
-            t.record(token, &shared.ops);
-        }
-        for b in first.into_iter().chain(rest) {
-            b.post(&shared.sink);
         }
         for (i, batch) in per.into_iter().enumerate() {
             if batch.is_empty() {

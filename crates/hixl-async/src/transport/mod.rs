@@ -176,6 +176,25 @@ pub(crate) trait PeerChannel: Send + Sync + std::fmt::Debug {
     /// Starts collecting the work of one call (op `token`).
     fn batch(&self, token: Token, op: TransferOp) -> Box<dyn Batch + '_>;
 
+    /// Runs `build` with a batch of this channel for op `token`, then posts the batch if
+    /// `build` succeeded. The default boxes [`PeerChannel::batch`]; a channel may keep its batch
+    /// on the stack instead (the path of a link's only channel: no allocation per call).
+    ///
+    /// # Errors
+    /// `build`'s.
+    fn with_batch(
+        &self,
+        token: Token,
+        op: TransferOp,
+        sink: &Completions,
+        build: &mut dyn FnMut(&mut dyn Batch) -> Result<()>,
+    ) -> Result<()> {
+        let mut b = self.batch(token, op);
+        build(&mut *b)?;
+        b.post(sink);
+        Ok(())
+    }
+
     /// Sends a notify over the transport's own channel, when it has one that orders notifies
     /// after its data (the fabric channel does). `None`: it has none, the control connection
     /// carries it. `Some(false)`: the channel is closed.
@@ -225,6 +244,9 @@ pub(crate) trait Batch {
 /// What a dropped or timed-out transfer tells its link: withdraw the op's work that no
 /// transport has started yet.
 pub(crate) trait Withdraw: Send + Sync {
+    /// The peer's name.
+    fn peer(&self) -> &str;
+
     /// Withdraws the unstarted work of `token` (failing it), on every channel of the link.
     fn withdraw(&self, token: Token);
 }
