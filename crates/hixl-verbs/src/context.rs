@@ -5,10 +5,9 @@ use std::ffi::CStr;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
-use crate::device::{
-    device_name, with_device_list, Device, DeviceInfo, GidInfo, GidType, PortInfo,
-};
+use crate::attr::{DeviceInfo, GidInfo, GidType, PortInfo};
 use crate::error::{Result, VerbsError};
+use crate::list::{device_name, with_device_list};
 use crate::sys;
 
 /// An open RDMA device. Cheap to clone; the device is closed when the last clone, protection
@@ -119,14 +118,6 @@ impl Context {
                 limits,
             }),
         })
-    }
-
-    /// Opens the first device with an active port.
-    ///
-    /// # Errors
-    /// [`VerbsError::NoActiveDevice`] (listing what exists) or [`VerbsError::NoDevice`].
-    pub fn open_first_active() -> Result<Context> {
-        Device::first_active()?.open()
     }
 
     /// The device's name.

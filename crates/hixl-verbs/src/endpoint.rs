@@ -3,7 +3,7 @@
 
 use std::net::Ipv6Addr;
 
-use crate::device::Mtu;
+use crate::attr::Mtu;
 use crate::error::{Result, VerbsError};
 
 const MAGIC: [u8; 2] = *b"QP";

@@ -44,24 +44,25 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod attr;
 mod buffer;
 mod context;
 mod cq;
 mod device;
 mod endpoint;
 mod error;
+mod list;
 mod mr;
 mod post;
 mod qp;
 mod send_queue;
 mod sys;
 
+pub use attr::{DeviceInfo, GidInfo, GidType, LinkLayer, Mtu, PortInfo, PortState};
 pub use buffer::RegisteredBuffer;
 pub use context::{Context, Limits};
 pub use cq::CompletionQueue;
-pub use device::{
-    query_devices, Device, DeviceInfo, GidInfo, GidType, LinkLayer, Mtu, PortInfo, PortState,
-};
+pub use device::{query_devices, Device};
 pub use endpoint::{QpEndpoint, ENDPOINT_LEN};
 pub use error::{Result, VerbsError, WcStatus};
 pub use mr::{LocalRange, MemoryRegion, ProtectionDomain, RemoteMemory, RemoteRange};

@@ -6,8 +6,8 @@ use std::fmt;
 
 use hixl_core::{Access, Options};
 
+use crate::attr::{LinkLayer, Mtu, PortInfo};
 use crate::cq::{destroy_qp, CompletionQueue};
-use crate::device::{LinkLayer, Mtu, PortInfo};
 use crate::endpoint::QpEndpoint;
 use crate::error::{Result, VerbsError};
 use crate::mr::{access_flags, ProtectionDomain};
