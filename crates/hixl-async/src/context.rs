@@ -9,7 +9,6 @@ use std::time::Duration;
 use hixl_core::region::OsRkeys;
 use hixl_core::{Error, OpTable, RegionTable};
 
-use crate::completion::Completion;
 use crate::memory::RegionInner;
 use crate::notify::NotifyQueue;
 use crate::sink::Completions;
@@ -57,18 +56,6 @@ impl Heartbeat {
                 self.interval.as_millis()
             ),
         }
-    }
-}
-
-impl Shared {
-    /// See [`Completions::complete_all`].
-    pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
-        self.sink.complete_all(cs);
-    }
-
-    /// See [`Completions::complete`].
-    pub(crate) fn complete(&self, c: Completion) {
-        self.sink.complete(c);
     }
 }
 

@@ -112,3 +112,11 @@ pub(crate) async fn write_frames(
     }
     shutdown_both(w.as_ref());
 }
+
+/// The protocol error of a frame that is not the one the exchange expects next.
+pub(crate) fn unexpected(peer: &str, m: &Message, wanted: &str) -> Error {
+    Error::Protocol {
+        peer: peer.to_string(),
+        reason: format!("expected {wanted}, got {m:?}"),
+    }
+}

@@ -75,12 +75,7 @@ impl PeerChannel for FabricChannel {
     }
 
     fn batch(&self, token: Token, op: TransferOp) -> Box<dyn Batch + '_> {
-        Box::new(FabricBatch {
-            ch: self,
-            token,
-            write: op == TransferOp::Write,
-            copies: Vec::new(),
-        })
+        Box::new(FabricBatch::new(self, token, op))
     }
 
     fn with_batch(
@@ -90,12 +85,7 @@ impl PeerChannel for FabricChannel {
         sink: &Completions,
         build: &mut dyn FnMut(&mut dyn Batch) -> Result<()>,
     ) -> Result<()> {
-        let mut b = FabricBatch {
-            ch: self,
-            token,
-            write: op == TransferOp::Write,
-            copies: Vec::new(),
-        };
+        let mut b = FabricBatch::new(self, token, op);
         build(&mut b)?;
         b.post_now(sink);
         Ok(())
@@ -197,7 +187,16 @@ impl Batch for FabricBatch<'_> {
     }
 }
 
-impl FabricBatch<'_> {
+impl<'a> FabricBatch<'a> {
+    fn new(ch: &'a FabricChannel, token: Token, op: TransferOp) -> FabricBatch<'a> {
+        FabricBatch {
+            ch,
+            token,
+            write: op == TransferOp::Write,
+            copies: Vec::new(),
+        }
+    }
+
     /// [`Batch::post`] without the box.
     fn post_now(self, sink: &Completions) {
         let copies = self.copies;

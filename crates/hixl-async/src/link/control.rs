@@ -9,8 +9,9 @@ use hixl_core::wire::Message;
 use hixl_core::Error;
 use tokio::net::tcp::OwnedReadHalf;
 
-use super::{sort_table, Link};
+use super::Link;
 use crate::frame_io::read_frame;
+use crate::transport::sort_table;
 
 /// Probes the peer every heartbeat interval on the control connection and kills the link when
 /// nothing (no answer, nor any other frame) has arrived for `interval × miss_limit`.

@@ -13,12 +13,12 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
 use super::control::{control_reader, probe};
-use super::{now_ms, refusal, sort_table, unexpected, Link, TokenLog};
+use super::{now_ms, refusal, Link, TokenLog};
 use crate::context::Shared;
-use crate::frame_io::{read_frame, tune, write_frame, write_frames};
+use crate::frame_io::{read_frame, tune, unexpected, write_frame, write_frames};
 use crate::link_state::LinkState;
 use crate::tcp::initiator::DataConn;
-use crate::transport::{select, LinkHooks, Negotiation, PeerChannel};
+use crate::transport::{select, sort_table, LinkHooks, Negotiation, PeerChannel};
 
 /// The initiator's half of the challenge-response of [`hixl_core::auth`]: answers a
 /// challenge and checks the target's proof, or refuses a target that does not authenticate

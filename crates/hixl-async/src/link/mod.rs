@@ -90,18 +90,6 @@ fn refusal(peer: &str, status: u32, reason: String) -> Error {
     }
 }
 
-fn unexpected(peer: &str, m: &Message, wanted: &str) -> Error {
-    Error::Protocol {
-        peer: peer.to_string(),
-        reason: format!("expected {wanted}, got {m:?}"),
-    }
-}
-
-fn sort_table(mut v: Vec<RemoteRegion>) -> Vec<RemoteRegion> {
-    v.sort_by_key(|r| r.addr);
-    v
-}
-
 fn poisoned() -> Error {
     Error::Internal {
         what: "engine lock poisoned by an earlier panic",

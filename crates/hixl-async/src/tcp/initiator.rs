@@ -96,10 +96,12 @@ impl DataConn {
 }
 
 pub(crate) fn fail_parts(shared: &Shared, parts: impl IntoIterator<Item = Part>, err: &Error) {
-    shared.complete_all(parts.into_iter().map(|p| Completion {
-        token: p.token,
-        result: Err(err.clone()),
-    }));
+    shared
+        .sink
+        .complete_all(parts.into_iter().map(|p| Completion {
+            token: p.token,
+            result: Err(err.clone()),
+        }));
 }
 
 fn lost(peer: &str, cause: impl std::fmt::Display) -> Error {
@@ -456,7 +458,7 @@ async fn read_loop(
                 let whole = have / ACK_FRAME;
                 let res = take_acks(&buf[..whole * ACK_FRAME], inflight, shared, peer, &mut done);
                 // Completions already matched are delivered even if a later frame was bad.
-                shared.complete_all(done.drain(..));
+                shared.sink.complete_all(done.drain(..));
                 res?;
                 buf.copy_within(whole * ACK_FRAME..have, 0);
                 have -= whole * ACK_FRAME;
@@ -486,7 +488,7 @@ async fn read_loop(
                         return Err(e);
                     }
                     let e = refused(peer, &p, status);
-                    shared.complete(Completion {
+                    shared.sink.complete(Completion {
                         token: p.token,
                         result: Err(e),
                     });
@@ -512,7 +514,7 @@ async fn read_loop(
                     fail_parts(shared, [p], &e);
                     return Err(e);
                 }
-                shared.complete(Completion {
+                shared.sink.complete(Completion {
                     token: p.token,
                     result: Ok(()),
                 });

@@ -35,6 +35,12 @@ use crate::memory::{DeviceMr, Owned, RegionInner};
 use crate::sink::Completions;
 use target::{Session, TargetCx};
 
+/// The peer's memory table as a link keeps it: sorted by address, so lookups bisect it.
+pub(crate) fn sort_table(mut v: Vec<RemoteRegion>) -> Vec<RemoteRegion> {
+    v.sort_by_key(|r| r.addr);
+    v
+}
+
 /// A boxed future, as the transport interface's async methods return.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

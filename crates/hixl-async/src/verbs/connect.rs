@@ -6,14 +6,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use hixl_core::wire::{Message, HEARTBEAT_FROM_TARGET};
-use hixl_core::{Error, RegionTable, RemoteRegion, Result};
+use hixl_core::{RegionTable, Result};
 
 use super::channel::VerbsChannel;
 use super::{Connected, VerbsBackend, VerbsLink};
-use crate::frame_io::{read_frame, write_frame};
+use crate::frame_io::{read_frame, unexpected, write_frame};
 use crate::memory::{DeviceMr, RegionInner};
 use crate::transport::target::{Session, TargetCx};
-use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
+use crate::transport::{sort_table, BoxFuture, Negotiation, Opened, Transport};
 
 /// The engine's verbs transport: its backend, or why it has none.
 #[derive(Debug)]
@@ -114,11 +114,6 @@ impl Transport for VerbsTransport {
     }
 }
 
-fn sort_table(mut v: Vec<RemoteRegion>) -> Vec<RemoteRegion> {
-    v.sort_by_key(|r| r.addr);
-    v
-}
-
 impl VerbsTransport {
     async fn open(&self, cx: &mut Negotiation<'_>) -> Result<std::result::Result<Opened, String>> {
         let Some(backend) = &self.backend else {
@@ -163,12 +158,7 @@ impl VerbsTransport {
                 Message::VerbsAccept { reason, .. } => {
                     return Ok(Err(format!("the peer refused a queue pair: {reason}")))
                 }
-                m => {
-                    return Err(Error::Protocol {
-                        peer: name.to_string(),
-                        reason: format!("expected verbs accept, got {m:?}"),
-                    })
-                }
+                m => return Err(unexpected(name, &m, "verbs accept")),
             }
         };
         if let Err(e) = qp.connect(&remote) {
