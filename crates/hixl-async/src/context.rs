@@ -7,7 +7,7 @@ use std::task::Waker;
 use std::time::Duration;
 
 use hixl_core::region::OsRkeys;
-use hixl_core::{Error, OpTable, RegionTable};
+use hixl_core::{OpTable, RegionTable};
 
 use crate::memory::RegionInner;
 use crate::notify::NotifyQueue;
@@ -37,26 +37,6 @@ pub(crate) struct Shared {
 pub(crate) struct Heartbeat {
     pub(crate) interval: Duration,
     pub(crate) miss_limit: u32,
-}
-
-impl Heartbeat {
-    /// Silence longer than this kills a link.
-    pub(crate) fn bound(&self) -> Duration {
-        self.interval * self.miss_limit
-    }
-
-    /// The error of a link that went silent.
-    pub(crate) fn lost(&self, peer: &str, silent: Duration) -> Error {
-        Error::PeerLost {
-            peer: peer.to_string(),
-            cause: format!(
-                "no heartbeat answer for {} ms ({} probes at {} ms intervals missed; the peer is dead or the network is cut)",
-                silent.as_millis(),
-                self.miss_limit,
-                self.interval.as_millis()
-            ),
-        }
-    }
 }
 
 /// A random u64 from the OS CSPRNG.

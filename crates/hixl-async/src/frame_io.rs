@@ -79,36 +79,51 @@ pub(crate) fn shutdown_both(s: &tokio::net::TcpStream) {
     let _ = socket2::SockRef::from(s).shutdown(std::net::Shutdown::Both);
 }
 
-/// Writes queued control frames until the link dies (then flushes what is queued, typically a
-/// `Disconnect`) or every sender is gone; a write error kills the link.
+/// How long a dead link's writer may still take to flush its last frames (a `Disconnect`)
+/// to a peer that does not read.
+const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Writes queued control frames until every sender is gone or the link dies (then flushes
+/// what is queued, typically a `Disconnect`, for at most [`FLUSH_GRACE`]: a peer that stopped
+/// reading never holds a dead link's tasks); a write error kills the link.
 pub(crate) async fn write_frames(
     mut w: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<BytesMut>,
     state: Arc<LinkState>,
     peer: Arc<str>,
 ) {
-    let mut dead = state.subscribe();
-    loop {
-        tokio::select! {
-            biased;
-            f = rx.recv() => match f {
-                Some(f) => {
-                    if let Err(e) = w.write_all(&f).await {
-                        state.kill(Error::PeerLost { peer: peer.to_string(), cause: e.to_string() });
-                        break;
+    let write = async {
+        let mut dead = state.subscribe();
+        loop {
+            tokio::select! {
+                biased;
+                f = rx.recv() => match f {
+                    Some(f) => {
+                        if let Err(e) = w.write_all(&f).await {
+                            state.kill(Error::PeerLost { peer: peer.to_string(), cause: e.to_string() });
+                            break;
+                        }
                     }
-                }
-                None => break,
-            },
-            _ = dead.changed() => {
-                while let Ok(f) = rx.try_recv() {
-                    if w.write_all(&f).await.is_err() {
-                        break;
+                    None => break,
+                },
+                _ = dead.changed() => {
+                    while let Ok(f) = rx.try_recv() {
+                        if w.write_all(&f).await.is_err() {
+                            break;
+                        }
                     }
+                    break;
                 }
-                break;
             }
         }
+    };
+    let grace = async {
+        state.dead().await;
+        tokio::time::sleep(FLUSH_GRACE).await;
+    };
+    tokio::select! {
+        _ = write => {}
+        _ = grace => {}
     }
     shutdown_both(w.as_ref());
 }

@@ -1,15 +1,21 @@
-//! Liveness of one link: the first fatal cause wins and every task of the link sees it.
+//! Liveness of one link: the first fatal cause wins and every task of the link sees it; and
+//! the link's tasks, so that its driver can join them all when it ends.
 
+use std::future::Future;
 use std::sync::OnceLock;
 
 use hixl_core::Error;
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
-/// Shared by the tasks of one link (control and data connections).
+/// Shared by the tasks of one link (its driver, the control writer, the data connections,
+/// the transports' channel tasks).
 #[derive(Debug)]
 pub(crate) struct LinkState {
     cause: OnceLock<Error>,
     tx: watch::Sender<bool>,
+    /// Every task of the link, spawned through [`LinkState::spawn`].
+    tasks: TaskTracker,
 }
 
 impl LinkState {
@@ -17,7 +23,25 @@ impl LinkState {
         LinkState {
             cause: OnceLock::new(),
             tx: watch::channel(false).0,
+            tasks: TaskTracker::new(),
         }
+    }
+
+    /// Spawns a task of this link. Each must end once the link is dead (every task selects
+    /// on [`LinkState::dead`] or on a socket the death shuts), so that [`LinkState::joined`]
+    /// resolves.
+    pub(crate) fn spawn<F>(&self, f: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        drop(self.tasks.spawn(f));
+    }
+
+    /// Resolves once the link is dead and every task it spawned has ended.
+    pub(crate) async fn joined(&self) {
+        self.dead().await;
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 
     /// Marks the link dead with `cause` (ignored if it is already dead) and wakes its tasks.

@@ -202,6 +202,8 @@ impl Engine {
         match slot {
             Some(LinkSlot::Up(l)) => {
                 l.close("disconnect");
+                // Every task of the link ends (its ops resolved) before this returns.
+                l.closed().await;
                 Ok(())
             }
             Some(LinkSlot::Connecting) | None => Err(Error::NotConnected { peer: key }),

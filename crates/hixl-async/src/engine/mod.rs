@@ -212,6 +212,7 @@ impl Engine {
             .lock()
             .map(|mut l| l.drain().map(|(_, v)| v).collect())
             .unwrap_or_default();
+        let mut up = Vec::new();
         for l in links {
             if let LinkSlot::Up(l) = l {
                 l.close_because(
@@ -221,12 +222,16 @@ impl Engine {
                         what: "the link was closed by shutdown",
                     },
                 );
+                up.push(l);
             }
         }
         if let Some(s) = &self.inner.server {
             s.close_all("engine finalized");
         }
         let deadline = tokio::time::Instant::now() + grace;
+        // Each link's driver joins its tasks (their ops resolved) as it ends.
+        let joined = futures::future::join_all(up.iter().map(|l| l.closed()));
+        let _ = tokio::time::timeout_at(deadline, joined).await;
         while self.ops_in_flight() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

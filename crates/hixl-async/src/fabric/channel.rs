@@ -58,14 +58,18 @@ impl PeerChannel for FabricChannel {
         let Some(fs) = self.stream.lock().ok().and_then(|mut s| s.take()) else {
             return;
         };
-        tokio::spawn(super::client::writer(
-            fs.stream.clone(),
-            fs.rx,
-            self.peer.clone(),
-        ));
-        let f = self.link.clone();
         let LinkHooks { state, on_ack } = hooks;
-        tokio::spawn(async move {
+        let writer = super::client::writer(fs.stream.clone(), fs.rx, self.peer.clone());
+        let dead = state.clone();
+        state.spawn(async move {
+            tokio::select! {
+                _ = writer => {}
+                _ = dead.dead() => {}
+            }
+        });
+        let f = self.link.clone();
+        let st = state.clone();
+        st.spawn(async move {
             let e = tokio::select! {
                 e = super::client::reader(fs.stream, fs.buf, fs.fds, f, on_ack) => e,
                 _ = state.dead() => return,

@@ -1,120 +1,155 @@
-//! The control connection's reader and the heartbeat probe.
+//! The initiator's control connection during the handshake: its sans-io
+//! [`InitiatorSession`] and the socket it drives. The handshake (hello, authentication,
+//! offers, memory table) and the transports' negotiations run here, before the link's driver
+//! takes the session over.
 
-use std::sync::atomic::Ordering;
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::Instant;
 
 use bytes::BytesMut;
+use hixl_core::session::{Event, InitiatorSession};
 use hixl_core::wire::Message;
-use hixl_core::Error;
-use tokio::net::tcp::OwnedReadHalf;
+use hixl_core::{Error, RemoteRegion, Result};
+use tokio::net::TcpStream;
 
-use super::Link;
-use crate::frame_io::read_frame;
-use crate::transport::sort_table;
+use crate::frame_io::{read_frame, write_frame};
+use crate::transport::{BoxFuture, ControlExchange};
 
-/// Probes the peer every heartbeat interval on the control connection and kills the link when
-/// nothing (no answer, nor any other frame) has arrived for `interval × miss_limit`.
-pub(super) async fn probe(link: Arc<Link>, hb: crate::context::Heartbeat) {
-    let mut tick = tokio::time::interval(hb.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut seq = 0u64;
-    loop {
+/// The driver's clock, in the std type the sessions take (tokio's, so that tests on a paused
+/// clock drive it too).
+pub(super) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+/// Sleeps until `deadline`, or forever without one.
+pub(super) async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A control connection being set up: its session and its socket.
+pub(super) struct Control {
+    pub(super) session: InitiatorSession,
+    pub(super) stream: TcpStream,
+    pub(super) buf: BytesMut,
+    pub(super) peer: Arc<str>,
+    /// Events of the session the handshake leaves for the driver (revocations, device keys,
+    /// table updates).
+    pub(super) later: VecDeque<Event>,
+}
+
+/// What the handshake established.
+pub(super) struct Welcomed {
+    pub(super) session: u64,
+    pub(super) offers: Vec<Message>,
+    pub(super) table: Vec<RemoteRegion>,
+}
+
+impl Control {
+    pub(super) fn new(session: InitiatorSession, stream: TcpStream, peer: Arc<str>) -> Control {
+        Control {
+            session,
+            stream,
+            buf: BytesMut::with_capacity(4096),
+            peer,
+            later: VecDeque::new(),
+        }
+    }
+
+    /// Runs the handshake up to the first memory table.
+    ///
+    /// # Errors
+    /// The session's cause: a refusal, an authentication failure, a protocol violation, the
+    /// connection's loss.
+    pub(super) async fn handshake(&mut self) -> Result<Welcomed> {
+        let mut session = None;
+        let mut offers = Vec::new();
+        loop {
+            while let Some(e) = self.session.poll_event() {
+                match e {
+                    Event::Welcomed { session: s, .. } => session = Some(s),
+                    Event::TransportOffer(m) => offers.push(m),
+                    Event::Table(table) => {
+                        let session = session.ok_or(Error::Internal {
+                            what: "a memory table before the welcome",
+                        })?;
+                        return Ok(Welcomed {
+                            session,
+                            offers,
+                            table,
+                        });
+                    }
+                    Event::Closed(e) => return Err(e),
+                    Event::Authenticated => {}
+                    e => self.later.push_back(e),
+                }
+            }
+            self.turn().await?;
+        }
+    }
+
+    /// Writes what the session has to send, then waits for one frame or the session's next
+    /// deadline and hands it in.
+    ///
+    /// # Errors
+    /// The session's cause once it has ended.
+    async fn turn(&mut self) -> Result<()> {
+        self.flush().await;
+        if let Some(e) = self.session.error() {
+            return Err(e.clone());
+        }
+        let deadline = self.session.poll_timeout();
         tokio::select! {
-            _ = tick.tick() => {}
-            _ = link.state.dead() => return,
+            m = read_frame(&mut self.stream, &mut self.buf, &self.peer) => match m {
+                Ok(m) => {
+                    let _ = self.session.handle_frame(now(), m);
+                }
+                Err(e) => self.session.connection_lost(e),
+            },
+            _ = sleep_until(deadline) => self.session.handle_timeout(now()),
         }
-        let silent = link.silence();
-        if silent > hb.bound() {
-            let e = hb.lost(&link.name, silent);
-            tracing::warn!(peer = %link.name, "closing link: {e}");
-            link.state.kill(e);
-            return;
-        }
-        seq = (seq + 1) & !hixl_core::wire::HEARTBEAT_FROM_TARGET;
-        let mut b = BytesMut::with_capacity(24);
-        Message::Heartbeat { seq }.encode(&mut b);
-        if link.control.send(b).is_err() {
-            return;
+        // A last frame of a failed handshake (the empty answer to a challenge) still goes.
+        self.flush().await;
+        Ok(())
+    }
+
+    /// Writes every frame the session queued; a write error ends the session.
+    async fn flush(&mut self) {
+        while let Some(m) = self.session.poll_transmit() {
+            if let Err(e) = write_frame(&mut self.stream, &m, &self.peer).await {
+                self.session.connection_lost(e);
+            }
         }
     }
 }
 
-impl Link {
-    fn heard(&self) {
-        let ms = self.born.elapsed().as_millis() as u64;
-        self.last_rx.store(ms, Ordering::Relaxed);
+impl ControlExchange for Control {
+    fn send(&mut self, m: Message) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            self.session.send_transport(m)?;
+            self.flush().await;
+            match self.session.error() {
+                Some(e) => Err(e.clone()),
+                None => Ok(()),
+            }
+        })
     }
 
-    /// How long the control connection has been silent.
-    fn silence(&self) -> Duration {
-        let now = self.born.elapsed().as_millis() as u64;
-        Duration::from_millis(now.saturating_sub(self.last_rx.load(Ordering::Relaxed)))
+    fn recv(&mut self) -> BoxFuture<'_, Result<Message>> {
+        Box::pin(async move {
+            loop {
+                while let Some(e) = self.session.poll_event() {
+                    match e {
+                        Event::TransportMessage(m) => return Ok(m),
+                        Event::Closed(e) => return Err(e),
+                        e => self.later.push_back(e),
+                    }
+                }
+                self.turn().await?;
+            }
+        })
     }
-}
-
-pub(super) async fn control_reader(mut r: OwnedReadHalf, mut buf: BytesMut, link: Arc<Link>) {
-    let mut dead = link.state.subscribe();
-    let err = loop {
-        let m = tokio::select! {
-            m = read_frame(&mut r, &mut buf, &link.name) => m,
-            _ = dead.changed() => break None,
-        };
-        if m.is_ok() {
-            link.heard();
-        }
-        match m {
-            Ok(Message::NotifyAck { seq, status }) => {
-                let w = link
-                    .notify_waiters
-                    .lock()
-                    .ok()
-                    .and_then(|mut w| w.remove(&seq));
-                if let Some(w) = w {
-                    let _ = w.send(status);
-                }
-            }
-            Ok(Message::MemTable(v)) => {
-                let v = sort_table(v);
-                for ch in &link.channels {
-                    ch.on_table(&v);
-                }
-                if let Ok(mut t) = link.table.write() {
-                    *t = v;
-                }
-            }
-            // The peer's device keys: for the verbs channel, if this link has one.
-            Ok(m @ Message::VerbsKeys(_)) => {
-                let _ = link.channels.iter().any(|c| c.on_control(&m));
-            }
-            Ok(Message::Heartbeat { seq }) => {
-                // Answer the target's probes; our own answered ones need nothing more.
-                if seq & hixl_core::wire::HEARTBEAT_FROM_TARGET != 0 {
-                    let mut b = BytesMut::with_capacity(24);
-                    Message::Heartbeat { seq }.encode(&mut b);
-                    let _ = link.control.send(b);
-                }
-            }
-            Ok(Message::Disconnect { reason }) => {
-                break Some(Error::PeerLost {
-                    peer: link.name.to_string(),
-                    cause: format!("peer disconnected: {reason}"),
-                })
-            }
-            Ok(m) => {
-                break Some(Error::Protocol {
-                    peer: link.name.to_string(),
-                    reason: format!("unexpected {m:?} on the control connection"),
-                })
-            }
-            Err(e) => break Some(e),
-        }
-    };
-    if let Some(e) = err {
-        if matches!(e, Error::Protocol { .. }) {
-            tracing::warn!(peer = %link.name, "closing link: {e}");
-        }
-        link.state.kill(e);
-    }
-    // Pending notifies learn of the death through LinkState::dead().
 }

@@ -1,76 +1,24 @@
 //! Establishing a link: the control connection's handshake and authentication, the memory
 //! table, the data connections and the transports' channels.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::BytesMut;
+use hixl_core::session::{Config, InitiatorSession};
 use hixl_core::wire::{Channel, Message};
-use hixl_core::{Error, Result, Token};
+use hixl_core::{Error, Result, Status};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::control::{control_reader, probe};
-use super::{now_ms, refusal, Link, TokenLog};
+use super::control::{now, Control};
+use super::{now_ms, Link, TokenLog};
 use crate::context::Shared;
-use crate::frame_io::{read_frame, tune, unexpected, write_frame, write_frames};
+use crate::frame_io::{read_frame, tune, unexpected, write_frame};
 use crate::link_state::LinkState;
 use crate::tcp::initiator::DataConn;
-use crate::transport::{select, sort_table, LinkHooks, Negotiation, PeerChannel};
-
-/// The initiator's half of the challenge-response of [`hixl_core::auth`]: answers a
-/// challenge and checks the target's proof, or refuses a target that does not authenticate
-/// when we have a secret. Returns the frame that follows (the `Welcome`, or a refusal).
-async fn authenticate(
-    shared: &Shared,
-    s: &mut TcpStream,
-    buf: &mut BytesMut,
-    remote: &str,
-    first: Message,
-) -> Result<Message> {
-    use hixl_core::auth::nonce;
-    let failed = |reason: String| Error::AuthFailed {
-        peer: remote.to_string(),
-        reason,
-    };
-    match (first, &shared.auth) {
-        (Message::AuthChallenge { nonce: nt }, Some(secret)) => {
-            let ni = nonce().map_err(|e| Error::io("drawing an authentication nonce", e))?;
-            let answer = Message::AuthResponse {
-                nonce: ni.to_vec(),
-                mac: secret.initiator_mac(&nt, &ni).to_vec(),
-            };
-            write_frame(s, &answer, remote).await?;
-            match read_frame(s, buf, remote).await? {
-                Message::AuthProof { mac } if secret.verify_target(&nt, &ni, &mac) => {
-                    read_frame(s, buf, remote).await
-                }
-                Message::AuthProof { .. } => Err(failed(
-                    "the peer's proof does not match our shared secret: it does not know it".into(),
-                )),
-                Message::Refuse { reason, .. } => Err(failed(reason)),
-                m => Err(unexpected(remote, &m, "authentication proof")),
-            }
-        }
-        (Message::AuthChallenge { .. }, None) => {
-            // Tell the target why, so that its log names the problem too.
-            let none = Message::AuthResponse {
-                nonce: Vec::new(),
-                mac: Vec::new(),
-            };
-            let _ = write_frame(s, &none, remote).await;
-            Err(failed(
-                "the peer requires a shared secret and this engine has none (set hixl.AuthSecret or HIXL_AUTH_SECRET)".into(),
-            ))
-        }
-        (Message::Welcome { .. }, Some(_)) => Err(failed(
-            "the peer did not authenticate itself (it has no shared secret configured); its memory table is not accepted".into(),
-        )),
-        (m, _) => Ok(m),
-    }
-}
+use crate::transport::{select, LinkHooks, Negotiation, PeerChannel};
 
 /// Kills a half-built link's state when dropped (unless disarmed by taking the state).
 struct KillOnDrop(Option<Arc<LinkState>>);
@@ -97,33 +45,28 @@ impl Link {
     /// Connects the control channel, fetches the memory table and opens the data connections.
     pub(crate) async fn establish(shared: Arc<Shared>, p: LinkParams<'_>) -> Result<Arc<Link>> {
         let remote = p.remote;
-        let mut s = TcpStream::connect(p.addr)
+        let s = TcpStream::connect(p.addr)
             .await
             .map_err(|e| Error::io(format!("connecting to {remote}"), e))?;
         tune(&s);
-        let hello = Message::Hello {
-            engine: p.local_name.to_string(),
-            channel: Channel::Control,
-            session: p.instance,
+        let name: Arc<str> = Arc::from(remote);
+        let config = Config {
+            secret: shared.auth.clone(),
+            heartbeat_interval: shared.heartbeat.interval,
+            heartbeat_miss_limit: shared.heartbeat.miss_limit,
+            // The caller bounds the whole connect (`hixl.ConnectTimeoutMs`).
+            handshake_timeout: None,
+            ..Config::new(p.local_name, p.instance)
         };
-        write_frame(&mut s, &hello, remote).await?;
-        let mut buf = BytesMut::with_capacity(4096);
-        let first = read_frame(&mut s, &mut buf, remote).await?;
-        let first = authenticate(&shared, &mut s, &mut buf, remote, first).await?;
-        let session = match first {
-            Message::Welcome { session, .. } => session,
-            Message::Refuse { status, reason } => return Err(refusal(remote, status, reason)),
-            m => return Err(unexpected(remote, &m, "welcome")),
+        let nonce = match &shared.auth {
+            Some(_) => hixl_core::auth::nonce()
+                .map_err(|e| Error::io("drawing an authentication nonce", e))?,
+            None => [0; hixl_core::auth::NONCE_LEN],
         };
-        // The transports the peer offers come before its memory table.
-        let mut offers = Vec::new();
-        let mut table = loop {
-            match read_frame(&mut s, &mut buf, remote).await? {
-                Message::MemTable(v) => break sort_table(v),
-                m @ (Message::FabricInfo { .. } | Message::VerbsInfo { .. }) => offers.push(m),
-                m => return Err(unexpected(remote, &m, "memory table")),
-            }
-        };
+        let session = InitiatorSession::new(config, remote, now(), nonce);
+        let mut control = Control::new(session, s, name.clone());
+        let welcomed = control.handshake().await?;
+        let (session, offers, table) = (welcomed.session, welcomed.offers, welcomed.table);
         let mut data = Vec::with_capacity(p.streams);
         for _ in 0..p.streams.max(1) {
             let mut d = TcpStream::connect(p.addr)
@@ -139,12 +82,17 @@ impl Link {
             let mut b = BytesMut::new();
             match read_frame(&mut d, &mut b, remote).await? {
                 Message::Welcome { .. } if b.is_empty() => {}
-                Message::Refuse { status, reason } => return Err(refusal(remote, status, reason)),
+                Message::Refuse { status, reason } => {
+                    return Err(Error::Remote {
+                        peer: remote.to_string(),
+                        status: Status::from_code(status).unwrap_or(Status::Failed),
+                        message: reason,
+                    })
+                }
                 m => return Err(unexpected(remote, &m, "welcome on a data connection")),
             }
             data.push(d);
         }
-        let name: Arc<str> = Arc::from(remote);
         let state = Arc::new(LinkState::new());
         // Until the link is built, an error or a dropped connect future must end the data
         // connections' tasks (and close their sockets): nothing else would.
@@ -156,9 +104,7 @@ impl Link {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut cx = Negotiation {
             offers: &offers,
-            control: &mut s,
-            buf: &mut buf,
-            table: &mut table,
+            control: &mut control,
             peer: &name,
             session,
             local_name: p.local_name,
@@ -176,44 +122,27 @@ impl Link {
             table: RwLock::new(table),
             conns,
             next: AtomicUsize::new(0),
-            control: tx,
-            notify_seq: AtomicU64::new(1),
-            notify_waiters: Mutex::new(HashMap::new()),
+            driver: tx,
+            notifies_waiting: AtomicUsize::new(0),
             chunk: p.chunk.max(4096),
             channels,
             ops: Mutex::new(TokenLog::default()),
             last_used: AtomicU64::new(now_ms()),
             transport,
-            last_rx: AtomicU64::new(0),
-            born: std::time::Instant::now(),
         });
         unbuilt.0 = None;
-        let (r, w) = s.into_split();
-        tokio::spawn(write_frames(w, rx, link.state.clone(), link.name.clone()));
-        tokio::spawn(control_reader(r, buf, link.clone()));
-        tokio::spawn(probe(link.clone(), shared.heartbeat));
-        if !link.channels.is_empty() {
-            // The link's death reaches every channel: work not yet started fails with the
-            // link's cause, the devices flush the rest.
-            let l = link.clone();
-            tokio::spawn(async move {
-                l.state.dead().await;
-                let tokens: std::collections::HashSet<Token> = l
-                    .ops
-                    .lock()
-                    .map(|t| t.tokens.iter().copied().collect())
-                    .unwrap_or_default();
-                let e = l.lost("link closed");
-                for ch in &l.channels {
-                    ch.close(&e, &tokens);
-                }
-            });
-        }
+        link.state
+            .spawn(super::driver::run(link.clone(), control, rx));
         for ch in &link.channels {
-            let l = link.clone();
+            // Weak: the channel's hooks must not keep its own link alive.
+            let l = Arc::downgrade(&link);
             ch.start(LinkHooks {
                 state: link.state.clone(),
-                on_ack: Box::new(move |seq, status| l.notify_acked(seq, status)),
+                on_ack: Box::new(move |seq, status| {
+                    if let Some(l) = l.upgrade() {
+                        l.notify_acked(seq, status);
+                    }
+                }),
             });
         }
         Ok(link)

@@ -2,19 +2,17 @@
 //! connections, notifies, and the `Peer` handle users hold.
 
 mod control;
+mod driver;
 mod establish;
 mod notify;
 mod peer;
 mod submit;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use bytes::BytesMut;
-use hixl_core::wire::Message;
-use hixl_core::{Error, RemoteRegion, Status, Token};
-use tokio::sync::{mpsc, oneshot};
+use hixl_core::{Error, RemoteRegion, Token};
+use tokio::sync::mpsc;
 
 pub(crate) use establish::LinkParams;
 pub use peer::Peer;
@@ -62,9 +60,10 @@ pub(crate) struct Link {
     table: RwLock<Vec<RemoteRegion>>,
     conns: Vec<DataConn>,
     next: AtomicUsize,
-    control: mpsc::UnboundedSender<BytesMut>,
-    notify_seq: AtomicU64,
-    notify_waiters: Mutex<HashMap<u64, oneshot::Sender<u32>>>,
+    /// The link's driver, which owns the control connection and its session.
+    driver: mpsc::UnboundedSender<driver::Command>,
+    /// Notifies waiting for their ack.
+    notifies_waiting: AtomicUsize,
     chunk: u64,
     /// The transports' channels to the peer (fabric, verbs), in the order the transport
     /// policy chose; a descriptor goes to the first that reaches it, else over the data
@@ -77,17 +76,6 @@ pub(crate) struct Link {
     last_used: AtomicU64,
     /// Which transport serves this peer, and why.
     transport: String,
-    /// When the control connection last delivered a frame (ms since `born`).
-    last_rx: AtomicU64,
-    born: std::time::Instant,
-}
-
-fn refusal(peer: &str, status: u32, reason: String) -> Error {
-    Error::Remote {
-        peer: peer.to_string(),
-        status: Status::from_code(status).unwrap_or(Status::Failed),
-        message: reason,
-    }
 }
 
 fn poisoned() -> Error {
@@ -111,7 +99,7 @@ impl Link {
     /// waited on or abandoned with parts outstanding): such a link is never evicted.
     pub(crate) fn busy(&self, ops: &hixl_core::OpTable<std::task::Waker>) -> bool {
         use hixl_core::Phase;
-        if self.notify_waiters.lock().map_or(true, |w| !w.is_empty()) {
+        if self.notifies_waiting.load(Ordering::Relaxed) > 0 {
             return true;
         }
         let Ok(t) = self.ops.lock() else { return true };
@@ -140,16 +128,22 @@ impl Link {
         })
     }
 
-    /// Orderly close with `cause` as the link's error (what later uses of it report).
+    /// Orderly close with `cause` as the link's error (what later uses of it report): the
+    /// driver tells the peer why and ends the link.
     pub(crate) fn close_because(&self, reason: &str, cause: Error) {
         self.state.doom(cause.clone());
-        let mut b = BytesMut::new();
-        Message::Disconnect {
+        let close = driver::Command::Close {
             reason: reason.into(),
+        };
+        if self.driver.send(close).is_err() {
+            self.state.kill(cause); // the driver has ended already
         }
-        .encode(&mut b);
-        let _ = self.control.send(b);
-        self.state.kill(cause);
+    }
+
+    /// Resolves once the link has ended and every task of it (its driver, the control
+    /// writer, the data connections, the channels' tasks) has been joined.
+    pub(crate) async fn closed(&self) {
+        self.state.joined().await;
     }
 
     /// Orderly close: tells the peer, then ends every task of the link. In-flight ops fail.

@@ -77,7 +77,7 @@ impl DataConn {
             parts: Mutex::new(Some(VecDeque::new())),
             pushed: tokio::sync::Notify::new(),
         });
-        tokio::spawn(writer(
+        state.spawn(writer(
             w,
             rx,
             inflight.clone(),
@@ -85,7 +85,9 @@ impl DataConn {
             state.clone(),
             peer.clone(),
         ));
-        tokio::spawn(reader(r, inflight, shared, state, peer));
+        state
+            .clone()
+            .spawn(reader(r, inflight, shared, state, peer));
         DataConn { tx }
     }
 

@@ -22,13 +22,11 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Waker;
 
-use bytes::BytesMut;
 use hixl_core::wire::Message;
 use hixl_core::{
     Access, CompletionSource, Error, MemDesc, OpDesc, OpTable, RemoteRegion, Result, Token,
     TransferOp,
 };
-use tokio::net::TcpStream;
 
 use crate::link_state::LinkState;
 use crate::memory::{DeviceMr, Owned, RegionInner};
@@ -141,18 +139,33 @@ pub(crate) struct Opened {
     pub(crate) describe: String,
 }
 
+/// The control connection during a transport's negotiation, as its session sees it: a
+/// transport sends its own messages (`VerbsConnect`) and receives the peer's (`VerbsKeys`,
+/// `VerbsAccept`); heartbeats, table updates and everything else the session handles itself.
+#[allow(dead_code)] // a build without verbs never negotiates over the control connection
+pub(crate) trait ControlExchange: Send {
+    /// Sends a transport message through the session.
+    ///
+    /// # Errors
+    /// A message the session does not let an initiator send, or the connection's death.
+    fn send(&mut self, m: Message) -> BoxFuture<'_, Result<()>>;
+
+    /// The next transport message from the peer.
+    ///
+    /// # Errors
+    /// The session's cause when it ends first (a lost connection, a protocol violation).
+    fn recv(&mut self) -> BoxFuture<'_, Result<Message>>;
+}
+
 /// What a transport may use while it negotiates its channel during the handshake: the
-/// peer's offers, the control connection (not yet split: a transport may exchange frames on
-/// it), the memory table so far, and the link's handles. (A build without a transport that
-/// negotiates over the control connection, such as verbs, reads only some of it.)
+/// peer's offers, the control connection (through its session: a transport may exchange
+/// frames on it), and the link's handles. (A build without a transport that negotiates over
+/// the control connection, such as verbs, reads only some of it.)
 #[allow(dead_code)]
 pub(crate) struct Negotiation<'a> {
     /// The transport offers the peer sent before its memory table (`FabricInfo`, `VerbsInfo`).
     pub(crate) offers: &'a [Message],
-    pub(crate) control: &'a mut TcpStream,
-    pub(crate) buf: &'a mut BytesMut,
-    /// The peer's memory table (a transport's exchange may bring a newer one).
-    pub(crate) table: &'a mut Vec<RemoteRegion>,
+    pub(crate) control: &'a mut dyn ControlExchange,
     /// The peer's name and the session it handed out.
     pub(crate) peer: &'a Arc<str>,
     pub(crate) session: u64,

@@ -7,7 +7,6 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use bytes::BytesMut;
 use hixl_core::wire::Message;
 use hixl_core::RegionTable;
 use tokio::sync::mpsc;
@@ -22,17 +21,14 @@ pub(crate) struct Session {
     pub(crate) id: u64,
     pub(crate) peer: Arc<str>,
     pub(crate) state: Arc<LinkState>,
-    control: mpsc::UnboundedSender<BytesMut>,
+    /// To the session's driver, which sends each through the sans-io session.
+    control: mpsc::UnboundedSender<Message>,
     /// What each transport keeps for this initiator, by transport kind.
     slots: Mutex<Vec<(&'static str, Arc<dyn Any + Send + Sync>)>>,
 }
 
 impl Session {
-    pub(crate) fn new(
-        id: u64,
-        peer: Arc<str>,
-        control: mpsc::UnboundedSender<BytesMut>,
-    ) -> Session {
+    pub(crate) fn new(id: u64, peer: Arc<str>, control: mpsc::UnboundedSender<Message>) -> Session {
         Session {
             id,
             peer,
@@ -42,16 +38,10 @@ impl Session {
         }
     }
 
-    /// Queues a frame on the control connection; false once it is closed.
+    /// Hands a frame to the session's driver: a memory table, device keys, a queue-pair
+    /// answer, a `Disconnect`. False once the driver has ended.
     pub(crate) fn send(&self, m: &Message) -> bool {
-        let mut b = BytesMut::new();
-        m.encode(&mut b);
-        self.send_encoded(b)
-    }
-
-    /// Queues an encoded frame on the control connection.
-    pub(crate) fn send_encoded(&self, b: BytesMut) -> bool {
-        self.control.send(b).is_ok()
+        self.control.send(m.clone()).is_ok()
     }
 
     /// What transport `kind` keeps for this session, if anything of type `T`.

@@ -5,15 +5,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hixl_core::wire::{Message, HEARTBEAT_FROM_TARGET};
+use hixl_core::wire::Message;
 use hixl_core::{RegionTable, Result};
 
 use super::channel::VerbsChannel;
 use super::{Connected, VerbsBackend, VerbsLink};
-use crate::frame_io::{read_frame, unexpected, write_frame};
+use crate::frame_io::unexpected;
 use crate::memory::{DeviceMr, RegionInner};
 use crate::transport::target::{Session, TargetCx};
-use crate::transport::{sort_table, BoxFuture, Negotiation, Opened, Transport};
+use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
 
 /// The engine's verbs transport: its backend, or why it has none.
 #[derive(Debug)]
@@ -138,18 +138,11 @@ impl VerbsTransport {
         let connect = Message::VerbsConnect {
             endpoint: qp.endpoint().to_bytes().to_vec(),
         };
-        write_frame(cx.control, &connect, name).await?;
+        cx.control.send(connect).await?;
         let mut keys = HashMap::new();
         let remote = loop {
-            match read_frame(cx.control, cx.buf, name).await? {
+            match cx.control.recv().await? {
                 Message::VerbsKeys(v) => keys.extend(v),
-                Message::MemTable(v) => *cx.table = sort_table(v),
-                // The target's liveness probes start with the session; answer them here too.
-                Message::Heartbeat { seq } => {
-                    if seq & HEARTBEAT_FROM_TARGET != 0 {
-                        write_frame(cx.control, &Message::Heartbeat { seq }, name).await?;
-                    }
-                }
                 Message::VerbsAccept {
                     status: 0,
                     endpoint,

@@ -375,7 +375,8 @@ impl VerbsLink {
         });
         backend.source.add_link(&l);
         let weak = Arc::downgrade(&l);
-        tokio::spawn(async move {
+        let st = state.clone();
+        st.spawn(async move {
             state.dead().await;
             if let Some(l) = weak.upgrade() {
                 l.close();

@@ -136,6 +136,8 @@ pub struct Config {
     /// Target: undrained notifies this link may queue. Initiator: notifies it may have
     /// waiting for an ack.
     pub notify_budget: usize,
+    /// Target: who admits a notify against the budget (the session by default).
+    pub notify_admission: Admission,
     /// Initiator: the whole handshake, hello to memory table (the connect timeout). Target:
     /// the wait for the hello, and again for the answer to the challenge. `None`: no limit.
     pub handshake_timeout: Option<Duration>,
@@ -152,6 +154,7 @@ impl Config {
             heartbeat_interval: Duration::from_millis(1000),
             heartbeat_miss_limit: 5,
             notify_budget: NOTIFY_MAX_PENDING,
+            notify_admission: Admission::Session,
             handshake_timeout: Some(DEFAULT_HANDSHAKE_TIMEOUT),
         }
     }
@@ -169,6 +172,19 @@ impl Config {
             ..Config::new(engine, incarnation)
         }
     }
+}
+
+/// Who decides whether a target takes a notify in or answers `RESOURCE_EXHAUSTED`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// The session counts this link's undrained notifies against `notify_budget`
+    /// ([`Event::NotifyReceived`], drains reported with [`TargetSession::notifies_drained`]).
+    Session,
+    /// The driver does, because notifies of this link also arrive on another path (a
+    /// transport's channel) and one queue must count them all: each notify comes out as
+    /// [`Event::NotifyOffered`] and is acked only once the driver answers with
+    /// [`TargetSession::ack_notify`].
+    Driver,
 }
 
 /// Where a session is in its life.
@@ -205,6 +221,14 @@ pub enum Event {
     TableUpdated(Vec<RemoteRegion>),
     /// Target: a notify from the initiator, queued against this link's budget.
     NotifyReceived(Notify),
+    /// Target, with [`Admission::Driver`]: a notify from the initiator; answer with
+    /// [`TargetSession::ack_notify`] once it is queued (or refused).
+    NotifyOffered {
+        /// Its sequence number, to answer with.
+        seq: u64,
+        /// The notify.
+        notify: Notify,
+    },
     /// Initiator: a pending notify is resolved: acked (`Ok`), refused by the target, or
     /// failed with the cause of the session's death.
     NotifyAcked {

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use super::heartbeat::Liveness;
 use super::notify::Budget;
-use super::{check_frame, clip, describe, earliest, Config, Core, Event, Phase};
+use super::{check_frame, clip, describe, earliest, Admission, Config, Core, Event, Phase};
 use crate::auth::NONCE_LEN;
 use crate::error::{Error, Result};
 use crate::status::Status;
@@ -62,6 +62,8 @@ pub struct TargetSession {
     revoking: BTreeSet<u64>,
     /// `VerbsConnect`s received and not yet answered.
     verbs_connects: usize,
+    /// With [`Admission::Driver`]: notifies offered to the driver and not yet answered.
+    offered: BTreeSet<u64>,
 }
 
 impl TargetSession {
@@ -92,6 +94,7 @@ impl TargetSession {
             nonce_t: nonce,
             revoking: BTreeSet::new(),
             verbs_connects: 0,
+            offered: BTreeSet::new(),
         }
     }
 
@@ -305,6 +308,22 @@ impl TargetSession {
 
     fn established(&mut self, m: Message) {
         match m {
+            Message::Notify { seq, name, msg }
+                if self.config.notify_admission == Admission::Driver =>
+            {
+                if !self.offered.insert(seq) {
+                    let reason = format!("notify {seq} sent twice before its ack");
+                    let e = self.core.protocol(reason);
+                    return self.close(e, None);
+                }
+                let notify = Notify {
+                    from: self.core.peer.clone(),
+                    link: self.session,
+                    name,
+                    msg,
+                };
+                self.core.event(Event::NotifyOffered { seq, notify });
+            }
             Message::Notify { seq, name, msg } => {
                 let status = if self.budget.admit() {
                     self.core.event(Event::NotifyReceived(Notify {
@@ -445,6 +464,31 @@ impl TargetSession {
                 .misuse(format!("rkey {rkey:#x} is already being revoked")));
         }
         self.core.send(Message::Revoke { rkey });
+        Ok(())
+    }
+
+    /// Answers an [`Event::NotifyOffered`]: `queued` acks it, otherwise the initiator hears
+    /// `RESOURCE_EXHAUSTED`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParam`] for a seq that was not offered or is answered already; the
+    /// session's cause once closed.
+    pub fn ack_notify(&mut self, seq: u64, queued: bool) -> Result<()> {
+        self.core.alive()?;
+        if !self.offered.remove(&seq) {
+            return Err(self
+                .core
+                .misuse(format!("notify {seq} is not waiting for an answer")));
+        }
+        let status = if queued {
+            Status::Success
+        } else {
+            Status::ResourceExhausted
+        };
+        self.core.send(Message::NotifyAck {
+            seq,
+            status: status.code(),
+        });
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Config, Event, InitiatorSession, Phase, TargetSession};
+use super::{Admission, Config, Event, InitiatorSession, Phase, TargetSession};
 use crate::auth::{Secret, NONCE_LEN};
 use crate::types::{Access, MemKind, RemoteRegion};
 use crate::wire::Message;

@@ -253,3 +253,74 @@ fn refused_notify_with_another_status_is_a_remote_error() {
         )]
     ));
 }
+
+#[test]
+fn driver_admission_acks_only_once_the_driver_answers() {
+    let tgt = Config {
+        notify_admission: Admission::Driver,
+        ..config("10.0.0.2:5000", 2)
+    };
+    let mut p = Pair::with(config("10.0.0.1", 1), tgt).connect();
+    let now = p.now;
+    let a = p.ini.notify(now, b"n", b"a").expect("notify");
+    let b = p.ini.notify(now, b"n", b"b").expect("notify");
+    p.run_for(Duration::from_millis(10));
+    assert!(acks(&p).is_empty(), "no ack before the driver answered");
+    assert!(received(&p).is_empty(), "offered, not received");
+    let offered: Vec<(u64, Vec<u8>)> = p
+        .tgt_events
+        .iter()
+        .filter_map(|e| match &e.1 {
+            Event::NotifyOffered { seq, notify } => Some((*seq, notify.msg.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(offered, vec![(a, b"a".to_vec()), (b, b"b".to_vec())]);
+    p.tgt.ack_notify(b, false).expect("answer b");
+    p.tgt.ack_notify(a, true).expect("answer a");
+    assert!(
+        matches!(p.tgt.ack_notify(a, true), Err(Error::InvalidParam { .. })),
+        "answered once only"
+    );
+    assert!(matches!(
+        p.tgt.ack_notify(99, true),
+        Err(Error::InvalidParam { .. })
+    ));
+    p.run_for(Duration::from_millis(10));
+    let got = acks(&p);
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().any(|(s, r)| *s == a && r.is_ok()));
+    assert!(got
+        .iter()
+        .any(|(s, r)| *s == b && matches!(r, Err(Error::NotifyQueueFull { .. }))));
+}
+
+#[test]
+fn driver_admission_refuses_a_repeated_seq() {
+    let tgt = Config {
+        notify_admission: Admission::Driver,
+        ..config("10.0.0.2:5000", 2)
+    };
+    let mut t = TargetSession::new(tgt, Instant::now(), "10.0.0.1:4", 9, [0; 32]);
+    let now = Instant::now();
+    t.handle_frame(
+        now,
+        Message::Hello {
+            engine: "10.0.0.1".into(),
+            channel: crate::wire::Channel::Control,
+            session: 1,
+        },
+    )
+    .expect("hello");
+    t.send_table(now, Vec::new()).expect("table");
+    let n = || Message::Notify {
+        seq: 5,
+        name: b"n".to_vec(),
+        msg: b"m".to_vec(),
+    };
+    t.handle_frame(now, n()).expect("first");
+    assert!(matches!(
+        t.handle_frame(now, n()),
+        Err(Error::Protocol { .. })
+    ));
+}

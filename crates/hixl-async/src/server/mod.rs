@@ -1,0 +1,206 @@
+//! The target's side: accepting connections, routing each by its hello (a control
+//! connection gets a session driver, in [`control`]; a data connection serves the TCP data
+//! path of its session), broadcasting memory-table changes and revocations.
+
+mod control;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use hixl_core::wire::{Channel, Message};
+use hixl_core::{Error, Result, Status};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::context::Shared;
+use crate::frame_io::{read_frame, tune, write_frame};
+use crate::transport::target::{Sessions, TargetCx};
+
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The listening side of an engine.
+#[derive(Debug)]
+pub(crate) struct Server {
+    pub(crate) shared: Arc<Shared>,
+    instance: u64,
+    /// What the transports serve their peers with (the sessions among it).
+    pub(crate) cx: TargetCx,
+}
+
+impl Server {
+    pub(crate) fn new(shared: Arc<Shared>, instance: u64) -> Arc<Server> {
+        let cx = TargetCx {
+            sessions: Arc::new(Sessions::default()),
+            regions: shared.regions.clone(),
+            notifies: shared.notifies.clone(),
+        };
+        Arc::new(Server {
+            shared,
+            instance,
+            cx,
+        })
+    }
+
+    /// Starts the transports' own listeners (the fabric channel's).
+    ///
+    /// # Errors
+    /// A transport that cannot listen.
+    pub(crate) fn listen_transports(&self, shutdown: &watch::Receiver<bool>) -> Result<()> {
+        for t in &self.shared.transports {
+            t.listen(&self.cx, shutdown.clone())?;
+        }
+        Ok(())
+    }
+
+    /// Accepts connections until shutdown.
+    pub(crate) async fn accept_loop(
+        self: Arc<Self>,
+        l: TcpListener,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                r = l.accept() => match r {
+                    Ok((s, from)) => {
+                        // Each connection watches the shutdown itself: a session's driver
+                        // still says goodbye to its initiator.
+                        tokio::spawn(self.clone().handle(s, from.to_string(), shutdown.clone()));
+                    }
+                    Err(e) => {
+                        tracing::warn!("accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                _ = shutdown.changed() => break,
+            }
+        }
+        self.close_all("engine finalized");
+    }
+
+    /// Tells every connected initiator that we are going away (each session's driver sends
+    /// the `Disconnect` and ends the session).
+    pub(crate) fn close_all(&self, reason: &str) {
+        for s in self.cx.sessions.drain() {
+            let cause = Error::NotConnected {
+                peer: s.peer.to_string(),
+            };
+            s.state.doom(cause.clone());
+            if !s.send(&Message::Disconnect {
+                reason: reason.into(),
+            }) {
+                s.state.kill(cause);
+            }
+        }
+    }
+
+    /// Sends the current memory table to every connected initiator (preceded, on verbs
+    /// links, by the regions' device keys, so that a region is never in an initiator's table
+    /// without its key).
+    ///
+    /// `added`: a region was registered, so the transports' channels learn of it too (the
+    /// fabric sends its memfd); after a deregistration, [`Server::revoke`] does their part.
+    pub(crate) fn broadcast_table(&self, added: bool) {
+        let Ok(regions) = self.shared.regions.lock() else {
+            return;
+        };
+        let table = Message::MemTable(regions.exported());
+        for sess in self.cx.sessions.all() {
+            for t in &self.shared.transports {
+                if let Some(m) = t.before_table(&sess, &regions) {
+                    sess.send(&m);
+                }
+            }
+            sess.send(&table);
+        }
+        drop(regions);
+        if added {
+            for t in &self.shared.transports {
+                t.table_changed(&self.cx);
+            }
+        }
+    }
+
+    /// A region is being deregistered: waits until every transport's peers stopped touching
+    /// it.
+    pub(crate) async fn revoke(&self, rkey: u64) {
+        for t in &self.shared.transports {
+            t.revoke(&self.cx, rkey).await;
+        }
+    }
+
+    async fn refuse(s: &mut TcpStream, status: Status, reason: String, peer: &str) {
+        tracing::info!(peer, "refusing connection: {reason}");
+        let _ = write_frame(
+            s,
+            &Message::Refuse {
+                status: status.code(),
+                reason,
+            },
+            peer,
+        )
+        .await;
+    }
+
+    async fn handle(
+        self: Arc<Self>,
+        mut s: TcpStream,
+        from: String,
+        shutdown: watch::Receiver<bool>,
+    ) {
+        tune(&s);
+        let mut buf = BytesMut::with_capacity(4096);
+        let mut sd = shutdown.clone();
+        let hello = tokio::select! {
+            m = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut s, &mut buf, &from)) => m,
+            _ = sd.changed() => return,
+        };
+        let hello = match hello {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                tracing::warn!(peer = %from, "closing connection before hello: {e}");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(peer = %from, "closing connection: no hello within {HELLO_TIMEOUT:?}");
+                return;
+            }
+        };
+        match hello {
+            m @ Message::Hello {
+                channel: Channel::Control,
+                ..
+            } => self.serve_control(s, buf, from, m, shutdown).await,
+            Message::Hello {
+                engine,
+                channel: Channel::Data,
+                session,
+            } => {
+                let sess = self.cx.sessions.get(session);
+                let sess = match sess {
+                    Some(x) if *x.peer == *engine && buf.is_empty() => x,
+                    _ => {
+                        let reason = format!("no session {session:#x} for engine {engine}");
+                        return Self::refuse(&mut s, Status::NotConnected, reason, &from).await;
+                    }
+                };
+                let welcome = Message::Welcome {
+                    engine: self.shared.name.clone(),
+                    session,
+                };
+                if write_frame(&mut s, &welcome, &from).await.is_err() {
+                    return;
+                }
+                tokio::select! {
+                    _ = crate::tcp::target::serve(s, sess.peer.clone(), self.shared.clone()) => {}
+                    _ = sess.state.dead() => {}
+                    _ = sd.changed() => {}
+                }
+            }
+            m => {
+                tracing::warn!(peer = %from, "closing connection: expected hello, got {m:?}");
+            }
+        }
+    }
+}
