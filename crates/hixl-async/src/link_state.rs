@@ -112,4 +112,30 @@ mod tests {
             "a live link's receiver waits"
         );
     }
+
+    #[tokio::test]
+    async fn joined_waits_for_the_death_and_every_task() {
+        use std::time::Duration;
+        let s = std::sync::Arc::new(LinkState::new());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let st = s.clone();
+        s.spawn(async move {
+            st.dead().await;
+            let _ = rx.await; // a task that takes a while to wind down
+        });
+        let wait = Duration::from_millis(30);
+        assert!(
+            tokio::time::timeout(wait, s.joined()).await.is_err(),
+            "alive: not joined"
+        );
+        s.kill(Error::NotConnected { peer: "p".into() });
+        assert!(
+            tokio::time::timeout(wait, s.joined()).await.is_err(),
+            "dead, but a task still runs"
+        );
+        let _ = tx.send(());
+        tokio::time::timeout(Duration::from_secs(5), s.joined())
+            .await
+            .expect("joined once the last task ended");
+    }
 }

@@ -138,6 +138,21 @@ async fn handle(srv: TargetCx, s: UnixStream) {
             return;
         }
     };
+    // The channel is a task of the session's: its driver joins it.
+    let st = sess.state.clone();
+    st.spawn(serve(srv, s, buf, fds, sess, session));
+}
+
+/// Serves the fabric channel of `sess` until either ends.
+async fn serve(
+    srv: TargetCx,
+    s: UnixStream,
+    mut buf: BytesMut,
+    mut fds: Vec<OwnedFd>,
+    sess: Arc<Session>,
+    session: u64,
+) {
+    let engine = sess.peer.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<Out>();
     let chan = Arc::new(FabricChan {
         tx,

@@ -138,6 +138,8 @@ impl Server {
         }
         sess.state.kill(cause);
         let _ = writer.await;
+        // Its data connections and transport channels end with it.
+        sess.state.joined().await;
     }
 
     fn on_event(

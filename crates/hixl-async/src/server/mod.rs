@@ -192,11 +192,14 @@ impl Server {
                 if write_frame(&mut s, &welcome, &from).await.is_err() {
                     return;
                 }
-                tokio::select! {
-                    _ = crate::tcp::target::serve(s, sess.peer.clone(), self.shared.clone()) => {}
-                    _ = sess.state.dead() => {}
-                    _ = sd.changed() => {}
-                }
+                // A task of the session's: it ends with the session, whose driver joins it.
+                let (st, shared) = (sess.state.clone(), self.shared.clone());
+                st.spawn(async move {
+                    tokio::select! {
+                        _ = crate::tcp::target::serve(s, sess.peer.clone(), shared) => {}
+                        _ = sess.state.dead() => {}
+                    }
+                });
             }
             m => {
                 tracing::warn!(peer = %from, "closing connection: expected hello, got {m:?}");
