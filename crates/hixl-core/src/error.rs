@@ -53,8 +53,10 @@ pub enum Error {
         /// What was withdrawn (`"a TCP part"`, `"a fabric copy"`, ...).
         what: &'static str,
     },
-    /// A lock was poisoned by a panic in another thread: a bug in hixl. The call fails; no
-    /// completion is dropped (the op table and completion queues recover their locks).
+    /// A state that cannot happen: a bug in hixl (a lock poisoned where recovering it would
+    /// not be sound, a region missing right after its registration). The call fails; no
+    /// completion is dropped (poisoned locks are recovered, see ARCHITECTURE.md, "Locks and
+    /// poisoning").
     #[error("internal error: {what} (a bug in hixl; please report it)")]
     Internal {
         /// What failed.
@@ -526,6 +528,18 @@ impl Error {
             peer: peer.to_string(),
             kind,
             source: Arc::new(source),
+        }
+    }
+
+    /// The error below a [`Error::Transport`], [`Error::Device`] or [`Error::TaskEnded`], as
+    /// the layer that failed produced it, to downcast to its type (`hixl_verbs::VerbsError`,
+    /// ...). [`std::error::Error::source`] gives the same error behind its `Arc`.
+    pub fn layer_source(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Error::Transport { source, .. }
+            | Error::Device { source, .. }
+            | Error::TaskEnded { source, .. } => Some(&**source),
+            _ => None,
         }
     }
 

@@ -62,6 +62,13 @@ fn link_losses_keep_their_source_and_status() {
     let t = Error::transport("p", "fabric copy", e.clone());
     assert_eq!(t.status(), Status::Failed);
     assert!(t.source().is_some_and(|s| s.to_string() == e.to_string()));
+    assert!(matches!(
+        t.layer_source().and_then(|s| s.downcast_ref::<Error>()),
+        Some(Error::ConnectionLost {
+            what: "reading a frame",
+            ..
+        })
+    ));
     let hb = Error::HeartbeatLost {
         peer: "p".into(),
         silent_ms: 200,
