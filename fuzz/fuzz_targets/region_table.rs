@@ -180,7 +180,7 @@ fn check_remote(t: &RegionTable<()>, model: &[Model], rkey: u64, addr: u64, len:
     let r = t.check_remote(rkey, addr, len, need);
     let m = model.iter().find(|m| m.rkey == rkey);
     match (m, r) {
-        (None, Err(Error::InvalidParam { .. })) => {}
+        (None, Err(Error::UnknownRkey { rkey: r })) => assert_eq!(r, rkey),
         (None, other) => panic!("rkey {rkey:#x} is not live but check_remote gave {other:?}"),
         (Some(m), Ok(e)) => {
             assert_eq!(e.id, m.id);
@@ -194,7 +194,8 @@ fn check_remote(t: &RegionTable<()>, model: &[Model], rkey: u64, addr: u64, len:
                 "{need} not granted by {e:?}"
             );
         }
-        (Some(m), Err(Error::InvalidParam { .. })) => {
+        (Some(m), Err(Error::OutsideRegion { addr: a, len: l, .. })) => {
+            assert_eq!((a, l), (addr, len));
             assert!(
                 len == 0 || !m.contains(addr, len),
                 "in-bounds {addr:#x}+{len} refused"

@@ -20,7 +20,7 @@ pub use types::{
 };
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use hixl_core::{Error, Result};
@@ -47,7 +47,7 @@ fn check_timeout(millis: i32) -> Result<Duration> {
 ///
 /// Blocking methods (`initialize`, `connect`, `disconnect`, `deregister_mem`,
 /// `transfer_sync`, `send_notify`) must not be called from inside a tokio runtime: they
-/// return [`Error::InvalidParam`] there instead of blocking a worker (use the async
+/// return [`Error::InsideRuntime`] there instead of blocking a worker (use the async
 /// [`Engine`] from [`Hixl::engine`] in async code). `finalize` and drop work anywhere.
 ///
 /// ```no_run
@@ -104,7 +104,7 @@ impl Hixl {
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Option<Inner>> {
-        self.state.read().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::read(&self.state)
     }
 
     /// [`Hixl::with`] for a blocking call: refused first thing inside a tokio runtime.
@@ -129,13 +129,11 @@ impl Hixl {
     /// feature is `Ok(FEATURE_NOT_SUPPORTED)`, as in HIXL.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] (HIXL `PARAM_INVALID`) for a negative feature value.
+    /// [`Error::InvalidFeature`] (HIXL `PARAM_INVALID`) for a negative feature value.
     pub fn get_capability(feature: impl Into<i32>) -> Result<i32> {
         let feature = feature.into();
         if feature < 0 {
-            return Err(Error::InvalidParam {
-                what: format!("feature type {feature} is negative"),
-            });
+            return Err(Error::InvalidFeature { feature });
         }
         const AUTO_CONNECT: i32 = FeatureType::AutoConnect.code();
         const CLIENT_SERVER_COMM: i32 = FeatureType::ClientServerComm.code();

@@ -7,12 +7,8 @@ use std::sync::Mutex;
 
 use hixl_core::{CompletionSource, Error, PartResult, Token};
 
-/// Locks `m`, recovering it if a panic poisoned it. The policy for the op table and the
-/// completion queues: their updates cannot panic half-way, so the data stays consistent, and
-/// recovering means no completion is ever dropped.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+/// Locks recovering a poisoned mutex: the crate's one poisoning policy, [`crate::sync`].
+pub(crate) use crate::sync::lock;
 
 /// One finished part of an op.
 #[derive(Debug)]

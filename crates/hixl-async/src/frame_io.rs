@@ -14,7 +14,8 @@ use crate::link_state::LinkState;
 /// Reads one whole frame, keeping any bytes after it in `buf`.
 ///
 /// # Errors
-/// [`Error::PeerLost`] on EOF or a socket error, [`Error::Protocol`] on a malformed frame.
+/// [`Error::PeerLost`] on EOF, [`Error::ConnectionLost`] on a socket error,
+/// [`Error::Protocol`] on a malformed frame.
 pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     buf: &mut BytesMut,
@@ -40,12 +41,7 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
                 })
             }
             Ok(_) => {}
-            Err(e) => {
-                return Err(Error::PeerLost {
-                    peer: peer.to_string(),
-                    cause: e.to_string(),
-                })
-            }
+            Err(e) => return Err(Error::connection_lost(peer, "reading a frame", e)),
         }
     }
 }
@@ -53,7 +49,7 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
 /// Encodes and writes one frame.
 ///
 /// # Errors
-/// [`Error::PeerLost`] on a socket error.
+/// [`Error::ConnectionLost`] on a socket error.
 pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
     w: &mut W,
     m: &Message,
@@ -61,10 +57,9 @@ pub(crate) async fn write_frame<W: AsyncWrite + Unpin>(
 ) -> Result<()> {
     let mut b = BytesMut::with_capacity(64);
     m.encode(&mut b);
-    w.write_all(&b).await.map_err(|e| Error::PeerLost {
-        peer: peer.to_string(),
-        cause: e.to_string(),
-    })
+    w.write_all(&b)
+        .await
+        .map_err(|e| Error::connection_lost(peer, "writing a frame", e))
 }
 
 /// Sets the socket options every hixl connection uses.
@@ -100,7 +95,7 @@ pub(crate) async fn write_frames(
                 f = rx.recv() => match f {
                     Some(f) => {
                         if let Err(e) = w.write_all(&f).await {
-                            state.kill(Error::PeerLost { peer: peer.to_string(), cause: e.to_string() });
+                            state.kill(Error::connection_lost(&peer, "writing a control frame", e));
                             break;
                         }
                     }

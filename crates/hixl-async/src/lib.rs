@@ -10,6 +10,7 @@ mod notify;
 mod rawio;
 mod reactor;
 mod sink;
+mod sync;
 
 pub use memory::{HostBuffer, Region};
 pub use notify::NotifyStream;

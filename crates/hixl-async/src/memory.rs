@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use hixl_core::{Access, Error, MemKind, RegionId, Result};
 
 use crate::rawio::RawRange;
+use crate::sync::lock;
 
 const PAGE: usize = 4096;
 
@@ -41,8 +42,8 @@ impl HostBuffer {
     /// larger, to find the boundary).
     ///
     /// # Errors
-    /// [`Error::ZeroLength`] for `len == 0`, [`Error::ResourceExhausted`] when the allocation
-    /// fails.
+    /// [`Error::ZeroLength`] for `len == 0`, [`Error::TooLarge`] for a length no allocation
+    /// can have, [`Error::ResourceExhausted`] when the allocation fails.
     pub fn zeroed(len: usize) -> Result<HostBuffer> {
         if len == 0 {
             return Err(Error::ZeroLength { index: 0 });
@@ -50,8 +51,10 @@ impl HostBuffer {
         let total = len
             .checked_add(PAGE - 1)
             .filter(|&t| t <= isize::MAX as usize)
-            .ok_or_else(|| Error::InvalidParam {
-                what: format!("buffer length {len} is too large"),
+            .ok_or(Error::TooLarge {
+                what: "host buffer",
+                len: len as u64,
+                max: (isize::MAX as usize - (PAGE - 1)) as u64,
             })?;
         let mut mem = Vec::new();
         mem.try_reserve_exact(total)
@@ -220,9 +223,10 @@ impl RegionInner {
         }
         // No local work request names the region any more: end the device registration
         // before the memory can be freed or reused (a peer's late RDMA op is refused).
-        let mr = self.mr.lock().ok().and_then(|mut m| m.take());
+        let mr = lock(&self.mr).take();
         drop(mr);
-        match self.owned.lock().ok().and_then(|mut o| o.take()) {
+        let owned = lock(&self.owned).take();
+        match owned {
             Some(Owned::Host(b)) => Some(b),
             Some(Owned::Pooled(_)) | None => None,
         }
@@ -232,7 +236,7 @@ impl RegionInner {
     /// its pool buffers).
     #[allow(dead_code)]
     pub(crate) fn pooled<T: Any, R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
-        let g = self.owned.lock().ok()?;
+        let g = lock(&self.owned);
         match g.as_ref()? {
             Owned::Pooled(b) => b.downcast_ref::<T>().map(f),
             Owned::Host(_) => None,
@@ -261,7 +265,7 @@ impl Lease {
     /// lease.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] when the bytes are not all inside the region (callers checked
+    /// [`Error::OutsideRegion`] when the bytes are not all inside the region (callers checked
     /// this already; a failure here is a bug, reported rather than acted on).
     pub(crate) fn range(&self, addr: u64, len: u64) -> Result<RawRange<'_>> {
         let r = self.region();
@@ -270,11 +274,11 @@ impl Lease {
                 .checked_add(len)
                 .is_some_and(|end| end <= r.addr + r.len);
         if !inside {
-            return Err(Error::InvalidParam {
-                what: format!(
-                    "range {addr:#x}+{len} is outside the leased region {:#x}+{}",
-                    r.addr, r.len
-                ),
+            return Err(Error::OutsideRegion {
+                addr,
+                len,
+                region_addr: r.addr,
+                region_len: r.len,
             });
         }
         // SAFETY: the range lies inside the region (checked above). The lease, which the
@@ -345,14 +349,13 @@ impl Region {
     /// Address of byte `offset`, bounds-checked.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] when `offset` is past the end.
+    /// [`Error::OffsetOutOfBounds`] (with `len` 1) when `offset` is past the end.
     pub fn addr_at(&self, offset: u64) -> Result<u64> {
         if offset >= self.inner.len {
-            return Err(Error::InvalidParam {
-                what: format!(
-                    "offset {offset} is past the end of a {}-byte region",
-                    self.inner.len
-                ),
+            return Err(Error::OffsetOutOfBounds {
+                offset,
+                len: 1,
+                region_len: self.inner.len,
             });
         }
         Ok(self.inner.addr + offset)
@@ -365,20 +368,17 @@ impl Region {
         match offset.checked_add(len as u64) {
             Some(end) if end <= self.inner.len => {}
             _ => {
-                return Err(Error::InvalidParam {
-                    what: format!(
-                        "range {offset}+{len} is outside a {}-byte region",
-                        self.inner.len
-                    ),
+                return Err(Error::OffsetOutOfBounds {
+                    offset,
+                    len: len as u64,
+                    region_len: self.inner.len,
                 })
             }
         }
-        let guard = self.inner.owned.lock().map_err(|_| Error::Internal {
-            what: "region lock poisoned",
-        })?;
+        let guard = lock(&self.inner.owned);
         if self.inner.revoked.load(Ordering::SeqCst) {
-            return Err(Error::InvalidParam {
-                what: format!("region {:#x} was deregistered", self.inner.addr),
+            return Err(Error::Deregistered {
+                addr: self.inner.addr,
             });
         }
         // SAFETY: the range is inside the region (checked above), which is not revoked, and
@@ -399,8 +399,8 @@ impl Region {
     /// formed). Synchronise with them through transfer completion or notifies.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] when the range is outside the region or the region was
-    /// deregistered.
+    /// [`Error::OffsetOutOfBounds`] when the range is outside the region,
+    /// [`Error::Deregistered`] when the region was deregistered.
     pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         self.with_range(offset, out.len(), |r| r.copy_out(out))
     }
@@ -408,8 +408,8 @@ impl Region {
     /// Copies bytes into the region (see [`Region::read_at`] on concurrent access).
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] when the range is outside the region or the region was
-    /// deregistered.
+    /// [`Error::OffsetOutOfBounds`] when the range is outside the region,
+    /// [`Error::Deregistered`] when the region was deregistered.
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.with_range(offset, data.len(), |r| r.copy_in(data))
     }

@@ -9,6 +9,8 @@ use std::task::{Context, Poll, Waker};
 use futures::Stream;
 use hixl_core::{Notify, NOTIFY_MAX_PENDING};
 
+use crate::sync::lock;
+
 #[derive(Debug, Default)]
 struct Inner {
     queue: VecDeque<Notify>,
@@ -29,9 +31,7 @@ impl NotifyQueue {
     /// Queues a notify; `false` if its sender already has the maximum pending.
     pub(crate) fn offer(&self, n: Notify) -> bool {
         let wakers = {
-            let Ok(mut g) = self.inner.lock() else {
-                return false;
-            };
+            let mut g = lock(&self.inner);
             let c = g.pending.entry(n.link).or_insert(0);
             if *c >= NOTIFY_MAX_PENDING {
                 return false;
@@ -86,17 +86,13 @@ impl NotifyQueue {
 
     /// Returns and clears every queued notify.
     pub(crate) fn drain(&self) -> Vec<Notify> {
-        let Ok(mut g) = self.inner.lock() else {
-            return Vec::new();
-        };
+        let mut g = lock(&self.inner);
         g.pending.clear();
         g.queue.drain(..).collect()
     }
 
     fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Option<Notify>> {
-        let Ok(mut g) = self.inner.lock() else {
-            return Poll::Ready(None);
-        };
+        let mut g = lock(&self.inner);
         if let Some(n) = Self::pop_locked(&mut g) {
             return Poll::Ready(Some(n));
         }
@@ -111,12 +107,10 @@ impl NotifyQueue {
 
     /// Ends every stream (engine shutdown).
     pub(crate) fn close(&self) {
-        let wakers = match self.inner.lock() {
-            Ok(mut g) => {
-                g.closed = true;
-                std::mem::take(&mut g.wakers)
-            }
-            Err(_) => Vec::new(),
+        let wakers = {
+            let mut g = lock(&self.inner);
+            g.closed = true;
+            std::mem::take(&mut g.wakers)
         };
         for w in wakers {
             w.wake();

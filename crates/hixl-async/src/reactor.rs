@@ -84,7 +84,10 @@ impl Reactor {
     pub(crate) fn poll_inline(&self) -> Option<usize> {
         match self.drain.try_lock() {
             Ok(mut d) => Some(self.poll_with(&mut d)),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(self.poll_with(&mut p.into_inner())),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                let mut d = crate::sync::recover(p);
+                Some(self.poll_with(&mut d))
+            }
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }

@@ -10,6 +10,7 @@ use hixl_core::{Error, Result, Token, TransferStatus};
 use tokio::time::Sleep;
 
 use crate::context::Shared;
+use crate::sync::lock;
 use crate::transport::Withdraw;
 
 /// A transfer in flight (HIXL `TransferReq`). `.await` it for the result, or ask
@@ -101,12 +102,8 @@ impl Transfer {
     /// The op's state without waiting (HIXL `GetTransferStatus`).
     pub fn status(&self) -> TransferStatus {
         match &self.state {
-            State::Posted(t) => self
-                .shared
-                .ops
-                .lock()
-                .ok()
-                .and_then(|o| o.status(*t))
+            State::Posted(t) => lock(&self.shared.ops)
+                .status(*t)
                 .unwrap_or(TransferStatus::Failed),
             State::Connecting(_) => TransferStatus::Waiting,
             State::Failed(_) => TransferStatus::Failed,
@@ -129,8 +126,9 @@ impl Future for Transfer {
                 }
                 Poll::Ready(Ok(Err(e))) => this.state = State::Failed(Some(e)),
                 Poll::Ready(Err(e)) => {
-                    this.state = State::Failed(Some(Error::InvalidParam {
-                        what: format!("the auto-connect task ended: {e}"),
+                    this.state = State::Failed(Some(Error::TaskEnded {
+                        what: "auto-connect",
+                        source: Arc::new(e),
                     }))
                 }
                 Poll::Pending => {
@@ -159,24 +157,16 @@ impl Future for Transfer {
                 return Poll::Ready(Err(e));
             }
             State::Done(_) => {
-                return Poll::Ready(Err(Error::InvalidParam {
-                    what: "transfer polled after it finished".into(),
+                return Poll::Ready(Err(Error::AlreadyFinished {
+                    peer: this.peer_name().to_string(),
                 }))
             }
         };
-        let r = match this.shared.ops.lock() {
-            Ok(mut ops) => ops.poll_result(token, cx.waker().clone()),
-            Err(_) => Some(Err(Error::Internal {
-                what: "op table lock poisoned",
-            })),
-        };
+        let r = lock(&this.shared.ops).poll_result(token, cx.waker().clone());
         if let Some(r) = r {
             // A device error (a copy engine's syscall) is the link's failure: name the peer.
             let r = r.map_err(|e| match e {
-                Error::Io { context, source } => Error::PeerLost {
-                    peer: this.peer_name().to_string(),
-                    cause: format!("{context}: {source}"),
-                },
+                e @ Error::Io { .. } => Error::transport(this.peer_name(), "device I/O", e),
                 e => e,
             });
             this.state = State::Done(if r.is_ok() {
@@ -214,9 +204,7 @@ impl Drop for Transfer {
 /// its outstanding parts are done, and parts not yet started are not started. TCP writers
 /// check before sending; fabric copies still queued on a copy stream are withdrawn here.
 fn abandon(shared: &Shared, link: Option<&dyn Withdraw>, token: Token) {
-    if let Ok(mut ops) = shared.ops.lock() {
-        ops.abandon(token);
-    }
+    lock(&shared.ops).abandon(token);
     if let Some(l) = link {
         l.withdraw(token);
     }

@@ -176,7 +176,7 @@ async fn channel_pool_evicts_idle_links_and_never_busy_ones() {
     assert_eq!(peers, want);
     assert!(!p1.is_connected());
     assert!(
-        format!("{:?}", p1.error()).contains("evicted"),
+        matches!(p1.error(), Some(Error::Evicted { ref peer }) if *peer == p1.name()),
         "{:?}",
         p1.error()
     );

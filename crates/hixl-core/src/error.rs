@@ -53,8 +53,10 @@ pub enum Error {
         /// What was withdrawn (`"a TCP part"`, `"a fabric copy"`, ...).
         what: &'static str,
     },
-    /// A lock was poisoned by a panic in another thread: a bug in hixl. The call fails; no
-    /// completion is dropped (the op table and completion queues recover their locks).
+    /// A state that cannot happen: a bug in hixl (a lock poisoned where recovering it would
+    /// not be sound, a region missing right after its registration). The call fails; no
+    /// completion is dropped (poisoned locks are recovered, see ARCHITECTURE.md, "Locks and
+    /// poisoning").
     #[error("internal error: {what} (a bug in hixl; please report it)")]
     Internal {
         /// What failed.
@@ -267,6 +269,167 @@ pub enum Error {
         /// The handle.
         req: u64,
     },
+    /// The connection to a peer failed with an OS error (a reset, a broken pipe).
+    #[error("link to {peer} lost: {what}: {source}")]
+    ConnectionLost {
+        /// The peer.
+        peer: String,
+        /// What was being done (`"reading a frame"`, `"fabric channel send"`, ...).
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// A transport below the link (an RDMA queue pair, a copy engine, the fabric channel)
+    /// failed; `source` is the transport's own error.
+    #[error("link to {peer} lost: {kind}: {source}")]
+    Transport {
+        /// The peer.
+        peer: String,
+        /// Which transport, and what failed (`"RDMA work request"`, `"fabric copy"`, ...).
+        kind: &'static str,
+        /// The transport's error.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// The peer answered no heartbeat for `silent_ms`.
+    #[error(
+        "link to {peer} lost: no heartbeat answer for {silent_ms} ms ({probes} probes at \
+         {interval_ms} ms intervals missed; the peer is dead or the network is cut)"
+    )]
+    HeartbeatLost {
+        /// The peer.
+        peer: String,
+        /// How long the link was silent, in milliseconds.
+        silent_ms: u64,
+        /// Probes missed.
+        probes: u32,
+        /// The heartbeat interval, in milliseconds.
+        interval_ms: u64,
+    },
+    /// The channel pool closed an idle link to make room.
+    #[error(
+        "link to {peer} lost: evicted by the channel pool (an idle link, closed to make room; \
+         transfers through the engine reconnect)"
+    )]
+    Evicted {
+        /// The peer.
+        peer: String,
+    },
+    /// The peer did not acknowledge a revocation in time, so the link was closed.
+    #[error("link to {peer} lost: no acknowledgement of the revocation of rkey {rkey:#x} within {after:?}")]
+    RevokeUnacknowledged {
+        /// The peer.
+        peer: String,
+        /// The revoked region's rkey.
+        rkey: u64,
+        /// How long the target waited.
+        after: Duration,
+    },
+    /// A length over a limit (a buffer, a region, a region name).
+    #[error("{what} of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge {
+        /// What is too large (`"host buffer"`, `"region name"`, ...).
+        what: &'static str,
+        /// Its length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// One op of a transfer needs more RDMA work requests than the send queue holds.
+    #[error(
+        "a {len}-byte op needs {work_requests} work requests; the send queue holds {capacity}"
+    )]
+    OpTooLarge {
+        /// The op's length.
+        len: u64,
+        /// Work requests it needs.
+        work_requests: u64,
+        /// The send queue's depth.
+        capacity: usize,
+    },
+    /// A range is not inside the region it must lie in.
+    #[error("range {addr:#x}+{len} is outside region {region_addr:#x}+{region_len}")]
+    OutsideRegion {
+        /// Start of the range.
+        addr: u64,
+        /// Its length.
+        len: u64,
+        /// Start of the region.
+        region_addr: u64,
+        /// Length of the region.
+        region_len: u64,
+    },
+    /// An offset range past the end of a region (a region's own accessors).
+    #[error("range {offset}+{len} is outside a {region_len}-byte region")]
+    OffsetOutOfBounds {
+        /// Offset into the region.
+        offset: u64,
+        /// Length of the range (1 for a single address).
+        len: u64,
+        /// Length of the region.
+        region_len: u64,
+    },
+    /// An access through a region handle after its deregistration.
+    #[error("region {addr:#x} was deregistered")]
+    Deregistered {
+        /// Start of the region.
+        addr: u64,
+    },
+    /// An rkey that names no registered region.
+    #[error("rkey {rkey:#x} names no registered region")]
+    UnknownRkey {
+        /// The rkey.
+        rkey: u64,
+    },
+    /// A negative feature type (HIXL's `GetCapability`).
+    #[error("feature type {feature} is negative")]
+    InvalidFeature {
+        /// The feature as given.
+        feature: i32,
+    },
+    /// A blocking call made from inside a tokio runtime.
+    #[error(
+        "Hixl::{call} blocks and cannot be called from inside a tokio runtime (it would have \
+         to nest block_on); use the async Engine (Hixl::engine) there, or call from a thread \
+         outside the runtime"
+    )]
+    InsideRuntime {
+        /// The blocking call.
+        call: &'static str,
+    },
+    /// A call that spawns work made outside a tokio runtime.
+    #[error("{what} needs a tokio runtime")]
+    NoRuntime {
+        /// What needed it (`"auto-connect"`).
+        what: &'static str,
+    },
+    /// A task doing work for a call ended without an answer (it panicked or its runtime
+    /// shut down).
+    #[error("the {what} task ended: {source}")]
+    TaskEnded {
+        /// Which task (`"auto-connect"`).
+        what: &'static str,
+        /// Why it ended.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
+    /// A transfer future polled again after it resolved.
+    #[error("transfer with {peer} polled after it finished")]
+    AlreadyFinished {
+        /// The peer.
+        peer: String,
+    },
+    /// A device refused a parameter (an RDMA verb's argument, a QP endpoint, a local range
+    /// outside its memory region); `source` is the device layer's error.
+    #[error("{what}: {source}")]
+    Device {
+        /// What was refused.
+        what: &'static str,
+        /// The device layer's error.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync>,
+    },
     /// Any other invalid parameter.
     #[error("invalid parameter: {what}")]
     InvalidParam {
@@ -297,6 +460,18 @@ impl Error {
             | Error::ConnectToSelf { .. }
             | Error::NotifyTooLong { .. }
             | Error::UnknownRequest { .. }
+            | Error::TooLarge { .. }
+            | Error::OpTooLarge { .. }
+            | Error::OutsideRegion { .. }
+            | Error::OffsetOutOfBounds { .. }
+            | Error::Deregistered { .. }
+            | Error::UnknownRkey { .. }
+            | Error::InvalidFeature { .. }
+            | Error::InsideRuntime { .. }
+            | Error::NoRuntime { .. }
+            | Error::TaskEnded { .. }
+            | Error::AlreadyFinished { .. }
+            | Error::Device { .. }
             | Error::InvalidParam { .. } => Status::ParamInvalid,
             Error::Unsupported { .. } => Status::Unsupported,
             Error::NotConnected { .. } => Status::NotConnected,
@@ -306,10 +481,65 @@ impl Error {
                 Status::ResourceExhausted
             }
             Error::PeerLost { .. }
+            | Error::ConnectionLost { .. }
+            | Error::Transport { .. }
+            | Error::HeartbeatLost { .. }
+            | Error::Evicted { .. }
+            | Error::RevokeUnacknowledged { .. }
             | Error::Protocol { .. }
             | Error::Io { .. }
             | Error::AuthFailed { .. } => Status::Failed,
             Error::Remote { status, .. } => *status,
+        }
+    }
+
+    /// Whether this error says the link to a peer broke (any of [`Error::PeerLost`],
+    /// [`Error::ConnectionLost`], [`Error::Transport`], [`Error::HeartbeatLost`],
+    /// [`Error::Evicted`], [`Error::RevokeUnacknowledged`]): the peer may be reconnected.
+    pub fn is_link_lost(&self) -> bool {
+        matches!(
+            self,
+            Error::PeerLost { .. }
+                | Error::ConnectionLost { .. }
+                | Error::Transport { .. }
+                | Error::HeartbeatLost { .. }
+                | Error::Evicted { .. }
+                | Error::RevokeUnacknowledged { .. }
+        )
+    }
+
+    /// An [`Error::ConnectionLost`]: the connection to `peer` failed with `source` while
+    /// doing `what`.
+    pub fn connection_lost(peer: &str, what: &'static str, source: std::io::Error) -> Error {
+        Error::ConnectionLost {
+            peer: peer.to_string(),
+            what,
+            source: Arc::new(source),
+        }
+    }
+
+    /// An [`Error::Transport`]: the transport `kind` below the link to `peer` failed.
+    pub fn transport(
+        peer: &str,
+        kind: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Error {
+        Error::Transport {
+            peer: peer.to_string(),
+            kind,
+            source: Arc::new(source),
+        }
+    }
+
+    /// The error below a [`Error::Transport`], [`Error::Device`] or [`Error::TaskEnded`], as
+    /// the layer that failed produced it, to downcast to its type (`hixl_verbs::VerbsError`,
+    /// ...). [`std::error::Error::source`] gives the same error behind its `Arc`.
+    pub fn layer_source(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Error::Transport { source, .. }
+            | Error::Device { source, .. }
+            | Error::TaskEnded { source, .. } => Some(&**source),
+            _ => None,
         }
     }
 
@@ -334,45 +564,5 @@ impl Error {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_variant_maps_to_one_status() {
-        assert_eq!(Error::NotInitialized.status(), Status::Failed);
-        assert_eq!(
-            Error::InvalidTimeout { millis: 0 }.status(),
-            Status::ParamInvalid
-        );
-        assert_eq!(
-            Error::NotConnected { peer: "a".into() }.status(),
-            Status::NotConnected
-        );
-        assert_eq!(
-            Error::NotifyQueueFull {
-                peer: "a".into(),
-                limit: 4096
-            }
-            .status(),
-            Status::ResourceExhausted
-        );
-        let remote = Error::Remote {
-            peer: "p".into(),
-            status: Status::Unsupported,
-            message: "x".into(),
-        };
-        assert_eq!(remote.status(), Status::Unsupported);
-    }
-
-    #[test]
-    fn timeout_check() {
-        assert!(Error::check_timeout_ms(0).is_err());
-        assert!(Error::check_timeout_ms(-5).is_err());
-        assert_eq!(
-            Error::check_timeout_ms(1000).ok(),
-            Some(Duration::from_secs(1))
-        );
-        let e = Error::check_timeout_ms(-5).unwrap_err();
-        assert!(e.to_string().contains("-5"));
-    }
-}
+#[path = "error_tests.rs"]
+mod tests;

@@ -255,7 +255,8 @@ impl<T> RegionTable<T> {
     /// live region, the range lies inside it, and the region grants `need`.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] for an unknown rkey or out-of-bounds range,
+    /// [`Error::UnknownRkey`] for an unknown rkey, [`Error::OutsideRegion`] for an
+    /// out-of-bounds range,
     /// [`Error::AccessDenied`] when the access is not granted.
     pub fn check_remote(
         &self,
@@ -268,15 +269,13 @@ impl<T> RegionTable<T> {
             .by_rkey
             .get(&rkey)
             .and_then(|id| self.entries.get(id))
-            .ok_or_else(|| Error::InvalidParam {
-                what: format!("rkey {rkey:#x} names no registered region"),
-            })?;
+            .ok_or(Error::UnknownRkey { rkey })?;
         if len == 0 || !e.contains(addr, len) {
-            return Err(Error::InvalidParam {
-                what: format!(
-                    "range {addr:#x}+{len} is outside region {:#x}+{} of rkey {rkey:#x}",
-                    e.addr, e.len
-                ),
+            return Err(Error::OutsideRegion {
+                addr,
+                len,
+                region_addr: e.addr,
+                region_len: e.len,
             });
         }
         if !e.access.contains(need) || !need.is_remote() {
@@ -431,12 +430,19 @@ mod tests {
         assert!(t
             .check_remote(rkey, 0x1000, 0x1000, Access::REMOTE_READ)
             .is_ok());
-        assert!(t
-            .check_remote(rkey ^ 1, 0x1000, 1, Access::REMOTE_READ)
-            .is_err());
-        assert!(t
-            .check_remote(rkey, 0x1fff, 2, Access::REMOTE_READ)
-            .is_err());
+        assert!(matches!(
+            t.check_remote(rkey ^ 1, 0x1000, 1, Access::REMOTE_READ),
+            Err(Error::UnknownRkey { rkey: r }) if r == rkey ^ 1
+        ));
+        assert!(matches!(
+            t.check_remote(rkey, 0x1fff, 2, Access::REMOTE_READ),
+            Err(Error::OutsideRegion {
+                addr: 0x1fff,
+                len: 2,
+                region_addr: 0x1000,
+                region_len: 0x1000
+            })
+        ));
         assert!(t
             .check_remote(rkey, u64::MAX, 2, Access::REMOTE_READ)
             .is_err());

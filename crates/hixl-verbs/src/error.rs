@@ -182,39 +182,39 @@ impl VerbsError {
 }
 
 /// Names the peer behind a QP in errors: the engine sets a label per QP
-/// ([`crate::QueuePair::set_peer_name`]); otherwise `"qp 0x…"`.
+/// ([`crate::QueuePair::set_peer_name`]); otherwise `"qp 0x…"`. The completion itself
+/// ([`VerbsError::Completion`]) is the source of the error, except for a remote access error,
+/// which the peer's device answered (a refusal, as [`CoreError::Remote`]).
 pub(crate) fn completion_error(
     peer: &str,
     qpn: u32,
     status: WcStatus,
     vendor_err: u32,
 ) -> CoreError {
-    let cause = format!(
-        "qp {qpn:#x}: {status}, vendor error {vendor_err:#x}{}",
-        hint(status)
-    );
+    let source = VerbsError::Completion {
+        qpn,
+        status,
+        vendor_err,
+    };
     match status {
         WcStatus::REM_ACCESS_ERR => CoreError::Remote {
             peer: peer.to_owned(),
             status: Status::ParamInvalid,
-            message: cause,
+            message: format!(
+                "{source} (the peer's device refused the rkey, the range or the access; the QP \
+                 is now in the error state)"
+            ),
         },
-        WcStatus::LOC_PROT_ERR => CoreError::InvalidParam { what: cause },
-        _ => CoreError::PeerLost {
-            peer: peer.to_owned(),
-            cause,
+        WcStatus::LOC_PROT_ERR => CoreError::Device {
+            what: "the local range is not inside the memory region of the lkey",
+            source: Arc::new(source),
         },
-    }
-}
-
-fn hint(status: WcStatus) -> &'static str {
-    match status {
-        WcStatus::REM_ACCESS_ERR => {
-            " (the peer's device refused the rkey, the range or the access; the QP is now in the error state)"
-        }
-        WcStatus::RETRY_EXC_ERR => " (the peer stopped acknowledging: process gone or link cut)",
-        WcStatus::LOC_PROT_ERR => " (the local range is not inside the memory region of the lkey)",
-        _ => "",
+        WcStatus::RETRY_EXC_ERR => CoreError::transport(
+            peer,
+            "RDMA work request (the peer stopped acknowledging: process gone or link cut)",
+            source,
+        ),
+        _ => CoreError::transport(peer, "RDMA work request", source),
     }
 }
 
@@ -234,20 +234,18 @@ impl From<VerbsError> for CoreError {
                 context: format!("{call} on {device}"),
                 source,
             },
-            VerbsError::Invalid { .. } | VerbsError::BadEndpoint { .. } => {
-                CoreError::InvalidParam {
-                    what: e.to_string(),
-                }
-            }
+            VerbsError::Invalid { .. } | VerbsError::BadEndpoint { .. } => CoreError::Device {
+                what: "RDMA verbs",
+                source: Arc::new(e),
+            },
             VerbsError::SendQueueFull { .. } | VerbsError::CompletionQueueFull { .. } => {
                 CoreError::ResourceExhausted {
                     what: e.to_string(),
                 }
             }
-            VerbsError::Post { .. } => CoreError::PeerLost {
-                peer: "verbs".to_owned(),
-                cause: e.to_string(),
-            },
+            VerbsError::Post { qpn, .. } => {
+                CoreError::transport(&format!("qp {qpn:#x}"), "ibv_post_send", e)
+            }
             VerbsError::Completion {
                 qpn,
                 status,
@@ -280,7 +278,19 @@ mod tests {
         assert!(e.to_string().contains("remote access error"), "{e}");
         let e = completion_error("p", 7, WcStatus::RETRY_EXC_ERR, 0);
         assert_eq!(e.status(), Status::Failed);
+        assert!(e.is_link_lost());
         assert!(e.to_string().contains("retry counter exceeded"), "{e}");
+        let src = e.layer_source().expect("the completion is the source");
+        assert!(
+            matches!(
+                src.downcast_ref::<VerbsError>().map(VerbsError::wc_status),
+                Some(Some(WcStatus::RETRY_EXC_ERR))
+            ),
+            "{src:?}"
+        );
+        let e = completion_error("p", 7, WcStatus::LOC_PROT_ERR, 0);
+        assert_eq!(e.status(), Status::ParamInvalid);
+        assert!(e.to_string().contains("lkey"), "{e}");
         let full = VerbsError::SendQueueFull {
             qpn: 1,
             outstanding: 1,

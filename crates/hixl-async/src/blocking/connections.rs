@@ -12,7 +12,7 @@ impl Hixl {
     /// [`Error::NotInitialized`], [`Error::InvalidTimeout`] for `timeout_ms <= 0`,
     /// [`Error::AlreadyConnected`], [`Error::ConnectToSelf`], [`Error::InvalidAddress`],
     /// [`Error::Timeout`], [`Error::Io`] (refused), the peer's refusal, or
-    /// [`Error::InvalidParam`] from inside a tokio runtime.
+    /// [`Error::InsideRuntime`] from inside a tokio runtime.
     pub fn connect(&self, remote: &str, timeout_ms: i32) -> Result<()> {
         self.with_blocking("connect", |i| {
             let t = check_timeout(timeout_ms)?;
@@ -26,7 +26,7 @@ impl Hixl {
     /// # Errors
     /// [`Error::NotInitialized`], [`Error::InvalidTimeout`] for `timeout_ms <= 0`,
     /// [`Error::NotConnected`] without a link, [`Error::Timeout`], or
-    /// [`Error::InvalidParam`] from inside a tokio runtime.
+    /// [`Error::InsideRuntime`] from inside a tokio runtime.
     pub fn disconnect(&self, remote: &str, timeout_ms: i32) -> Result<()> {
         self.with_blocking("disconnect", |i| {
             let t = check_timeout(timeout_ms)?;

@@ -1,7 +1,7 @@
 //! `initialize` and `finalize`: starting and stopping the runtime and engine.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use hixl_core::{Error, Result};
 
@@ -20,7 +20,7 @@ impl Hixl {
     ///
     /// # Errors
     /// [`Error::InvalidAddress`], option errors naming the key, the OS error of `bind`,
-    /// [`Error::InvalidParam`] when called from inside a tokio runtime.
+    /// [`Error::InsideRuntime`] when called from inside a tokio runtime.
     pub fn initialize(&self, local_engine: &str, options: &[(&str, &str)]) -> Result<()> {
         self.init(local_engine, options, false)
     }
@@ -37,7 +37,7 @@ impl Hixl {
 
     fn init(&self, local: &str, options: &[(&str, &str)], ephemeral: bool) -> Result<()> {
         not_in_runtime("initialize")?;
-        let mut g = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        let mut g = crate::sync::write(&self.state);
         if let Some(inner) = g.as_ref() {
             tracing::debug!(
                 engine = inner.engine.local_engine(),
@@ -76,7 +76,7 @@ impl Hixl {
     /// calls in progress on other threads. Safe to call from inside a tokio runtime (the
     /// runtime then winds down in the background).
     pub fn finalize(&self) {
-        let mut g = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        let mut g = crate::sync::write(&self.state);
         let Some(inner) = g.take() else { return };
         if tokio::runtime::Handle::try_current().is_err() {
             inner.shutdown();

@@ -15,7 +15,7 @@ impl Hixl {
     /// [`Error::NotInitialized`], [`Error::InvalidTimeout`] for `timeout_ms <= 0`,
     /// [`Error::NotConnected`], [`Error::NotifyTooLong`] (over 1024 bytes; `PARAM_INVALID`),
     /// [`Error::NotifyQueueFull`] (`RESOURCE_EXHAUSTED`: the server holds 4096 undrained
-    /// notifies of ours), [`Error::Timeout`], the link's failure, or [`Error::InvalidParam`]
+    /// notifies of ours), [`Error::Timeout`], the link's failure, or [`Error::InsideRuntime`]
     /// from inside a tokio runtime.
     pub fn send_notify(
         &self,

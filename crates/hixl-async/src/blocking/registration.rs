@@ -52,7 +52,7 @@ impl Hixl {
     /// freed. Disconnect from peers first, as HIXL recommends.
     ///
     /// # Errors
-    /// [`Error::NotInitialized`], [`Error::InvalidParam`] from inside a tokio runtime.
+    /// [`Error::NotInitialized`], [`Error::InsideRuntime`] from inside a tokio runtime.
     pub fn deregister_mem(&self, handle: MemHandle) -> Result<()> {
         self.with_blocking("deregister_mem", |i| {
             i.block_on("deregister_mem", i.engine.deregister_id(handle))??;

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use hixl_core::{Error, Result};
@@ -61,17 +61,10 @@ impl Inner {
 
 pub(super) fn not_in_runtime(call: &'static str) -> Result<()> {
     if tokio::runtime::Handle::try_current().is_ok() {
-        return Err(Error::InvalidParam {
-            what: format!(
-                "Hixl::{call} blocks and cannot be called from inside a tokio runtime \
-                 (it would have to nest block_on); use the async Engine (Hixl::engine) there, \
-                 or call from a thread outside the runtime"
-            ),
-        });
+        return Err(Error::InsideRuntime { call });
     }
     Ok(())
 }
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
+/// The crate's poisoning policy ([`crate::sync`]) for the facade's locks.
+pub(super) use crate::sync::lock;

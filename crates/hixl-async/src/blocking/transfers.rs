@@ -29,7 +29,7 @@ impl Hixl {
     /// [`Error::NotConnected`], descriptor errors ([`Error::NullAddress`],
     /// [`Error::ZeroLength`], [`Error::LocalUnregistered`], [`Error::RemoteOutOfBounds`],
     /// [`Error::InvalidParam`] for an empty list), [`Error::Timeout`] (the op is abandoned),
-    /// the link's failure, or [`Error::InvalidParam`] from inside a tokio runtime.
+    /// the link's failure, or [`Error::InsideRuntime`] from inside a tokio runtime.
     pub fn transfer_sync(
         &self,
         remote: &str,
@@ -88,8 +88,9 @@ impl Hixl {
             if transfer.status() == TransferStatus::Failed {
                 return Err(match transfer.now_or_never() {
                     Some(Err(e)) => e,
-                    _ => Error::InvalidParam {
-                        what: "the transfer failed at submission".into(),
+                    // A failed transfer resolves to its error at once: reaching this is a bug.
+                    _ => Error::Internal {
+                        what: "a transfer failed at submission without an error",
                     },
                 });
             }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use hixl_core::{AsyncConnectStatus, Error, Result};
 
-use super::{poisoned, Engine};
+use super::Engine;
+use crate::sync::lock;
 
 /// One peer's `ConnectAsync`/`DisconnectAsync` queue: tasks run in FIFO order on one worker;
 /// the reported status is that of the latest task.
@@ -59,7 +60,7 @@ impl Engine {
                 what: format!("{cap} connect tasks are queued (connect_pool.task_queue_capacity)"),
             });
         }
-        let mut queues = self.inner.async_conn.lock().map_err(|_| poisoned())?;
+        let mut queues = lock(&self.inner.async_conn);
         let q = queues
             .entry(key.clone())
             .or_insert_with(|| self.start_async_worker(&key));
@@ -69,9 +70,7 @@ impl Engine {
             AsyncTask::Connect(..) => AsyncConnectStatus::ConnectPending,
             AsyncTask::Disconnect(..) => AsyncConnectStatus::DisconnectPending,
         };
-        if let Ok(mut s) = q.status.lock() {
-            *s = (q.next, pending);
-        }
+        *lock(&q.status) = (q.next, pending);
         if q.tx.send(t).is_err() {
             self.inner.async_pending.fetch_sub(1, Ordering::SeqCst);
             return Err(Error::ShutDown {
@@ -94,10 +93,9 @@ impl Engine {
         );
         tokio::spawn(async move {
             let set = |id: u64, v: AsyncConnectStatus| {
-                if let Ok(mut s) = st.lock() {
-                    if s.0 == id {
-                        s.1 = v;
-                    }
+                let mut s = lock(&st);
+                if s.0 == id {
+                    s.1 = v;
                 }
             };
             while let Some(task) = rx.recv().await {
@@ -145,13 +143,9 @@ impl Engine {
     /// [`Error::InvalidAddress`].
     pub fn async_connect_status(&self, remote: &str) -> Result<AsyncConnectStatus> {
         let key = self.key(remote)?;
-        let queued = self
-            .inner
-            .async_conn
-            .lock()
-            .map_err(|_| poisoned())?
+        let queued = lock(&self.inner.async_conn)
             .get(&key)
-            .and_then(|q| q.status.lock().ok().map(|s| s.1));
+            .map(|q| lock(&q.status).1);
         Ok(match queued {
             Some(AsyncConnectStatus::Connected) | None => match self.peer(&key) {
                 Ok(p) if p.is_connected() => AsyncConnectStatus::Connected,
@@ -165,9 +159,7 @@ impl Engine {
     /// [`Engine::async_connect_status`] of every peer with a queue or a link.
     pub fn async_connect_statuses(&self) -> HashMap<String, AsyncConnectStatus> {
         let mut keys: Vec<String> = self.peers();
-        if let Ok(q) = self.inner.async_conn.lock() {
-            keys.extend(q.keys().cloned());
-        }
+        keys.extend(lock(&self.inner.async_conn).keys().cloned());
         keys.into_iter()
             .filter_map(|k| Some((k.clone(), self.async_connect_status(&k).ok()?)))
             .collect()

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use hixl_core::{Error, OpDesc, Result, TransferOp};
 
-use super::{poisoned, Engine, LinkSlot};
+use super::{Engine, LinkSlot};
 use crate::addr::{engine_name, EngineAddr};
 use crate::link::{Link, LinkParams, Peer};
+use crate::sync::lock;
 use crate::transfer::Transfer;
 
 /// AutoConnect and the channel pool connect with HIXL's fixed timeout (`kAutoConnectTimeout`).
@@ -25,10 +26,9 @@ struct ConnectingSlot<'a> {
 impl Drop for ConnectingSlot<'_> {
     fn drop(&mut self) {
         if self.armed {
-            if let Ok(mut l) = self.links.lock() {
-                if matches!(l.get(self.key), Some(LinkSlot::Connecting)) {
-                    l.remove(self.key);
-                }
+            let mut l = lock(self.links);
+            if matches!(l.get(self.key), Some(LinkSlot::Connecting)) {
+                l.remove(self.key);
             }
         }
     }
@@ -59,7 +59,7 @@ impl Engine {
         }
         let key = engine_name(sa);
         {
-            let mut links = self.inner.links.lock().map_err(|_| poisoned())?;
+            let mut links = lock(&self.inner.links);
             match links.get(&key) {
                 Some(LinkSlot::Up(l)) if !l.state.is_dead() => {
                     return Err(Error::AlreadyConnected { peer: key })
@@ -102,7 +102,7 @@ impl Engine {
             }
             (r, _) => r,
         };
-        let mut links = self.inner.links.lock().map_err(|_| poisoned())?;
+        let mut links = lock(&self.inner.links);
         match r {
             Ok(link) => {
                 links.insert(key.clone(), LinkSlot::Up(link.clone()));
@@ -141,11 +141,10 @@ impl Engine {
         tokio::spawn(async move {
             link.state.dead().await;
             if let Some(inner) = inner.upgrade() {
-                if let Ok(mut l) = inner.links.lock() {
-                    if matches!(l.get(&key), Some(LinkSlot::Up(x)) if Arc::ptr_eq(x, &link)) {
-                        l.remove(&key);
-                        tracing::info!(peer = %key, "auto-connect: dropped a dead link");
-                    }
+                let mut l = lock(&inner.links);
+                if matches!(l.get(&key), Some(LinkSlot::Up(x)) if Arc::ptr_eq(x, &link)) {
+                    l.remove(&key);
+                    tracing::info!(peer = %key, "auto-connect: dropped a dead link");
                 }
             }
         });
@@ -193,12 +192,7 @@ impl Engine {
     /// [`Error::NotConnected`] if there is no link.
     pub async fn disconnect(&self, remote: &str) -> Result<()> {
         let key = self.key(remote)?;
-        let slot = self
-            .inner
-            .links
-            .lock()
-            .map_err(|_| poisoned())?
-            .remove(&key);
+        let slot = lock(&self.inner.links).remove(&key);
         match slot {
             Some(LinkSlot::Up(l)) => {
                 l.close("disconnect");
@@ -216,7 +210,7 @@ impl Engine {
     /// [`Error::NotConnected`].
     pub fn peer(&self, remote: &str) -> Result<Peer> {
         let key = self.key(remote)?;
-        match self.inner.links.lock().map_err(|_| poisoned())?.get(&key) {
+        match lock(&self.inner.links).get(&key) {
             Some(LinkSlot::Up(l)) => Ok(Peer {
                 link: l.clone(),
                 shared: self.inner.shared.clone(),
@@ -227,16 +221,11 @@ impl Engine {
 
     /// Names of connected peers.
     pub fn peers(&self) -> Vec<String> {
-        self.inner
-            .links
-            .lock()
-            .map(|l| {
-                l.iter()
-                    .filter(|(_, v)| matches!(v, LinkSlot::Up(_)))
-                    .map(|(k, _)| k.clone())
-                    .collect()
-            })
-            .unwrap_or_default()
+        lock(&self.inner.links)
+            .iter()
+            .filter(|(_, v)| matches!(v, LinkSlot::Up(_)))
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Posts a transfer to `remote` by name (HIXL's `TransferAsync`); see [`Peer::transfer`].
@@ -251,8 +240,8 @@ impl Engine {
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
                 return Transfer::failed(
                     self.inner.shared.clone(),
-                    Error::InvalidParam {
-                        what: "auto-connect needs a tokio runtime".into(),
+                    Error::NoRuntime {
+                        what: "auto-connect",
                     },
                     Arc::from(remote),
                 );

@@ -22,6 +22,7 @@ use crate::context::Shared;
 use crate::link::Link;
 use crate::notify::NotifyStream;
 use crate::server::Server;
+use crate::sync::lock;
 
 #[derive(Debug)]
 enum LinkSlot {
@@ -52,17 +53,15 @@ impl Drop for EngineInner {
     fn drop(&mut self) {
         // The reactor runs on until the ops of the closed links have resolved.
         self.shutdown.send_replace(true);
-        if let Ok(mut l) = self.links.lock() {
-            for (_, s) in l.drain() {
-                if let LinkSlot::Up(link) = s {
-                    link.close_because(
-                        "engine dropped",
-                        Error::ShutDown {
-                            engine: self.shared.name.clone(),
-                            what: "the engine was dropped",
-                        },
-                    );
-                }
+        for (_, s) in lock(&self.links).drain() {
+            if let LinkSlot::Up(link) = s {
+                link.close_because(
+                    "engine dropped",
+                    Error::ShutDown {
+                        engine: self.shared.name.clone(),
+                        what: "the engine was dropped",
+                    },
+                );
             }
         }
         if let Some(s) = &self.server {
@@ -91,12 +90,6 @@ impl Drop for EngineInner {
 #[derive(Debug, Clone)]
 pub struct Engine {
     inner: Arc<EngineInner>,
-}
-
-fn poisoned() -> Error {
-    Error::Internal {
-        what: "engine lock poisoned by an earlier panic",
-    }
 }
 
 impl Engine {
@@ -193,7 +186,7 @@ impl Engine {
 
     /// Ops not yet finished or reaped (in-flight and abandoned ones).
     pub fn ops_in_flight(&self) -> usize {
-        self.inner.shared.ops.lock().map(|o| o.live()).unwrap_or(0)
+        lock(&self.inner.shared.ops).live()
     }
 
     /// Stops the engine (HIXL `Finalize`): from now on every call that would start something
@@ -206,12 +199,7 @@ impl Engine {
     /// again is harmless.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.shutdown.send_replace(true);
-        let links: Vec<_> = self
-            .inner
-            .links
-            .lock()
-            .map(|mut l| l.drain().map(|(_, v)| v).collect())
-            .unwrap_or_default();
+        let links: Vec<_> = lock(&self.inner.links).drain().map(|(_, v)| v).collect();
         let mut up = Vec::new();
         for l in links {
             if let LinkSlot::Up(l) = l {

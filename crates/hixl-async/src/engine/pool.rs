@@ -44,9 +44,7 @@ impl Engine {
     }
 
     fn evict_down_to(&self, links: &mut HashMap<String, LinkSlot>, keep: &str, target: usize) {
-        let Ok(ops) = self.inner.shared.ops.lock() else {
-            return;
-        };
+        let ops = crate::sync::lock(&self.inner.shared.ops);
         // Dead links go first, then idle ones by age.
         let mut idle: Vec<(bool, u64, String)> = links
             .iter()
@@ -67,10 +65,7 @@ impl Engine {
                 tracing::info!(peer = %k, "channel pool: closing an idle link");
                 l.close_because(
                     "evicted by the channel pool (idle)",
-                    Error::PeerLost {
-                        peer: k.clone(),
-                        cause: "evicted by the channel pool (an idle link, closed to make room; transfers through the engine reconnect)".into(),
-                    },
+                    Error::Evicted { peer: k.clone() },
                 );
             }
         }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use hixl_core::region::OsRkeys;
 use hixl_core::{Access, Error, MemDesc, MemKind, RegionId, Result};
 
-use super::{poisoned, Engine};
+use super::Engine;
 use crate::memory::{Backing, HostBuffer, Owned, Region, RegionInner};
+use crate::sync::lock;
 
 impl Engine {
     /// Registers an owned host buffer, readable and writable by peers.
@@ -76,12 +77,10 @@ impl Engine {
         }
         if let Some(n) = name {
             if n.len() > hixl_core::wire::MAX_NAME {
-                return Err(Error::InvalidParam {
-                    what: format!(
-                        "region name of {} bytes exceeds {}",
-                        n.len(),
-                        hixl_core::wire::MAX_NAME
-                    ),
+                return Err(Error::TooLarge {
+                    what: "region name",
+                    len: n.len() as u64,
+                    max: hixl_core::wire::MAX_NAME as u64,
                 });
             }
         }
@@ -89,7 +88,7 @@ impl Engine {
         let mut owned = owned;
         let mut mr = mr;
         let region = {
-            let mut t = self.inner.shared.regions.lock().map_err(|_| poisoned())?;
+            let mut t = lock(&self.inner.shared.regions);
             let r = t.register(
                 desc,
                 kind,
@@ -111,7 +110,9 @@ impl Engine {
                     ))
                 },
             )?;
-            let e = t.get(r.id()).ok_or_else(poisoned)?;
+            let e = t.get(r.id()).ok_or(Error::Internal {
+                what: "a region vanished from the table right after its registration",
+            })?;
             e.data.clone()
         };
         if access.is_remote() {
@@ -168,7 +169,8 @@ impl Engine {
     /// waits until no in-flight op touches the region and returns the owned buffer, if any.
     ///
     /// # Errors
-    /// Only on a poisoned lock; an unknown region is not an error (HIXL: SUCCESS).
+    /// None today (a poisoned lock is recovered, see ARCHITECTURE.md, "Locks and poisoning");
+    /// an unknown region is not an error (HIXL: SUCCESS).
     pub async fn deregister(&self, region: &Region) -> Result<Option<HostBuffer>> {
         self.deregister_id(region.id()).await
     }
@@ -176,15 +178,9 @@ impl Engine {
     /// [`Engine::deregister`] by handle. An unknown handle is a no-op, as in HIXL.
     ///
     /// # Errors
-    /// Only on a poisoned lock.
+    /// None today, as for [`Engine::deregister`].
     pub async fn deregister_id(&self, id: RegionId) -> Result<Option<HostBuffer>> {
-        let e = self
-            .inner
-            .shared
-            .regions
-            .lock()
-            .map_err(|_| poisoned())?
-            .deregister(id);
+        let e = lock(&self.inner.shared.regions).deregister(id);
         let Some(e) = e else { return Ok(None) };
         if e.access.is_remote() {
             if let Some(s) = &self.inner.server {

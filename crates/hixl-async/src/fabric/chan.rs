@@ -9,17 +9,25 @@ use hixl_fabric::{recv_fds, send_fds, SCM_MAX_FD};
 use tokio::io::Interest;
 use tokio::net::UnixStream;
 
-fn lost(peer: &str, cause: impl std::fmt::Display) -> Error {
+fn lost(peer: &str, cause: &'static str) -> Error {
     Error::PeerLost {
         peer: peer.to_string(),
         cause: format!("fabric channel: {cause}"),
     }
 }
 
+fn sending(peer: &str, e: std::io::Error) -> Error {
+    Error::connection_lost(peer, "fabric channel send", e)
+}
+
+fn receiving(peer: &str, e: std::io::Error) -> Error {
+    Error::connection_lost(peer, "fabric channel receive", e)
+}
+
 /// Writes one frame, with `fds` attached to its first byte.
 ///
 /// # Errors
-/// [`Error::PeerLost`] when the socket fails.
+/// [`Error::ConnectionLost`] when the socket fails, [`Error::PeerLost`] when it is closed.
 pub(crate) async fn send_frame(
     s: &UnixStream,
     m: &Message,
@@ -31,7 +39,7 @@ pub(crate) async fn send_frame(
     let mut off = 0;
     let mut fds = fds;
     while off < b.len() {
-        s.writable().await.map_err(|e| lost(peer, e))?;
+        s.writable().await.map_err(|e| sending(peer, e))?;
         match s.try_io(Interest::WRITABLE, || send_fds(s.as_fd(), &b[off..], fds)) {
             Ok(0) => return Err(lost(peer, "socket closed")),
             Ok(n) => {
@@ -39,7 +47,7 @@ pub(crate) async fn send_frame(
                 fds = &[];
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(lost(peer, e)),
+            Err(e) => return Err(sending(peer, e)),
         }
     }
     Ok(())
@@ -48,7 +56,8 @@ pub(crate) async fn send_frame(
 /// Reads one whole frame; descriptors that arrive meanwhile are appended to `fds`.
 ///
 /// # Errors
-/// [`Error::PeerLost`] on EOF or a socket error, [`Error::Protocol`] on a malformed frame.
+/// [`Error::PeerLost`] on EOF, [`Error::ConnectionLost`] on a socket error,
+/// [`Error::Protocol`] on a malformed frame.
 pub(crate) async fn recv_frame(
     s: &UnixStream,
     buf: &mut BytesMut,
@@ -67,7 +76,7 @@ pub(crate) async fn recv_frame(
                 })
             }
         }
-        s.readable().await.map_err(|e| lost(peer, e))?;
+        s.readable().await.map_err(|e| receiving(peer, e))?;
         match s.try_io(Interest::READABLE, || {
             recv_fds(s.as_fd(), &mut tmp, SCM_MAX_FD)
         }) {
@@ -77,7 +86,7 @@ pub(crate) async fn recv_frame(
                 fds.extend(got);
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(lost(peer, e)),
+            Err(e) => return Err(receiving(peer, e)),
         }
     }
 }

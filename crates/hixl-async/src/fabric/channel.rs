@@ -55,7 +55,7 @@ impl PeerChannel for FabricChannel {
     /// Starts the channel's writer (notifies, revoke acks) and reader (table updates,
     /// revocations, notify acks); a failed channel kills the link.
     fn start(&self, hooks: LinkHooks) {
-        let Some(fs) = self.stream.lock().ok().and_then(|mut s| s.take()) else {
+        let Some(fs) = crate::sync::lock(&self.stream).take() else {
             return;
         };
         let LinkHooks { state, on_ack } = hooks;

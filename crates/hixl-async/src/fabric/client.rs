@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use super::chan::{recv_frame, send_frame};
 use super::FabricBackend;
+use crate::sync::{lock, read, recover, write};
 
 /// How the initiator reaches one of the peer's regions over the fabric.
 #[derive(Debug)]
@@ -39,10 +40,7 @@ struct Gone(Mutex<Option<tokio::sync::oneshot::Sender<()>>>);
 
 impl Drop for Gone {
     fn drop(&mut self) {
-        let tx = match self.0.get_mut() {
-            Ok(t) => t.take(),
-            Err(p) => p.into_inner().take(),
-        };
+        let tx = self.0.get_mut().unwrap_or_else(recover).take();
         if let Some(tx) = tx {
             let _ = tx.send(());
         }
@@ -214,7 +212,7 @@ impl FabricLink {
     /// Maps the regions of a (possibly partial) fabric table that are not known yet.
     pub(crate) fn apply_table(&self, table: Vec<FabricRegion>, fds: Vec<OwnedFd>) -> Result<()> {
         let mut fds: Vec<Option<OwnedFd>> = fds.into_iter().map(Some).collect();
-        let mut regions = self.regions.write().map_err(|_| poisoned())?;
+        let mut regions = write(&self.regions);
         for r in table {
             if regions.contains_key(&r.rkey) {
                 continue;
@@ -223,9 +221,7 @@ impl FabricLink {
                 match &self.cma {
                     Ok(()) => Reach::Cma,
                     Err(why) => {
-                        if let Ok(mut f) = self.fallback.lock() {
-                            f.get_or_insert_with(|| why.clone());
-                        }
+                        lock(&self.fallback).get_or_insert_with(|| why.clone());
                         continue;
                     }
                 }
@@ -250,9 +246,7 @@ impl FabricLink {
                     );
                 }
                 if m.translated() {
-                    if let Ok(mut t) = self.translated.lock() {
-                        *t += 1;
-                    }
+                    *lock(&self.translated) += 1;
                 }
                 Reach::Mapped(m)
             };
@@ -272,14 +266,12 @@ impl FabricLink {
 
     /// How to reach the region with `rkey`, if the fabric can.
     pub(crate) fn entry(&self, rkey: u64) -> Option<Entry> {
-        self.regions.read().ok()?.get(&rkey).cloned()
+        read(&self.regions).get(&rkey).cloned()
     }
 
     /// Counts of mapped and CMA regions.
     pub(crate) fn counts(&self) -> (usize, usize) {
-        let Ok(r) = self.regions.read() else {
-            return (0, 0);
-        };
+        let r = read(&self.regions);
         let mapped = r
             .values()
             .filter(|e| matches!(e.reach.reach, Reach::Mapped(_)))
@@ -295,28 +287,19 @@ impl FabricLink {
     /// Stops using the region with `rkey`: no new copies find it; once the copies in flight
     /// have dropped their hold, the mapping goes and the peer is told.
     pub(crate) fn revoke(self: &Arc<Self>, rkey: u64) {
-        let e = self.regions.write().ok().and_then(|mut r| r.remove(&rkey));
+        let e = write(&self.regions).remove(&rkey);
         let me = self.clone();
         tokio::spawn(async move {
             if let Some(e) = e {
                 // The copy engine drops each op's hold right after its copy; the last one
                 // to go unmaps and fires `gone`. No polling.
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                match e.reach.gone.0.lock() {
-                    Ok(mut g) => *g = Some(tx),
-                    Err(p) => *p.into_inner() = Some(tx),
-                }
+                *lock(&e.reach.gone.0) = Some(tx);
                 drop(e);
                 let _ = rx.await;
             }
             me.send(Message::RevokeAck { rkey });
         });
-    }
-}
-
-fn poisoned() -> Error {
-    Error::Internal {
-        what: "fabric table lock poisoned",
     }
 }
 

@@ -103,12 +103,12 @@ impl FabricTransport {
                 // E.g. a peer that shares our boot id and mounts but not our network
                 // namespace, where its abstract fabric socket does not exist.
                 .map_err(|e| format!("the fabric channel could not be opened: {e}"))?;
-        let fallback = fl.fallback.lock().ok().and_then(|f| f.clone());
+        let fallback = crate::sync::lock(&fl.fallback).clone();
         if let (true, Some(why)) = (backend.forced, &fallback) {
             return Err(why.clone());
         }
         let (mapped, cma) = fl.counts();
-        let translated = fl.translated.lock().map(|t| *t).unwrap_or(0);
+        let translated = *crate::sync::lock(&fl.translated);
         let mut describe = format!(
             "fabric (same host: boot id and mount namespace match; {mapped} pool regions mapped{}, {cma} reached by cross-memory attach",
             if backend.unified { format!(", {translated} of them translated") } else { String::new() }

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::chan::{recv_frame, send_frame};
 use crate::memory::RegionInner;
+use crate::sync::lock;
 use crate::transport::target::{Session, TargetCx};
 
 /// The session slot of the fabric: the target's end of the initiator's fabric channel.
@@ -38,9 +39,7 @@ pub(crate) struct FabricChan {
 /// that is how the initiator knows the table is complete (see
 /// `fabric::client::fds_named`).
 fn fabric_tables(regions: &Mutex<hixl_core::RegionTable<Arc<RegionInner>>>) -> Vec<Out> {
-    let Ok(regions) = regions.lock() else {
-        return Vec::new();
-    };
+    let regions = lock(regions);
     let mut out: Vec<Out> = Vec::new();
     let mut cur: Vec<FabricRegion> = Vec::new();
     let mut fds: Vec<OwnedFd> = Vec::new();
@@ -177,32 +176,38 @@ async fn serve(
             }
         }
     });
-    let reason = loop {
+    let err = loop {
         let m = tokio::select! {
             m = recv_frame(&s, &mut buf, &mut fds, &peer) => m,
-            _ = sess.state.dead() => break "session closed".to_string(),
+            _ = sess.state.dead() => break Error::PeerLost {
+                peer: peer.to_string(),
+                cause: "fabric channel: session closed".into(),
+            },
         };
         match m {
             Ok(Message::Notify { seq, name, msg }) => {
                 chan.send(srv.notifies.receive(&peer, session, seq, name, msg));
             }
             Ok(Message::RevokeAck { rkey }) => {
-                let w = chan.revokes.lock().ok().and_then(|mut r| r.remove(&rkey));
+                let w = lock(&chan.revokes).remove(&rkey);
                 for w in w.into_iter().flatten() {
                     let _ = w.send(());
                 }
             }
-            Ok(m) => break format!("unexpected {m:?} on the fabric channel"),
-            Err(e) => break e.to_string(),
+            Ok(m) => {
+                break Error::Protocol {
+                    peer: peer.to_string(),
+                    reason: format!("unexpected {m:?} on the fabric channel"),
+                }
+            }
+            // Already names the peer and the fabric channel (see `chan`).
+            Err(e) => break e,
         }
     };
-    tracing::debug!(peer = %peer, "fabric channel closed: {reason}");
+    tracing::debug!(peer = %peer, "fabric channel closed: {err}");
     sess.clear_slot(SLOT);
     // Without its fabric channel the initiator cannot acknowledge revocations: end the link.
-    sess.state.kill(Error::PeerLost {
-        peer: peer.to_string(),
-        cause: format!("fabric channel: {reason}"),
-    });
+    sess.state.kill(err);
     writer.abort();
 }
 
@@ -227,9 +232,7 @@ pub(crate) async fn revoke(srv: &TargetCx, rkey: u64) {
             continue;
         };
         let (tx, rx) = oneshot::channel();
-        if let Ok(mut r) = chan.revokes.lock() {
-            r.entry(rkey).or_default().push(tx);
-        }
+        lock(&chan.revokes).entry(rkey).or_default().push(tx);
         chan.send(Message::Revoke { rkey });
         waits.push(wait_ack(sess, rx, rkey));
     }
@@ -242,9 +245,10 @@ async fn wait_ack(sess: Arc<Session>, rx: oneshot::Receiver<()>, rkey: u64) {
         _ = sess.state.dead() => {}
         _ = tokio::time::sleep(REVOKE_TIMEOUT) => {
             tracing::warn!(peer = %sess.peer, "no revoke ack for rkey {rkey:#x} within {REVOKE_TIMEOUT:?}; closing the link");
-            sess.state.kill(Error::PeerLost {
+            sess.state.kill(Error::RevokeUnacknowledged {
                 peer: sess.peer.to_string(),
-                cause: "did not acknowledge a revocation".into(),
+                rkey,
+                after: REVOKE_TIMEOUT,
             });
         }
     }

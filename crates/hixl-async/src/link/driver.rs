@@ -129,11 +129,11 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
     // Work not yet started on the channels fails with the link's cause; the devices flush
     // the rest.
     if !link.channels.is_empty() {
-        let tokens: HashSet<Token> = link
-            .ops
-            .lock()
-            .map(|t| t.tokens.iter().copied().collect())
-            .unwrap_or_default();
+        let tokens: HashSet<Token> = crate::sync::lock(&link.ops)
+            .tokens
+            .iter()
+            .copied()
+            .collect();
         for ch in &link.channels {
             ch.close(&cause, &tokens);
         }
@@ -177,9 +177,7 @@ fn on_event(
             for ch in &link.channels {
                 ch.on_table(&v);
             }
-            if let Ok(mut t) = link.table.write() {
-                *t = v;
-            }
+            *crate::sync::write(&link.table) = v;
         }
         // The peer's device keys: for the verbs channel, if this link has one.
         Event::TransportMessage(m) => {

@@ -34,9 +34,8 @@ struct TokenLog {
 impl TokenLog {
     fn record(&mut self, token: Token, ops: &Mutex<hixl_core::OpTable<std::task::Waker>>) {
         if self.tokens.len() >= self.prune_at {
-            if let Ok(o) = ops.lock() {
-                self.tokens.retain(|&t| o.phase(t).is_some());
-            }
+            let o = crate::sync::lock(ops);
+            self.tokens.retain(|&t| o.phase(t).is_some());
             self.prune_at = (self.tokens.len() * 2).max(64);
         }
         self.tokens.push(token);
@@ -102,7 +101,7 @@ impl Link {
         if self.notifies_waiting.load(Ordering::Relaxed) > 0 {
             return true;
         }
-        let Ok(t) = self.ops.lock() else { return true };
+        let t = crate::sync::lock(&self.ops);
         t.tokens.iter().any(|&t| {
             matches!(
                 ops.phase(t),
@@ -118,7 +117,7 @@ impl Link {
 
     /// The peer's remotely accessible regions, in address order.
     pub(crate) fn regions(&self) -> Vec<RemoteRegion> {
-        self.table.read().map(|t| t.clone()).unwrap_or_default()
+        crate::sync::read(&self.table).clone()
     }
 
     fn lost(&self, cause: &str) -> Error {

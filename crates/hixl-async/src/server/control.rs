@@ -161,12 +161,7 @@ impl Server {
                         tracing::warn!(peer = %sess.peer, "transport offer not sent: {e}");
                     }
                 }
-                let table = self
-                    .shared
-                    .regions
-                    .lock()
-                    .map(|r| r.exported())
-                    .unwrap_or_default();
+                let table = crate::sync::lock(&self.shared.regions).exported();
                 let _ = session.send_table(now(), table);
                 tracing::debug!(peer = %sess.peer, session = sess.id, "initiator connected");
             }

@@ -102,9 +102,7 @@ impl Server {
     /// `added`: a region was registered, so the transports' channels learn of it too (the
     /// fabric sends its memfd); after a deregistration, [`Server::revoke`] does their part.
     pub(crate) fn broadcast_table(&self, added: bool) {
-        let Ok(regions) = self.shared.regions.lock() else {
-            return;
-        };
+        let regions = crate::sync::lock(&self.shared.regions);
         let table = Message::MemTable(regions.exported());
         for sess in self.cx.sessions.all() {
             for t in &self.shared.transports {

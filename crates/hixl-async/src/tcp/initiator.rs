@@ -21,6 +21,7 @@ use crate::frame_io::shutdown_both;
 use crate::link_state::LinkState;
 use crate::memory::Lease;
 use crate::rawio::{self, RawRange};
+use crate::sync::lock;
 
 /// One piece of a transfer on one connection.
 #[derive(Debug)]
@@ -106,7 +107,7 @@ pub(crate) fn fail_parts(shared: &Shared, parts: impl IntoIterator<Item = Part>,
         }));
 }
 
-fn lost(peer: &str, cause: impl std::fmt::Display) -> Error {
+fn lost(peer: &str, cause: &'static str) -> Error {
     Error::PeerLost {
         peer: peer.to_string(),
         cause: cause.to_string(),
@@ -180,13 +181,7 @@ async fn send_batch(
     let Some(token) = batch.first().map(|p| p.token) else {
         return Ok(());
     };
-    let wanted = || {
-        shared
-            .ops
-            .lock()
-            .map(|o| o.is_wanted(token))
-            .unwrap_or(false)
-    };
+    let wanted = || lock(&shared.ops).is_wanted(token);
     // A dropped or timed-out transfer moves no further bytes: its unsent parts complete as
     // cancelled (checked again every RECHECK parts) so the abandoned op can be reaped.
     let cancelled = || Error::Cancelled { what: "a TCP part" };
@@ -219,12 +214,12 @@ async fn send_batch(
             // The range borrows `hold`: the memory stays valid until the send is over.
             let r = match hold.range(local, len) {
                 Ok(payload) => send_part(w, live, hdrs, &hdr, payload).await,
-                Err(e) => Err(std::io::Error::other(e.to_string())),
+                Err(e) => Err(std::io::Error::other(e)),
             };
             drop(hold);
             if let Err(e) = r {
                 // The parts not yet queued for the reader would never complete otherwise.
-                let e = live.cause(lost(peer, e));
+                let e = live.cause(Error::connection_lost(peer, "sending a write part", e));
                 fail_parts(shared, it.map(|(_, p)| p), &e);
                 return Err(e);
             }
@@ -247,17 +242,15 @@ async fn send_batch(
 }
 
 fn push(inflight: &Inflight, part: Part) -> Result<(), Part> {
-    match inflight.lock() {
-        Ok(mut g) => match g.as_mut() {
-            Some(q) => {
-                q.push_back(part);
-                drop(g);
-                inflight.pushed.notify_one();
-                Ok(())
-            }
-            None => Err(part),
-        },
-        Err(_) => Err(part),
+    let mut g = lock(inflight);
+    match g.as_mut() {
+        Some(q) => {
+            q.push_back(part);
+            drop(g);
+            inflight.pushed.notify_one();
+            Ok(())
+        }
+        None => Err(part),
     }
 }
 
@@ -278,7 +271,7 @@ async fn flush(
     }
     let r = write_or_dead(w, &mut live.dead, hdrs, RawRange::empty()).await;
     hdrs.clear();
-    r.map_err(|e| live.cause(lost(peer, e)))
+    r.map_err(|e| live.cause(Error::connection_lost(peer, "sending part headers", e)))
 }
 
 /// Sends a write part's header (after the read headers waiting in `hdrs`, which it empties)
@@ -332,11 +325,7 @@ async fn reader(
         }
         state.kill(e);
     }
-    let parts = inflight
-        .lock()
-        .ok()
-        .and_then(|mut g| g.take())
-        .unwrap_or_default();
+    let parts = lock(&inflight).take().unwrap_or_default();
     let err = state.error().unwrap_or_else(|| lost(&peer, "link closed"));
     fail_parts(&shared, parts, &err);
 }
@@ -348,7 +337,7 @@ enum Next {
 }
 
 fn next_expected(inflight: &Inflight) -> Option<Next> {
-    let g = inflight.lock().ok()?;
+    let g = lock(inflight);
     let q = g.as_ref()?;
     Some(match q.front() {
         None => Next::Idle,
@@ -358,7 +347,7 @@ fn next_expected(inflight: &Inflight) -> Option<Next> {
 }
 
 fn pop(inflight: &Inflight) -> Option<Part> {
-    inflight.lock().ok()?.as_mut()?.pop_front()
+    lock(inflight).as_mut()?.pop_front()
 }
 
 fn protocol(peer: &str, reason: impl Into<String>) -> Error {
@@ -452,7 +441,7 @@ async fn read_loop(
                 let got = r
                     .read(&mut buf[have..want])
                     .await
-                    .map_err(|e| lost(peer, e))?;
+                    .map_err(|e| Error::connection_lost(peer, "reading write acks", e))?;
                 if got == 0 {
                     return Err(lost(peer, "connection closed by peer"));
                 }
@@ -467,7 +456,9 @@ async fn read_loop(
             }
             Some(Next::ReadResp) => {
                 let mut frame = [0u8; READ_RESP_FRAME];
-                r.read_exact(&mut frame).await.map_err(|e| lost(peer, e))?;
+                r.read_exact(&mut frame)
+                    .await
+                    .map_err(|e| Error::connection_lost(peer, "reading a read response", e))?;
                 let m = decode_answer(&frame, peer)?;
                 let Message::ReadResp { id, status, len } = m else {
                     return Err(protocol(peer, "expected a read response"));
@@ -507,12 +498,14 @@ async fn read_loop(
                 // The range borrows p.lease: the memory stays valid until the payload is in.
                 let got = match p.lease.range(p.local, len) {
                     Ok(dst) => rawio::recv_exact(r.as_ref(), dst).await,
-                    Err(e) => Err(std::io::Error::other(e.to_string())),
+                    Err(e) => Err(std::io::Error::other(e)),
                 };
                 if let Err(e) = got {
                     // If the link was closed (our own disconnect shuts the socket down), the
                     // part fails with the link's cause like every other part of the link.
-                    let e = state.error().unwrap_or_else(|| lost(peer, e));
+                    let e = state.error().unwrap_or_else(|| {
+                        Error::connection_lost(peer, "receiving a read payload", e)
+                    });
                     fail_parts(shared, [p], &e);
                     return Err(e);
                 }

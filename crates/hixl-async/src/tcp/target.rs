@@ -35,9 +35,7 @@ pub(crate) async fn serve(stream: TcpStream, peer: Arc<str>, shared: Arc<Shared>
 }
 
 fn validate(shared: &Shared, req: &DataReq, need: Access) -> Result<Lease, Error> {
-    let regions = shared.regions.lock().map_err(|_| Error::Internal {
-        what: "region table lock poisoned",
-    })?;
+    let regions = crate::sync::lock(&shared.regions);
     let e = regions.check_remote(req.rkey, req.addr, req.len, need)?;
     Ok(Lease::new(&e.data))
 }

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use crate::link_state::LinkState;
 use crate::memory::RegionInner;
 use crate::notify::NotifyQueue;
+use crate::sync::lock;
 
 /// One connected initiator, as the target sees it.
 #[derive(Debug)]
@@ -47,7 +48,7 @@ impl Session {
     /// What transport `kind` keeps for this session, if anything of type `T`.
     #[allow(dead_code)]
     pub(crate) fn slot<T: Any + Send + Sync>(&self, kind: &str) -> Option<Arc<T>> {
-        let s = self.slots.lock().ok()?;
+        let s = lock(&self.slots);
         let (_, v) = s.iter().find(|(k, _)| *k == kind)?;
         v.clone().downcast::<T>().ok()
     }
@@ -55,18 +56,13 @@ impl Session {
     /// Whether transport `kind` keeps something for this session (verbs asks).
     #[allow(dead_code)]
     pub(crate) fn has_slot(&self, kind: &str) -> bool {
-        self.slots
-            .lock()
-            .map(|s| s.iter().any(|(k, _)| *k == kind))
-            .unwrap_or(false)
+        lock(&self.slots).iter().any(|(k, _)| *k == kind)
     }
 
     /// Keeps `v` for transport `kind`; false (and nothing kept) if it keeps something already.
     #[allow(dead_code)]
     pub(crate) fn set_slot(&self, kind: &'static str, v: Arc<dyn Any + Send + Sync>) -> bool {
-        let Ok(mut s) = self.slots.lock() else {
-            return false;
-        };
+        let mut s = lock(&self.slots);
         if s.iter().any(|(k, _)| *k == kind) {
             return false;
         }
@@ -77,10 +73,12 @@ impl Session {
     /// Drops what transport `kind` keeps for this session.
     #[allow(dead_code)]
     pub(crate) fn clear_slot(&self, kind: &str) {
-        let gone = self.slots.lock().ok().and_then(|mut s| {
-            let i = s.iter().position(|(k, _)| *k == kind)?;
-            Some(s.swap_remove(i))
-        });
+        let gone = {
+            let mut s = lock(&self.slots);
+            s.iter()
+                .position(|(k, _)| *k == kind)
+                .map(|i| s.swap_remove(i))
+        };
         drop(gone);
     }
 }
@@ -93,35 +91,27 @@ pub(crate) struct Sessions {
 
 impl Sessions {
     pub(crate) fn get(&self, id: u64) -> Option<Arc<Session>> {
-        self.map.lock().ok()?.get(&id).cloned()
+        lock(&self.map).get(&id).cloned()
     }
 
     pub(crate) fn contains(&self, id: u64) -> bool {
-        self.map.lock().map(|m| m.contains_key(&id)).unwrap_or(true)
+        lock(&self.map).contains_key(&id)
     }
 
     pub(crate) fn all(&self) -> Vec<Arc<Session>> {
-        self.map
-            .lock()
-            .map(|m| m.values().cloned().collect())
-            .unwrap_or_default()
+        lock(&self.map).values().cloned().collect()
     }
 
     pub(crate) fn insert(&self, s: Arc<Session>) {
-        if let Ok(mut m) = self.map.lock() {
-            m.insert(s.id, s);
-        }
+        lock(&self.map).insert(s.id, s);
     }
 
     pub(crate) fn remove(&self, id: u64) -> Option<Arc<Session>> {
-        self.map.lock().ok()?.remove(&id)
+        lock(&self.map).remove(&id)
     }
 
     pub(crate) fn drain(&self) -> Vec<Arc<Session>> {
-        self.map
-            .lock()
-            .map(|mut m| m.drain().map(|(_, v)| v).collect())
-            .unwrap_or_default()
+        lock(&self.map).drain().map(|(_, v)| v).collect()
     }
 }
 

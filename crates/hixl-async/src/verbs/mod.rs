@@ -37,6 +37,7 @@ use crate::completion::Completion;
 use crate::link_state::LinkState;
 use crate::memory::Lease;
 use crate::sink::Completions;
+use crate::sync::{lock, read, write};
 
 /// Send-queue depth of an initiator's QP (clamped to the device's `max_qp_wr`).
 const SEND_QUEUE: u32 = 2048;
@@ -129,8 +130,10 @@ impl VerbsBackend {
         len: u64,
         access: hixl_core::Access,
     ) -> Result<MemoryRegion> {
-        let len = usize::try_from(len).map_err(|_| Error::InvalidParam {
-            what: format!("region length {len} does not fit in memory"),
+        let len = usize::try_from(len).map_err(|_| Error::TooLarge {
+            what: "region",
+            len,
+            max: usize::MAX as u64,
         })?;
         // SAFETY: this function's contract.
         unsafe { MemoryRegion::register(&self.pd, addr as *mut u8, len, access) }
@@ -180,36 +183,37 @@ pub(crate) struct VerbsSource {
 
 impl VerbsSource {
     fn hold(&self, token: Token, parts: usize, leases: Vec<Lease>, link: Weak<VerbsLink>) {
-        if let Ok(mut h) = self.holds.lock() {
-            match h.get_mut(&token) {
-                Some(x) => {
-                    x.parts += parts;
-                    x._leases.extend(leases);
-                }
-                None => {
-                    h.insert(
-                        token,
-                        Hold {
-                            parts,
-                            _leases: leases,
-                            link,
-                        },
-                    );
-                }
+        let mut h = lock(&self.holds);
+        match h.get_mut(&token) {
+            Some(x) => {
+                x.parts += parts;
+                x._leases.extend(leases);
+            }
+            None => {
+                h.insert(
+                    token,
+                    Hold {
+                        parts,
+                        _leases: leases,
+                        link,
+                    },
+                );
             }
         }
     }
 
     fn release(&self, token: Token, parts: usize) {
-        let gone = self.holds.lock().ok().and_then(|mut h| {
-            let x = h.get_mut(&token)?;
-            x.parts = x.parts.saturating_sub(parts);
-            if x.parts == 0 {
-                h.remove(&token)
-            } else {
-                None
+        let gone = {
+            let mut h = lock(&self.holds);
+            match h.get_mut(&token) {
+                Some(x) if x.parts <= parts => h.remove(&token),
+                Some(x) => {
+                    x.parts -= parts;
+                    None
+                }
+                None => None,
             }
-        });
+        };
         // Leases are dropped outside the lock (a drop may wake a deregistration).
         drop(gone);
     }
@@ -217,21 +221,17 @@ impl VerbsSource {
     /// Transfers holding leases (for tests and diagnostics).
     #[allow(dead_code)]
     pub(crate) fn holds(&self) -> usize {
-        self.holds.lock().map(|h| h.len()).unwrap_or(0)
+        lock(&self.holds).len()
     }
 
     fn add_link(&self, l: &Arc<VerbsLink>) {
-        if let Ok(mut v) = self.links.lock() {
-            v.retain(|w| w.strong_count() > 0);
-            v.push(Arc::downgrade(l));
-        }
+        let mut v = lock(&self.links);
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Arc::downgrade(l));
     }
 
     fn live_links(&self) -> Vec<Arc<VerbsLink>> {
-        self.links
-            .lock()
-            .map(|v| v.iter().filter_map(Weak::upgrade).collect())
-            .unwrap_or_default()
+        lock(&self.links).iter().filter_map(Weak::upgrade).collect()
     }
 }
 
@@ -253,7 +253,8 @@ impl CompletionSource for VerbsSource {
         // reach zero are dropped after the lock (a lease drop may wake a deregistration).
         let mut failed = false;
         let mut finished = Vec::new();
-        if let Ok(mut holds) = self.holds.lock() {
+        {
+            let mut holds = lock(&self.holds);
             for (token, r) in &mut out[start..] {
                 let Some(h) = holds.get_mut(token) else {
                     continue;
@@ -387,25 +388,22 @@ impl VerbsLink {
 
     /// The peer's device rkey for the region with memory-table key `rkey`.
     pub(crate) fn key(&self, rkey: u64) -> Option<u32> {
-        self.keys.read().ok()?.get(&rkey).copied()
+        read(&self.keys).get(&rkey).copied()
     }
 
     /// Takes the peer's key list, merged in: an entry whose region is gone is never looked up
     /// (lookups start from the memory table), and [`VerbsLink::prune_keys`] drops it with the
     /// next table.
     pub(crate) fn update_keys(&self, v: &[(u64, u32)]) {
-        if let Ok(mut k) = self.keys.write() {
-            k.extend(v.iter().copied());
-        }
+        write(&self.keys).extend(v.iter().copied());
     }
 
     /// Drops keys of regions no longer in the peer's memory table.
     pub(crate) fn prune_keys(&self, table: &[hixl_core::RemoteRegion]) {
-        if let Ok(mut k) = self.keys.write() {
-            if k.len() > table.len() {
-                let live: std::collections::HashSet<u64> = table.iter().map(|r| r.rkey).collect();
-                k.retain(|r, _| live.contains(r));
-            }
+        let mut k = write(&self.keys);
+        if k.len() > table.len() {
+            let live: std::collections::HashSet<u64> = table.iter().map(|r| r.rkey).collect();
+            k.retain(|r, _| live.contains(r));
         }
     }
 
@@ -421,27 +419,22 @@ impl VerbsLink {
         {
             // Cannot happen with real limits (max_msg × send-queue depth is terabytes), but
             // a request that can never fit must fail rather than wait forever.
-            let e = Error::InvalidParam {
-                what: format!(
-                    "a {}-byte op needs more work requests than the send queue holds ({})",
-                    w.local.len, self.capacity
-                ),
+            let e = Error::OpTooLarge {
+                len: w.local.len,
+                work_requests: w.pieces(self.max_msg),
+                capacity: self.capacity,
             };
             return self.fail_now(&wrs, &e);
         }
         self.source.hold(token, wrs.len(), leases, self.me.clone());
-        if let Ok(mut b) = self.backlog.lock() {
-            b.extend(wrs);
-        }
+        lock(&self.backlog).extend(wrs);
         self.pump();
     }
 
     /// Posts as much of the backlog as the send queue has room for, as one chain.
     pub(crate) fn pump(&self) {
-        let Ok(mut qp) = self.qp.lock() else { return };
-        let Ok(mut backlog) = self.backlog.lock() else {
-            return;
-        };
+        let mut qp = lock(&self.qp);
+        let mut backlog = lock(&self.backlog);
         if backlog.is_empty() {
             return;
         }
@@ -459,7 +452,8 @@ impl VerbsLink {
         }
         // Requests of transfers dropped or timed out while they waited are not posted.
         let mut dropped = Vec::new();
-        if let Ok(ops) = self.ops.lock() {
+        {
+            let ops = lock(&self.ops);
             if backlog.iter().any(|w| !ops.is_wanted(w.token)) {
                 dropped = backlog
                     .iter()
@@ -506,7 +500,7 @@ impl VerbsLink {
                 }
             }
             Err(e @ hixl_verbs::VerbsError::Post { reported_ops, .. }) => {
-                let err = Error::from(e);
+                let err = Error::transport(&self.peer, "posting RDMA work requests", e);
                 let rest: Vec<_> = backlog.drain(..).collect();
                 drop((backlog, qp));
                 let unposted = chain.get(reported_ops..).unwrap_or(&[]);
@@ -524,11 +518,7 @@ impl VerbsLink {
 
     /// Closes the link when its QP has failed.
     fn check_failed(&self) {
-        let f = self
-            .qp
-            .lock()
-            .ok()
-            .and_then(|q| q.as_ref().and_then(QueuePair::failure));
+        let f = lock(&self.qp).as_ref().and_then(QueuePair::failure);
         if let Some(f) = f {
             let e = self.qp_failed(&f);
             tracing::warn!(peer = %self.peer, "closing link: {e}");
@@ -553,13 +543,9 @@ impl VerbsLink {
     /// Flushes the QP (its outstanding requests complete with errors, releasing their leases)
     /// and fails the backlog with the link's cause.
     pub(crate) fn close(&self) {
-        let qp = self.qp.lock().ok().and_then(|mut q| q.take());
+        let qp = lock(&self.qp).take();
         drop(qp);
-        let wrs: Vec<_> = self
-            .backlog
-            .lock()
-            .map(|mut b| b.drain(..).collect())
-            .unwrap_or_default();
+        let wrs: Vec<_> = lock(&self.backlog).drain(..).collect();
         let e = self.cause("link closed");
         self.fail(&wrs, &e);
     }

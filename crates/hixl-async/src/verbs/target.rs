@@ -53,10 +53,7 @@ pub(crate) fn accept(
             if !sess.set_slot(SLOT, qp) {
                 return refuse(Status::AlreadyConnected, "a queue pair exists".into());
             }
-            let keys = match cx.regions.lock() {
-                Ok(r) => device_keys(&r),
-                Err(_) => Vec::new(),
-            };
+            let keys = device_keys(&crate::sync::lock(&cx.regions));
             sess.send(&Message::VerbsKeys(keys));
             sess.send(&Message::VerbsAccept {
                 status: 0,

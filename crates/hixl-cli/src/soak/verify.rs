@@ -19,13 +19,12 @@ impl Worker {
     /// Whether a failure is one this workload provokes: a tiny timeout expiring, or the link
     /// being cut by this side. An op cut off by our own disconnect should fail with the link's
     /// cause (NotConnected); a TCP READ whose payload was being received can instead fail with
-    /// PeerLost (the socket's reset). Both are accepted, and counted by kind with an example.
+    /// a lost link (PeerLost, or ConnectionLost for the socket's reset). Both are accepted, and counted by kind with an example.
     pub(super) fn expected(&self, e: &Error, mode: Mode) -> bool {
         match e {
             Error::Timeout { .. } => matches!(mode, Mode::Tiny(_)),
-            Error::NotConnected { .. } | Error::PeerLost { .. } => {
-                self.lane.cutting.load(Ordering::SeqCst)
-            }
+            Error::NotConnected { .. } => self.lane.cutting.load(Ordering::SeqCst),
+            e if e.is_link_lost() => self.lane.cutting.load(Ordering::SeqCst),
             _ => false,
         }
     }

@@ -130,7 +130,7 @@ impl Worker {
                         e.status()
                     )
                 });
-                let lost = matches!(e, Error::NotConnected { .. } | Error::PeerLost { .. });
+                let lost = matches!(e, Error::NotConnected { .. }) || e.is_link_lost();
                 if !(lost && lane.cutting.load(Ordering::SeqCst)) {
                     lane.violation(format!("notify failed unexpectedly: {e} [{}]", e.status()));
                 }

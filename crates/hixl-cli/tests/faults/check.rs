@@ -182,7 +182,7 @@ pub(crate) fn stats(p: &Phase) -> Stats {
             .count(),
         lost: failed
             .iter()
-            .filter(|o| matches!(o.err, Some(Error::PeerLost { .. })))
+            .filter(|o| o.err.as_ref().is_some_and(Error::is_link_lost))
             .count(),
         slowest_failure: failed.iter().map(|o| o.took).max().unwrap_or_default(),
         bytes_ok: p
@@ -206,10 +206,7 @@ pub(crate) fn assert_failures_sensible(p: &Phase, timeout: Duration, peer: &str)
             o.took
         );
         assert!(
-            matches!(
-                e,
-                Error::Timeout { .. } | Error::PeerLost { .. } | Error::NotConnected { .. }
-            ),
+            e.is_link_lost() || matches!(e, Error::Timeout { .. } | Error::NotConnected { .. }),
             "unexpected error kind: {e:?}"
         );
         assert!(

@@ -100,14 +100,11 @@ impl Liveness {
 
     /// The error of a link silent for `silence`.
     pub(crate) fn lost(&self, peer: &str, silence: Duration) -> Error {
-        Error::PeerLost {
+        Error::HeartbeatLost {
             peer: peer.to_string(),
-            cause: format!(
-                "no heartbeat answer for {} ms ({} probes at {} ms intervals missed; the peer is dead or the network is cut)",
-                silence.as_millis(),
-                self.miss_limit,
-                self.interval.as_millis()
-            ),
+            silent_ms: silence.as_millis() as u64,
+            probes: self.miss_limit,
+            interval_ms: self.interval.as_millis() as u64,
         }
     }
 }

@@ -47,7 +47,7 @@
 //! [`HEARTBEAT_FROM_TARGET`](crate::wire::HEARTBEAT_FROM_TARGET)). Any frame received counts
 //! as hearing the peer. A session that has heard nothing for exactly
 //! `heartbeat_interval × heartbeat_miss_limit` dies at that instant with
-//! [`Error::PeerLost`] ("no heartbeat answer for N ms ...").
+//! [`Error::HeartbeatLost`] (how long it was silent, the probes and their interval).
 //!
 //! # Notifies
 //!

@@ -187,7 +187,7 @@ fn pending_notifies_fail_with_the_cause_when_the_link_dies() {
     assert_eq!(p.ini.pending_notifies(), 0);
     assert!(matches!(
         p.ini.notify(now, b"", b""),
-        Err(Error::PeerLost { .. })
+        Err(Error::HeartbeatLost { .. })
     ));
 }
 
