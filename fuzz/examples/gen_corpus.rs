@@ -44,6 +44,7 @@ fn main() -> std::io::Result<()> {
             vec![Message::Welcome {
                 engine: "10.0.0.2:26000".into(),
                 session: 0xfeed,
+                incarnation: 0x1ca7,
             }],
         ),
         (

@@ -381,6 +381,7 @@ fn seeds_initiator() -> Vec<(&'static str, Vec<u8>)> {
         Message::Welcome {
             engine: "10.0.0.1:1".into(),
             session: 3,
+            incarnation: 0x1ca7,
         },
         Message::VerbsInfo {
             device: "rxe0".into(),

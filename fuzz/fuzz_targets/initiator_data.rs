@@ -272,6 +272,7 @@ async fn fake(
     let mut hs = encode(&Message::Welcome {
         engine: name.clone(),
         session: 42,
+        incarnation: 0x1ca7,
     });
     hs.extend_from_slice(&encode(&table));
     if c.write_all(&hs).await.is_err() {
@@ -287,6 +288,7 @@ async fn fake(
     if d.write_all(&encode(&Message::Welcome {
         engine: name,
         session: 42,
+        incarnation: 0x1ca7,
     }))
     .await
     .is_err()

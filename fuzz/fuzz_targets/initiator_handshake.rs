@@ -206,6 +206,7 @@ fn script(ctx: &Ctx, data: &[u8]) -> Script {
             6 => Some(Act::Step(Step::Bytes(encode(&Message::Welcome {
                 engine: fake_name.clone(),
                 session: c.u64(),
+                incarnation: 0x1ca7,
             })))),
             7 => {
                 let n = c.u8() % 6;
@@ -443,6 +444,7 @@ async fn data_server(
         let welcome = encode(&Message::Welcome {
             engine: name.clone(),
             session,
+            incarnation: 0x1ca7,
         });
         let reply = replies.get(k).cloned().unwrap_or(DataReply::Welcome);
         k += 1;

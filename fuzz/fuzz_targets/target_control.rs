@@ -262,7 +262,7 @@ fn fabric_model(frames: impl Iterator<Item = Message>, peer: &str, m: &mut Model
 
 fn check_answer(ctx: &Ctx, want: &Want, got: &Message, fabric_regions: &[RemoteRegion]) -> bool {
     match (want, got) {
-        (Want::Welcome, Message::Welcome { engine, session }) => {
+        (Want::Welcome, Message::Welcome { engine, session, .. }) => {
             *engine == ctx.engine.local_engine() && *session != 0
         }
         (Want::FabricInfo, Message::FabricInfo { pid, socket, .. }) => {

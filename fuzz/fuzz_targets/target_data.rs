@@ -590,7 +590,7 @@ async fn run(ctx: &mut Ctx, data: &[u8]) {
                 }
             };
             match (&hello, first) {
-                (Hello::Valid, Some(Message::Welcome { engine, session })) => {
+                (Hello::Valid, Some(Message::Welcome { engine, session, .. })) => {
                     assert!(
                         engine == ctx.engine.local_engine()
                             && session == ctx.session.session

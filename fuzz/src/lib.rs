@@ -243,6 +243,7 @@ pub enum FMsg {
     Welcome {
         engine: String,
         session: u64,
+        incarnation: u64,
     },
     Refuse {
         status: u32,
@@ -330,7 +331,15 @@ impl FMsg {
                 },
                 session,
             },
-            FMsg::Welcome { engine, session } => Message::Welcome { engine, session },
+            FMsg::Welcome {
+                engine,
+                session,
+                incarnation,
+            } => Message::Welcome {
+                engine,
+                session,
+                incarnation,
+            },
             FMsg::Refuse { status, reason } => Message::Refuse { status, reason },
             FMsg::MemTable(v) => Message::MemTable(v.iter().map(FRegion::region).collect()),
             FMsg::Notify { seq, name, msg } => Message::Notify { seq, name, msg },

@@ -186,6 +186,7 @@ async fn a_target_that_cannot_prove_the_secret_is_not_trusted() {
             Message::Welcome {
                 engine: "rogue".into(),
                 session: 5,
+                incarnation: 0x1ca7,
             },
         )
         .await;

@@ -29,6 +29,7 @@ async fn fake_without_fabric(l: tokio::net::TcpListener, streams: usize) {
         Message::Welcome {
             engine: name.clone(),
             session: 9,
+            incarnation: 0x1ca7,
         },
     )
     .await;
@@ -49,6 +50,7 @@ async fn fake_without_fabric(l: tokio::net::TcpListener, streams: usize) {
             Message::Welcome {
                 engine: name.clone(),
                 session: 9,
+                incarnation: 0x1ca7,
             },
         )
         .await;

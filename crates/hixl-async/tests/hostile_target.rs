@@ -27,6 +27,7 @@ async fn a_refused_read_that_carries_a_payload_fails_its_op() {
             Message::Welcome {
                 engine: name.clone(),
                 session: 3,
+                incarnation: 0x1ca7,
             },
         )
         .await;
@@ -53,6 +54,7 @@ async fn a_refused_read_that_carries_a_payload_fails_its_op() {
             Message::Welcome {
                 engine: name,
                 session: 3,
+                incarnation: 0x1ca7,
             },
         )
         .await;

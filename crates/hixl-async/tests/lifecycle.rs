@@ -433,6 +433,11 @@ async fn a_target_restarted_on_its_port_mid_stream_is_a_new_link() {
         let p2 = init.peer_or_connect(&addr).await.expect("reconnect");
         let kv2 = p2.region("kv").expect("kv of the new incarnation");
         assert_ne!(kv2.rkey, kv1.rkey, "{mode:?}: new keys");
+        assert_ne!(
+            p2.incarnation(),
+            p1.incarnation(),
+            "{mode:?}: the handshake tells the new incarnation from the old"
+        );
         assert_eq!(kv2.len, (LEN / 2) as u64, "{mode:?}: the new table");
         if mode == Mode::FabricPool {
             assert!(

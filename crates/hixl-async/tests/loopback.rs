@@ -205,6 +205,7 @@ async fn stalled_peer() -> String {
             Message::Welcome {
                 engine: "stalled".into(),
                 session: 1,
+                incarnation: 0x1ca7,
             }
             .encode(&mut out);
             if !data {

@@ -44,6 +44,8 @@ pub(super) struct Control {
 /// What the handshake established.
 pub(super) struct Welcomed {
     pub(super) session: u64,
+    /// The target engine's incarnation.
+    pub(super) incarnation: u64,
     pub(super) offers: Vec<Message>,
     pub(super) table: Vec<RemoteRegion>,
 }
@@ -66,11 +68,16 @@ impl Control {
     /// connection's loss.
     pub(super) async fn handshake(&mut self) -> Result<Welcomed> {
         let mut session = None;
+        let mut incarnation = 0;
         let mut offers = Vec::new();
         loop {
             while let Some(e) = self.session.poll_event() {
                 match e {
-                    Event::Welcomed { session: s, .. } => session = Some(s),
+                    Event::Welcomed {
+                        session: s,
+                        incarnation: i,
+                        ..
+                    } => (session, incarnation) = (Some(s), i),
                     Event::TransportOffer(m) => offers.push(m),
                     Event::Table(table) => {
                         let session = session.ok_or(Error::Internal {
@@ -78,6 +85,7 @@ impl Control {
                         })?;
                         return Ok(Welcomed {
                             session,
+                            incarnation,
                             offers,
                             table,
                         });

@@ -67,6 +67,7 @@ impl Link {
         let mut control = Control::new(session, s, name.clone());
         let welcomed = control.handshake().await?;
         let (session, offers, table) = (welcomed.session, welcomed.offers, welcomed.table);
+        let incarnation = welcomed.incarnation;
         let mut data = Vec::with_capacity(p.streams);
         for _ in 0..p.streams.max(1) {
             let mut d = TcpStream::connect(p.addr)
@@ -129,6 +130,7 @@ impl Link {
             ops: Mutex::new(TokenLog::default()),
             last_used: AtomicU64::new(now_ms()),
             transport,
+            incarnation,
         });
         unbuilt.0 = None;
         link.state

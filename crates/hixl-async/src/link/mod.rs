@@ -75,6 +75,8 @@ pub(crate) struct Link {
     last_used: AtomicU64,
     /// Which transport serves this peer, and why.
     transport: String,
+    /// The peer engine's incarnation, from its `Welcome`.
+    pub(crate) incarnation: u64,
 }
 
 fn poisoned() -> Error {

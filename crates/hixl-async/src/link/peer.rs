@@ -22,6 +22,13 @@ impl Peer {
         &self.link.name
     }
 
+    /// The peer engine's incarnation: a random id it drew when it started, carried by the
+    /// handshake. A peer restarted on the same address has a new one (and is a new link:
+    /// nothing of the old link is used for it).
+    pub fn incarnation(&self) -> u64 {
+        self.link.incarnation
+    }
+
     /// Which transport serves this peer and why, e.g. `fabric (same host: ...)` or
     /// `tcp (the peer is on another host ...)`.
     pub fn transport(&self) -> &str {

@@ -177,15 +177,10 @@ impl Server {
                     .any(|t| t.on_control(&self.cx, sess, &m));
                 if !taken {
                     // Only a peer that ignored our offers asks for a transport we do not
-                    // serve.
-                    let reason = format!(
-                        "a request for a transport this engine does not offer: {}",
-                        short(&m)
-                    );
-                    session.connection_lost(Error::Protocol {
-                        peer: sess.peer.to_string(),
-                        reason,
-                    });
+                    // serve; it hears UNSUPPORTED.
+                    let reason = "this engine does not offer that transport";
+                    tracing::info!(peer = %sess.peer, "refusing {}: {reason}", short(&m));
+                    let _ = session.refuse_transport(&m, reason);
                 }
             }
             Event::Closed(_)

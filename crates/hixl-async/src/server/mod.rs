@@ -186,6 +186,7 @@ impl Server {
                 let welcome = Message::Welcome {
                     engine: self.shared.name.clone(),
                     session,
+                    incarnation: self.instance,
                 };
                 if write_frame(&mut s, &welcome, &from).await.is_err() {
                     return;

@@ -58,6 +58,7 @@ pub async fn silent_target(
             Message::Welcome {
                 engine: name.clone(),
                 session: 7,
+                incarnation: 0x1ca7,
             },
         )
         .await;
@@ -87,6 +88,7 @@ pub async fn silent_target(
                 Message::Welcome {
                     engine: name.clone(),
                     session: 7,
+                    incarnation: 0x1ca7,
                 },
             )
             .await;

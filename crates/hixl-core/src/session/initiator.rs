@@ -247,8 +247,19 @@ impl InitiatorSession {
                     m => fail(self.unexpected(&m, "authentication proof"), None),
                 }
             }
-            (State::AwaitFirst | State::AwaitWelcome, Message::Welcome { engine, session }) => {
-                self.core.event(Event::Welcomed { session, engine });
+            (
+                State::AwaitFirst | State::AwaitWelcome,
+                Message::Welcome {
+                    engine,
+                    session,
+                    incarnation,
+                },
+            ) => {
+                self.core.event(Event::Welcomed {
+                    session,
+                    engine,
+                    incarnation,
+                });
                 self.state = State::Offers { session };
                 Ok(())
             }

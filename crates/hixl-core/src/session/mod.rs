@@ -212,6 +212,9 @@ pub enum Event {
         session: u64,
         /// The peer's engine name.
         engine: String,
+        /// The peer engine's incarnation (from its `Welcome`, or its control `Hello`): a
+        /// restarted peer has a new one.
+        incarnation: u64,
     },
     /// Initiator: a transport offer of the target (`FabricInfo`, `VerbsInfo`), uninterpreted.
     TransportOffer(Message),

@@ -64,6 +64,8 @@ pub struct TargetSession {
     verbs_connects: usize,
     /// With [`Admission::Driver`]: notifies offered to the driver and not yet answered.
     offered: BTreeSet<u64>,
+    /// The initiator's incarnation, from its hello.
+    peer_incarnation: u64,
 }
 
 impl TargetSession {
@@ -95,6 +97,7 @@ impl TargetSession {
             revoking: BTreeSet::new(),
             verbs_connects: 0,
             offered: BTreeSet::new(),
+            peer_incarnation: 0,
         }
     }
 
@@ -233,6 +236,7 @@ impl TargetSession {
                 session,
             } => {
                 self.core.peer = engine.clone();
+                self.peer_incarnation = session;
                 if session == self.config.incarnation {
                     let refuse = Message::Refuse {
                         status: Status::ParamInvalid.code(),
@@ -297,10 +301,12 @@ impl TargetSession {
         self.core.send(Message::Welcome {
             engine: self.config.engine.clone(),
             session: self.session,
+            incarnation: self.config.incarnation,
         });
         self.core.event(Event::Welcomed {
             session: self.session,
             engine: self.core.peer.clone(),
+            incarnation: self.peer_incarnation,
         });
         self.deadline = None;
         self.state = State::Welcomed;
@@ -443,6 +449,25 @@ impl TargetSession {
         }
         self.core.send(m);
         Ok(())
+    }
+
+    /// Refuses a transport request that no transport of this engine takes (a `VerbsConnect`
+    /// from a peer that ignored our offers): answers it with `UNSUPPORTED` and `reason`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParam`] for a message that is not a transport request, or one nobody
+    /// asked; the session's cause once closed.
+    pub fn refuse_transport(&mut self, request: &Message, reason: &str) -> Result<()> {
+        match request {
+            Message::VerbsConnect { .. } => self.send_transport(Message::VerbsAccept {
+                status: Status::Unsupported.code(),
+                endpoint: Vec::new(),
+                reason: clip(reason.to_string()),
+            }),
+            m => Err(self
+                .core
+                .misuse(format!("{} is not a transport request", describe(m)))),
+        }
     }
 
     /// Revokes a region: sends `Revoke`; the initiator's answer arrives as

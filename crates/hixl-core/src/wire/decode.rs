@@ -39,6 +39,7 @@ impl Message {
             ty::WELCOME => Message::Welcome {
                 engine: r.string("engine", MAX_NAME)?,
                 session: r.u64("session")?,
+                incarnation: r.u64("incarnation")?,
             },
             ty::REFUSE => Message::Refuse {
                 status: r.u32("status")?,

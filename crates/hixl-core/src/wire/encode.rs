@@ -31,9 +31,14 @@ impl Message {
                 out.put_u64_le(*session);
                 ty::HELLO
             }
-            Message::Welcome { engine, session } => {
+            Message::Welcome {
+                engine,
+                session,
+                incarnation,
+            } => {
                 put_bytes(out, engine.as_bytes());
                 out.put_u64_le(*session);
+                out.put_u64_le(*incarnation);
                 ty::WELCOME
             }
             Message::Refuse { status, reason } => {

@@ -62,6 +62,9 @@ pub enum Message {
         engine: String,
         /// Session id that data connections must present.
         session: u64,
+        /// The target engine's incarnation: random per engine start, so that a target
+        /// restarted on the same address is told apart from the one before.
+        incarnation: u64,
     },
     /// The target refuses a connection.
     Refuse {
@@ -215,6 +218,7 @@ pub(super) mod tests {
             Message::Welcome {
                 engine: "10.0.0.1:2".into(),
                 session: 5,
+                incarnation: 0x1ca7,
             },
             Message::Refuse {
                 status: 103900,

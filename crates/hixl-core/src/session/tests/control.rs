@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::status::Status;
 use crate::wire::{Channel, DataReq};
 
 #[test]
@@ -121,6 +122,41 @@ fn verbs_negotiation_passes_through() {
     let now = p.now;
     let _ = p.ini.handle_frame(now, accept);
     assert!(matches!(p.ini.error(), Some(Error::Protocol { .. })));
+}
+
+#[test]
+fn an_unserved_transport_request_is_refused_unsupported() {
+    let mut p = Pair::new().connect();
+    let connect = Message::VerbsConnect {
+        endpoint: vec![1, 2, 3],
+    };
+    assert!(
+        p.tgt.refuse_transport(&connect, "no").is_err(),
+        "nothing was asked yet"
+    );
+    assert!(p
+        .tgt
+        .refuse_transport(&Message::Heartbeat { seq: 1 }, "no")
+        .is_err());
+    p.ini.send_transport(connect.clone()).expect("connect");
+    p.run_for(Duration::from_millis(10));
+    p.tgt
+        .refuse_transport(&connect, "not offered")
+        .expect("refuse");
+    p.run_for(Duration::from_millis(10));
+    let answer = p.ini_events.iter().find_map(|e| match &e.1 {
+        Event::TransportMessage(m @ Message::VerbsAccept { .. }) => Some(m.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        answer,
+        Some(Message::VerbsAccept {
+            status: Status::Unsupported.code(),
+            endpoint: Vec::new(),
+            reason: "not offered".into(),
+        })
+    );
+    assert!(!p.ini.is_closed() && !p.tgt.is_closed());
 }
 
 #[test]

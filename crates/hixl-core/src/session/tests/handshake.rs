@@ -33,7 +33,8 @@ fn handshake_without_auth() {
         to_i[0],
         Message::Welcome {
             engine: "10.0.0.2:5000".into(),
-            session: SESSION
+            session: SESSION,
+            incarnation: 2,
         }
     );
     assert!(matches!(&to_i[1], Message::MemTable(t) if t.len() == 2));
@@ -42,7 +43,8 @@ fn handshake_without_auth() {
     assert!(matches!(to_t[1], Message::Heartbeat { seq: 1 }));
     let evs: Vec<_> = p.ini_events.iter().map(|e| &e.1).collect();
     assert!(
-        matches!(evs[0], Event::Welcomed { session: SESSION, engine } if engine == "10.0.0.2:5000")
+        matches!(evs[0], Event::Welcomed { session: SESSION, engine, incarnation: 2 } if engine == "10.0.0.2:5000"),
+        "the target's name and incarnation"
     );
     match evs[1] {
         Event::Table(t) => assert_eq!(
@@ -53,7 +55,10 @@ fn handshake_without_auth() {
         e => panic!("{e:?}"),
     }
     assert_eq!(p.ini.table().len(), 2);
-    assert!(matches!(&p.tgt_events[0].1, Event::Welcomed { engine, .. } if engine == "10.0.0.1"));
+    assert!(
+        matches!(&p.tgt_events[0].1, Event::Welcomed { engine, incarnation: 1, .. } if engine == "10.0.0.1"),
+        "the initiator's name and incarnation"
+    );
     assert_eq!(p.tgt.peer(), "10.0.0.1");
     assert!(!p
         .ini_events

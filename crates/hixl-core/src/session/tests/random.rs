@@ -44,7 +44,13 @@ fn message() -> impl Strategy<Value = Message> {
                 channel: [Channel::Control, Channel::Data, Channel::Fabric][c as usize],
                 session
             }),
-        (text(), any::<u64>()).prop_map(|(engine, session)| Message::Welcome { engine, session }),
+        (text(), any::<u64>(), any::<u64>()).prop_map(|(engine, session, incarnation)| {
+            Message::Welcome {
+                engine,
+                session,
+                incarnation,
+            }
+        }),
         (any::<u32>(), text()).prop_map(|(status, reason)| Message::Refuse { status, reason }),
         proptest::collection::vec((0u64..8, 0u64..4), 0..4).prop_map(|v| Message::MemTable(
             v.into_iter().map(|(a, k)| region(a << 12, k)).collect()
