@@ -34,7 +34,7 @@ struct TokenLog {
 }
 
 impl TokenLog {
-    fn record(&mut self, token: Token, ops: &Mutex<hixl_core::OpTable<std::task::Waker>>) {
+    fn record(&mut self, token: Token, ops: &Mutex<crate::keep::Ops>) {
         if self.tokens.len() >= self.prune_at {
             if let Ok(o) = ops.lock() {
                 self.tokens.retain(|&t| o.phase(t).is_some());
@@ -109,7 +109,7 @@ impl Link {
 
     /// Whether an op of this link may still touch memory or wait for an answer (posted,
     /// waited on or abandoned with parts outstanding): such a link is never evicted.
-    pub(crate) fn busy(&self, ops: &hixl_core::OpTable<std::task::Waker>) -> bool {
+    pub(crate) fn busy(&self, ops: &crate::keep::Ops) -> bool {
         use hixl_core::Phase;
         if self.notify_waiters.lock().map_or(true, |w| !w.is_empty()) {
             return true;

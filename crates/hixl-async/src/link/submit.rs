@@ -9,7 +9,8 @@ use hixl_core::{Access, Error, OpDesc, RemoteRegion, Result, Token, TransferOp};
 
 use super::{poisoned, Link};
 use crate::context::Shared;
-use crate::memory::Lease;
+use crate::keep::Keeps;
+use crate::rawio::PartRange;
 use crate::tcp::initiator::{fail_parts, Part};
 use crate::transport::Batch;
 
@@ -66,6 +67,8 @@ impl Link {
         let mut per: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
         let mut k = self.next.fetch_add(1, Ordering::Relaxed);
         let token = shared.ops.lock().map_err(|_| poisoned())?.insert();
+        // The op's keep-alive, handed to its op-table entry when it is posted.
+        let mut keeps = Keeps::default();
         // Validates and routes every descriptor (to the first channel batch that takes it,
         // else into TCP parts), then posts the op in the op table.
         let mut stage = |batches: &mut [&mut (dyn Batch + '_)]| -> Result<()> {
@@ -85,8 +88,9 @@ impl Link {
                     let local = regions.lookup_local(i, d.local_addr, d.len)?;
                     let rkey =
                         Self::remote_rkey(&table, &self.name, i, d.remote_addr, d.len, need)?;
+                    keeps.region(&local.data);
                     for b in batches.iter_mut() {
-                        if let Some(n) = b.add(i, d, &local.data, rkey)? {
+                        if let Some(n) = b.add(i, d, &local.data, rkey, &mut keeps)? {
                             count(n)?;
                             continue 'descs;
                         }
@@ -97,14 +101,13 @@ impl Link {
                         per[k % n].push(Part {
                             token,
                             write,
-                            local: d.local_addr + off,
+                            local: PartRange::new(d.local_addr + off, len),
                             req: DataReq {
                                 id: token.0,
                                 rkey,
                                 addr: d.remote_addr + off,
                                 len,
                             },
-                            lease: Lease::new(&local.data),
                         });
                         k += 1;
                         off += len;
@@ -121,10 +124,14 @@ impl Link {
                     return Err(e);
                 }
             };
-            ops.post(token, parts).map_err(|e| Error::InvalidParam {
+            // From here until its last part is done, the op table keeps the op's memory valid.
+            let mut reaped = Vec::new();
+            let posted = ops.post(token, parts, keeps.drain(), &mut reaped);
+            drop(ops);
+            drop(reaped);
+            posted.map_err(|e| Error::InvalidParam {
                 what: e.to_string(),
             })?;
-            drop(ops);
             self.touch();
             if let Ok(mut t) = self.ops.lock() {
                 t.record(token, &shared.ops);

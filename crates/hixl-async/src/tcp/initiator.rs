@@ -19,22 +19,25 @@ use crate::completion::Completion;
 use crate::context::Shared;
 use crate::frame_io::shutdown_both;
 use crate::link_state::LinkState;
-use crate::memory::Lease;
-use crate::rawio::{self, RawRange};
+use crate::rawio::{self, PartRange, RawRange};
 
-/// One piece of a transfer on one connection.
+/// One piece of a transfer on one connection. Its local bytes stay valid until it is
+/// completed: the op table holds its op's lease ([`PartRange`]).
 #[derive(Debug)]
 pub(crate) struct Part {
     pub(crate) token: Token,
     pub(crate) write: bool,
-    /// Address of the part's local bytes (inside the region that `lease` holds).
-    pub(crate) local: u64,
+    /// The part's local bytes.
+    pub(crate) local: PartRange,
     pub(crate) req: DataReq,
-    pub(crate) lease: Lease,
 }
 
 /// Parts whose answer has not arrived, in the order they were sent; `None` once the reader
 /// has stopped (then pushing fails the part instead). `pushed` wakes an idle reader.
+///
+/// A part in the queue belongs to the reader, which completes it; a write part is queued only
+/// once its payload is sent, so that nobody completes it (and lets its op be reaped) while
+/// the socket still reads its memory.
 #[derive(Debug)]
 struct Queue {
     parts: Mutex<Option<VecDeque<Part>>>,
@@ -205,26 +208,20 @@ async fn send_batch(
         }
         let hdr = encode_data_req(part.write, &part.req);
         if part.write {
-            let (local, len) = (part.local, part.req.len);
-            // Keeps the source memory live while the socket reads it, even if the reader
-            // fails this part (and drops its lease) concurrently.
-            let hold = part.lease.clone();
-            if let Err(p) = push(inflight, part) {
-                let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
-                let _ = flush(w, live, hdrs, peer).await;
-                return Err(e);
-            }
-            // The range borrows `hold`: the memory stays valid until the send is over.
-            let r = match hold.range(local, len) {
-                Ok(payload) => send_part(w, live, hdrs, &hdr, payload).await,
-                Err(e) => Err(std::io::Error::other(e.to_string())),
-            };
-            drop(hold);
+            // SAFETY: the part is not completed while the socket reads it: it is queued for
+            // the reader (which completes it) only after the send, and fails here otherwise.
+            let payload = unsafe { part.local.raw() };
+            let r = send_part(w, live, hdrs, &hdr, payload).await;
             if let Err(e) = r {
                 // The parts not yet queued for the reader would never complete otherwise.
                 let e = live.cause(lost(peer, e));
-                fail_parts(shared, it.map(|(_, p)| p), &e);
+                fail_parts(shared, std::iter::once(part).chain(it.map(|(_, p)| p)), &e);
                 return Err(e);
+            }
+            // Its ack may already be in the socket: the reader waits for the push (the
+            // queue keeps the order the requests were sent in, as the answers come).
+            if let Err(p) = push(inflight, part) {
+                return Err(fail_rest(shared, peer, p, it.map(|(_, p)| p)));
             }
         } else {
             if let Err(p) = push(inflight, part) {
@@ -436,10 +433,10 @@ async fn read_loop(
         match next_expected(inflight) {
             None => return Ok(()),
             Some(Next::Idle) => {
-                // Answers only follow requests, and requests are queued before they are sent:
-                // with nothing queued, wait for the writer (no socket syscall). A peer that
-                // closes meanwhile is seen by the control channel (which kills the link) or by
-                // the next read; bytes it sends unasked fail the next answer's checks.
+                // Answers only follow requests, and a request is queued before the next one is
+                // sent: with nothing queued, wait for the writer (no socket syscall). A peer
+                // that closes meanwhile is seen by the control channel (which kills the link)
+                // or by the next read; bytes it sends unasked fail the next answer's checks.
                 tokio::select! {
                     _ = inflight.pushed.notified() => {}
                     _ = dead.changed() => return Ok(()),
@@ -502,11 +499,9 @@ async fn read_loop(
                     fail_parts(shared, [p], &e);
                     return Err(e);
                 }
-                // The range borrows p.lease: the memory stays valid until the payload is in.
-                let got = match p.lease.range(p.local, len) {
-                    Ok(dst) => rawio::recv_exact(r.as_ref(), dst).await,
-                    Err(e) => Err(std::io::Error::other(e.to_string())),
-                };
+                // SAFETY: `p` was popped: only this task completes it, after the receive.
+                let dst = unsafe { p.local.raw() };
+                let got = rawio::recv_exact(r.as_ref(), dst).await;
                 if let Err(e) = got {
                     // If the link was closed (our own disconnect shuts the socket down), the
                     // part fails with the link's cause like every other part of the link.

@@ -10,7 +10,8 @@ use hixl_core::{Error, OpDesc, RemoteRegion, Result, Token, TransferOp};
 use hixl_verbs::{LocalRange, RemoteRange, WorkRequest};
 
 use super::VerbsLink;
-use crate::memory::{Lease, RegionInner};
+use crate::keep::Keeps;
+use crate::memory::RegionInner;
 use crate::sink::Completions;
 use crate::transport::{Batch, PeerChannel};
 
@@ -27,7 +28,6 @@ impl PeerChannel for VerbsChannel {
             token,
             op,
             wrs: Vec::new(),
-            leases: Vec::new(),
         })
     }
 
@@ -60,7 +60,6 @@ struct VerbsBatch<'a> {
     token: Token,
     op: TransferOp,
     wrs: Vec<WorkRequest>,
-    leases: Vec<Lease>,
 }
 
 impl Batch for VerbsBatch<'_> {
@@ -70,6 +69,7 @@ impl Batch for VerbsBatch<'_> {
         d: &OpDesc,
         local: &Arc<RegionInner>,
         rkey: u64,
+        _keep: &mut Keeps,
     ) -> Result<Option<u32>> {
         let (Some(lkey), Some(dev)) = (local.lkey, self.link.key(rkey)) else {
             return Ok(None);
@@ -87,12 +87,11 @@ impl Batch for VerbsBatch<'_> {
                 rkey: dev,
             },
         });
-        self.leases.push(Lease::new(local));
         Ok(Some(1))
     }
 
     fn post(self: Box<Self>, _sink: &Completions) {
         // The link completes (or fails) every request through the engine's completions.
-        self.link.submit(self.token, self.wrs, self.leases);
+        self.link.submit(self.token, self.wrs);
     }
 }

@@ -3,11 +3,12 @@
 //! to each peer reached over verbs.
 //!
 //! **Leases.** A work request names local memory by lkey; the device touches it until the
-//! request's completion is polled. Every posted request therefore holds a [`Lease`] on its
-//! local region, kept in [`VerbsSource`]'s hold table under the transfer's token and released
-//! when the last completion of that token has been drained, whether the transfer's future is
-//! still waiting, was dropped or timed out. Remote memory needs no lease: the peer's device
-//! refuses a request once the region's memory region is deregistered.
+//! request's completion is polled. The op table holds the lease on each op's local regions
+//! until the op's last completion has been drained (`rawio::PartRange`), whether the
+//! transfer's future is still waiting, was dropped or timed out. [`VerbsSource`]'s hold table
+//! only maps a transfer's token to its link, so that a flushed request reports why its link
+//! closed. Remote memory needs no lease: the peer's device refuses a request once the
+//! region's memory region is deregistered.
 //!
 //! **Send-queue room.** A call's work requests go to the QP as one chain when they fit in its
 //! free send-queue slots; the rest wait in the link's backlog, posted as completions free
@@ -24,10 +25,9 @@ pub(crate) mod target;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::task::Waker;
 
 use hixl_core::options::TransportChoice;
-use hixl_core::{CompletionSource, Error, OpTable, Options, PartResult, Result, Token};
+use hixl_core::{CompletionSource, Error, Options, PartResult, Result, Token};
 use hixl_verbs::{
     CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QpEndpoint, QueuePair,
     WorkRequest,
@@ -35,7 +35,6 @@ use hixl_verbs::{
 
 use crate::completion::Completion;
 use crate::link_state::LinkState;
-use crate::memory::Lease;
 use crate::sink::Completions;
 
 /// Send-queue depth of an initiator's QP (clamped to the device's `max_qp_wr`).
@@ -163,15 +162,14 @@ fn target_config(cfg: &QpConfig) -> QpConfig {
     }
 }
 
-/// Leases of one transfer's posted work requests, and the link they were posted on.
+/// How many of one transfer's work requests are posted or waiting, and the link they are on.
 struct Hold {
     parts: usize,
-    _leases: Vec<Lease>,
     link: Weak<VerbsLink>,
 }
 
-/// The verbs completion queue as the reactor sees it: draining also releases leases of
-/// finished transfers, closes links whose QP failed and posts backlogs into freed slots.
+/// The verbs completion queue as the reactor sees it: draining also names the cause of
+/// flushed requests, closes links whose QP failed and posts backlogs into freed slots.
 pub(crate) struct VerbsSource {
     cq: CompletionQueue,
     holds: Mutex<HashMap<Token, Hold>>,
@@ -179,42 +177,26 @@ pub(crate) struct VerbsSource {
 }
 
 impl VerbsSource {
-    fn hold(&self, token: Token, parts: usize, leases: Vec<Lease>, link: Weak<VerbsLink>) {
+    fn hold(&self, token: Token, parts: usize, link: Weak<VerbsLink>) {
         if let Ok(mut h) = self.holds.lock() {
-            match h.get_mut(&token) {
-                Some(x) => {
-                    x.parts += parts;
-                    x._leases.extend(leases);
-                }
-                None => {
-                    h.insert(
-                        token,
-                        Hold {
-                            parts,
-                            _leases: leases,
-                            link,
-                        },
-                    );
+            h.entry(token)
+                .and_modify(|x| x.parts += parts)
+                .or_insert(Hold { parts, link });
+        }
+    }
+
+    fn release(&self, token: Token, parts: usize) {
+        if let Ok(mut h) = self.holds.lock() {
+            if let Some(x) = h.get_mut(&token) {
+                x.parts = x.parts.saturating_sub(parts);
+                if x.parts == 0 {
+                    h.remove(&token);
                 }
             }
         }
     }
 
-    fn release(&self, token: Token, parts: usize) {
-        let gone = self.holds.lock().ok().and_then(|mut h| {
-            let x = h.get_mut(&token)?;
-            x.parts = x.parts.saturating_sub(parts);
-            if x.parts == 0 {
-                h.remove(&token)
-            } else {
-                None
-            }
-        });
-        // Leases are dropped outside the lock (a drop may wake a deregistration).
-        drop(gone);
-    }
-
-    /// Transfers holding leases (for tests and diagnostics).
+    /// Transfers with requests posted or waiting (for tests and diagnostics).
     #[allow(dead_code)]
     pub(crate) fn holds(&self) -> usize {
         self.holds.lock().map(|h| h.len()).unwrap_or(0)
@@ -249,10 +231,8 @@ impl CompletionSource for VerbsSource {
             return 0;
         }
         // One pass under one lock of the hold table: a flushed request reports why its link
-        // closed, and each completion releases one part of its transfer's hold. Holds that
-        // reach zero are dropped after the lock (a lease drop may wake a deregistration).
+        // closed, and each completion releases one part of its transfer's hold.
         let mut failed = false;
-        let mut finished = Vec::new();
         if let Ok(mut holds) = self.holds.lock() {
             for (token, r) in &mut out[start..] {
                 let Some(h) = holds.get_mut(token) else {
@@ -266,11 +246,10 @@ impl CompletionSource for VerbsSource {
                 }
                 h.parts = h.parts.saturating_sub(1);
                 if h.parts == 0 {
-                    finished.extend(holds.remove(token));
+                    holds.remove(token);
                 }
             }
         }
-        drop(finished);
         failed |= out[start..].iter().any(|(_, r)| r.is_err());
         for l in self.live_links() {
             if failed {
@@ -307,7 +286,7 @@ pub(crate) struct VerbsLink {
     peer: Arc<str>,
     /// The engine's ops (requests of dropped transfers are not posted) and where the link's
     /// completions go.
-    ops: Arc<Mutex<OpTable<Waker>>>,
+    ops: crate::keep::SharedOps,
     sink: Completions,
     source: Arc<VerbsSource>,
     state: Arc<LinkState>,
@@ -339,7 +318,7 @@ impl VerbsLink {
     /// QP to be flushed and the backlog failed when the link dies.
     pub(crate) fn start(
         backend: &VerbsBackend,
-        ops: &Arc<Mutex<OpTable<Waker>>>,
+        ops: &crate::keep::SharedOps,
         sink: &Completions,
         state: Arc<LinkState>,
         peer: Arc<str>,
@@ -408,9 +387,10 @@ impl VerbsLink {
         }
     }
 
-    /// Posts one transfer's work requests (all carrying `token`), holding `leases` until their
-    /// completions are drained. What does not fit in the send queue waits in the backlog.
-    pub(crate) fn submit(&self, token: Token, wrs: Vec<WorkRequest>, leases: Vec<Lease>) {
+    /// Posts one transfer's work requests (all carrying `token`; the op table holds their
+    /// memory until their completions are drained). What does not fit in the send queue waits
+    /// in the backlog.
+    pub(crate) fn submit(&self, token: Token, wrs: Vec<WorkRequest>) {
         if wrs.is_empty() {
             return;
         }
@@ -428,7 +408,7 @@ impl VerbsLink {
             };
             return self.fail_now(&wrs, &e);
         }
-        self.source.hold(token, wrs.len(), leases, self.me.clone());
+        self.source.hold(token, wrs.len(), self.me.clone());
         if let Ok(mut b) = self.backlog.lock() {
             b.extend(wrs);
         }
@@ -492,8 +472,9 @@ impl VerbsLink {
         let chain: Vec<WorkRequest> = backlog.drain(..n).collect();
         // SAFETY: every request's local range lies in a region registered with this
         // engine's protection domain under `local.lkey`, leased (so neither deregistered
-        // nor freed) until the request's completion is drained: the hold taken in `submit`
-        // is released by the drain only. The remote range was checked against the peer's
+        // nor freed) until the request's completion is drained: the op table holds its op's
+        // lease until its last part completes (`rawio::PartRange`), and a posted request
+        // completes only through the drain. The remote range was checked against the peer's
         // memory table; the peer's device refuses anything else.
         let r = unsafe { q.post_chain(&chain) };
         match r {
