@@ -45,8 +45,9 @@ impl PeerChannel for VerbsChannel {
         self.link.prune_keys(table);
     }
 
-    // Requests still in the backlog of a dropped transfer are withdrawn by the next pump
-    // (it posts only wanted ones), so `withdraw` needs nothing more here.
+    fn withdraw(&self, token: Token, cause: &Error) {
+        self.link.withdraw(token, cause);
+    }
 
     fn close(&self, _cause: &Error, _tokens: &HashSet<Token>) {
         // Flushes the QP (its requests complete with errors) and fails the backlog with the

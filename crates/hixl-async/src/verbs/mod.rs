@@ -284,9 +284,7 @@ pub(crate) struct Connected {
 /// An initiator's RC connection to one peer.
 pub(crate) struct VerbsLink {
     peer: Arc<str>,
-    /// The engine's ops (requests of dropped transfers are not posted) and where the link's
-    /// completions go.
-    ops: crate::keep::SharedOps,
+    /// Where the link's completions go.
     sink: Completions,
     source: Arc<VerbsSource>,
     state: Arc<LinkState>,
@@ -318,7 +316,6 @@ impl VerbsLink {
     /// QP to be flushed and the backlog failed when the link dies.
     pub(crate) fn start(
         backend: &VerbsBackend,
-        ops: &crate::keep::SharedOps,
         sink: &Completions,
         state: Arc<LinkState>,
         peer: Arc<str>,
@@ -341,7 +338,6 @@ impl VerbsLink {
         let l = Arc::new_cyclic(|me| VerbsLink {
             me: me.clone(),
             peer,
-            ops: ops.clone(),
             sink: sink.clone(),
             source: backend.source.clone(),
             state: state.clone(),
@@ -436,26 +432,8 @@ impl VerbsLink {
             drop((backlog, qp));
             return self.fail(&wrs, &e);
         }
-        // Requests of transfers dropped or timed out while they waited are not posted.
-        let mut dropped = Vec::new();
-        if let Ok(ops) = self.ops.lock() {
-            if backlog.iter().any(|w| !ops.is_wanted(w.token)) {
-                dropped = backlog
-                    .iter()
-                    .filter(|w| !ops.is_wanted(w.token))
-                    .copied()
-                    .collect();
-                backlog.retain(|w| ops.is_wanted(w.token));
-            }
-        }
-        if !dropped.is_empty() {
-            let e = Error::Cancelled {
-                what: "an RDMA work request",
-            };
-            drop((backlog, qp));
-            self.fail(&dropped, &e);
-            return self.pump();
-        }
+        // Requests of transfers dropped or timed out while they waited left the backlog then
+        // ([`VerbsLink::withdraw`]).
         let mut room = self.capacity.saturating_sub(q.outstanding());
         let mut n = 0;
         for w in backlog.iter() {
@@ -500,6 +478,22 @@ impl VerbsLink {
                 self.fail(&chain, &err);
             }
         }
+    }
+
+    /// The owner of `token` went away: its requests still in the backlog are failed with
+    /// `cause` and never posted; posted ones complete on the device.
+    pub(crate) fn withdraw(&self, token: Token, cause: &Error) {
+        let mut out = Vec::new();
+        if let Ok(mut b) = self.backlog.lock() {
+            b.retain(|w| {
+                let mine = w.token == token;
+                if mine {
+                    out.push(*w);
+                }
+                !mine
+            });
+        }
+        self.fail(&out, cause);
     }
 
     /// Closes the link when its QP has failed.
