@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::BytesMut;
@@ -17,7 +17,7 @@ use super::{now_ms, refusal, Link, TokenLog};
 use crate::context::Shared;
 use crate::frame_io::{read_frame, tune, unexpected, write_frame, write_frames};
 use crate::link_state::LinkState;
-use crate::tcp::initiator::DataConn;
+use crate::tcp::channel::TcpChannel;
 use crate::transport::{select, sort_table, LinkHooks, Negotiation, PeerChannel};
 
 /// The initiator's half of the challenge-response of [`hixl_core::auth`]: answers a
@@ -149,10 +149,13 @@ impl Link {
         // Until the link is built, an error or a dropped connect future must end the data
         // connections' tasks (and close their sockets): nothing else would.
         let mut unbuilt = KillOnDrop(Some(state.clone()));
-        let conns = data
-            .into_iter()
-            .map(|d| DataConn::spawn(d, name.clone(), shared.clone(), state.clone()))
-            .collect();
+        let tcp: Arc<dyn PeerChannel> = Arc::new(TcpChannel::spawn(
+            data,
+            name.clone(),
+            shared.clone(),
+            state.clone(),
+            p.chunk.max(4096),
+        ));
         let (tx, rx) = mpsc::unbounded_channel();
         let mut cx = Negotiation {
             offers: &offers,
@@ -167,19 +170,15 @@ impl Link {
             ops: &shared.ops,
             sink: &shared.sink,
         };
-        let (channel, transport) = select::choose(&shared.transports, &mut cx).await?;
-        let channels: Vec<Arc<dyn PeerChannel>> = channel.into_iter().collect();
+        let (channels, transport) = select::choose(&shared.transports, &mut cx, tcp).await?;
         tracing::info!(peer = %name, "transport: {transport}");
         let link = Arc::new(Link {
             name,
             state,
             table: RwLock::new(table),
-            conns,
-            next: AtomicUsize::new(0),
             control: tx,
             notify_seq: AtomicU64::new(1),
             notify_waiters: Mutex::new(HashMap::new()),
-            chunk: p.chunk.max(4096),
             channels,
             ops: Mutex::new(TokenLog::default()),
             last_used: AtomicU64::new(now_ms()),

@@ -8,7 +8,7 @@ mod peer;
 mod submit;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::BytesMut;
@@ -20,7 +20,6 @@ pub(crate) use establish::LinkParams;
 pub use peer::Peer;
 
 use crate::link_state::LinkState;
-use crate::tcp::initiator::DataConn;
 use crate::transport::{PeerChannel, Withdraw};
 
 /// Tokens of a link's ops, so that the channel pool can tell a busy link from an idle one and
@@ -60,15 +59,12 @@ pub(crate) struct Link {
     pub(crate) name: Arc<str>,
     pub(crate) state: Arc<LinkState>,
     table: RwLock<Vec<RemoteRegion>>,
-    conns: Vec<DataConn>,
-    next: AtomicUsize,
     control: mpsc::UnboundedSender<BytesMut>,
     notify_seq: AtomicU64,
     notify_waiters: Mutex<HashMap<u64, oneshot::Sender<u32>>>,
-    chunk: u64,
-    /// The transports' channels to the peer (fabric, verbs), in the order the transport
-    /// policy chose; a descriptor goes to the first that reaches it, else over the data
-    /// connections.
+    /// The transports' channels to the peer, in the order the transport policy chose (the
+    /// chosen transport's, then TCP's, which reaches everything); a descriptor goes to the
+    /// first that reaches it.
     channels: Vec<Arc<dyn PeerChannel>>,
     /// Every op of the link: for [`Link::busy`], and so that the link's death can cancel its
     /// copies still queued on the copy engine.
@@ -169,9 +165,6 @@ impl Withdraw for Link {
     }
 
     fn withdraw(&self, token: Token) {
-        if self.channels.is_empty() {
-            return; // TCP writers skip parts of unwanted ops themselves.
-        }
         let e = Error::Cancelled {
             what: "a transport part",
         };
