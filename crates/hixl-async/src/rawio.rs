@@ -109,7 +109,9 @@ impl<'a> RawRange<'a> {
 /// completed, the region it lies in stays registered: an owned buffer is not freed, and raw
 /// memory stays valid by `register_raw`'s contract. The copy engines' and the verbs queue
 /// pair's unsafe contracts (ranges valid until the copy ran, until the request's completion is
-/// drained) are met the same way.
+/// drained) are met the same way. The op table itself outlives every thread that may touch a
+/// part: tasks only touch memory while polled (they hold the engine's `Shared`), and the
+/// fabric backend keeps the op table until its copy streams are joined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PartRange {
     addr: u64,
