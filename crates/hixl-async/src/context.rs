@@ -3,11 +3,10 @@
 //! A bottom-level module: it imports none of the link, server or transport-task modules.
 
 use std::sync::{Arc, Mutex};
-use std::task::Waker;
 use std::time::Duration;
 
 use hixl_core::region::OsRkeys;
-use hixl_core::{OpTable, RegionTable};
+use hixl_core::RegionTable;
 
 use crate::memory::RegionInner;
 use crate::notify::NotifyQueue;
@@ -18,7 +17,7 @@ use crate::sink::Completions;
 pub(crate) struct Shared {
     pub(crate) name: String,
     pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,
-    pub(crate) ops: Arc<Mutex<OpTable<Waker>>>,
+    pub(crate) ops: crate::keep::SharedOps,
     /// Where transports hand in finished parts.
     pub(crate) sink: Completions,
     pub(crate) notifies: Arc<NotifyQueue>,

@@ -5,6 +5,7 @@
 pub mod addr;
 mod completion;
 mod context;
+mod keep;
 mod memory;
 mod notify;
 mod rawio;

@@ -98,6 +98,48 @@ impl<'a> RawRange<'a> {
     }
 }
 
+/// The local bytes of one part of an op, as a transport holds them from post until the part
+/// completes: an address and a length, with no lifetime and no lease of its own.
+///
+/// **The invariant, relied on here only.** `Link::submit` checks that every descriptor's
+/// local range lies inside one registered region, and posts the op in the op table with a
+/// lease on that region in the op's keep-alive ([`crate::keep`]). The op table hands an op's
+/// keep-alive back only once the op's last part is done (completed or failed through the
+/// engine's `Completions`), whatever became of its `Transfer`. So while a part has not been
+/// completed, the region it lies in stays registered: an owned buffer is not freed, and raw
+/// memory stays valid by `register_raw`'s contract. The copy engines' and the verbs queue
+/// pair's unsafe contracts (ranges valid until the copy ran, until the request's completion is
+/// drained) are met the same way. The op table itself outlives every thread that may touch a
+/// part: tasks only touch memory while polled (they hold the engine's `Shared`), and the
+/// fabric backend keeps the op table until its copy streams are joined.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PartRange {
+    addr: u64,
+    len: u64,
+}
+
+impl PartRange {
+    /// `len` bytes at `addr`, already checked to lie in a registered region (plain numbers:
+    /// nothing is touched until [`PartRange::raw`]).
+    pub(crate) fn new(addr: u64, len: u64) -> PartRange {
+        PartRange { addr, len }
+    }
+
+    /// The bytes, as a range for raw I/O.
+    ///
+    /// # Safety
+    /// The part this range belongs to has not been completed, and is not completed (by
+    /// anyone) while the returned range is in use: then its op's keep-alive, held by the op
+    /// table, keeps the memory valid (see the type's docs).
+    pub(crate) unsafe fn raw(&self) -> RawRange<'_> {
+        // SAFETY: by the caller's contract the part is outstanding for the range's whole use,
+        // so the op table holds its op's lease on the region the range lies in (checked by
+        // submit); the region's memory is allocated, mapped and valid. Others may touch it
+        // concurrently: a RawRange never forms a reference over it.
+        unsafe { RawRange::new(self.addr as *mut u8, self.len as usize) }
+    }
+}
+
 /// Result of one socket syscall, with the count moved also when tokio is told the socket
 /// would block: with `clear_if_short`, a short transfer clears tokio's cached readiness, as
 /// tokio's own `poll_read`/`poll_write` do (on Linux it means the socket buffer is drained or

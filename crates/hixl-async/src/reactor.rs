@@ -11,7 +11,9 @@ use std::task::Waker;
 
 use std::os::fd::{AsRawFd, RawFd};
 
-use hixl_core::{Completed, CompletionSource, OpTable, PartResult};
+use hixl_core::{Completed, CompletionSource, PartResult};
+
+use crate::keep::{Keep, SharedOps};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
@@ -23,6 +25,8 @@ const BUSY_POLLS: u32 = 4;
 struct Drain {
     batch: Vec<PartResult>,
     wake: Vec<Waker>,
+    /// Keep-alive of ops reaped by the batch, dropped once the op table is unlocked.
+    reaped: Vec<Keep>,
 }
 
 /// Drains completion queues into an op table. The async loop is [`Reactor::run`]; the steps
@@ -37,7 +41,7 @@ pub(crate) struct Reactor {
     /// Busy-poll budget: after the last completion the reactor keeps polling this long before
     /// it arms and parks (0: a few yields only). Bounded, so an idle engine uses no CPU.
     busy: std::time::Duration,
-    ops: Arc<Mutex<OpTable<Waker>>>,
+    ops: SharedOps,
     drain: Mutex<Drain>,
     /// Set once the engine shuts down or is dropped: the reactor then runs on until no op has
     /// parts outstanding, so every transfer in flight still resolves.
@@ -55,10 +59,7 @@ impl std::fmt::Debug for Reactor {
 
 impl Reactor {
     /// A reactor over the completion queues of every backend the engine runs.
-    pub(crate) fn new(
-        sources: Vec<Arc<dyn CompletionSource>>,
-        ops: Arc<Mutex<OpTable<Waker>>>,
-    ) -> Reactor {
+    pub(crate) fn new(sources: Vec<Arc<dyn CompletionSource>>, ops: SharedOps) -> Reactor {
         Reactor {
             sources,
             busy: std::time::Duration::ZERO,
@@ -66,6 +67,7 @@ impl Reactor {
             drain: Mutex::new(Drain {
                 batch: Vec::with_capacity(1024),
                 wake: Vec::with_capacity(64),
+                reaped: Vec::with_capacity(64),
             }),
             stopping: std::sync::atomic::AtomicBool::new(false),
             settled: tokio::sync::Notify::new(),
@@ -93,7 +95,11 @@ impl Reactor {
     }
 
     fn poll_with(&self, d: &mut Drain) -> usize {
-        let Drain { batch, wake } = d;
+        let Drain {
+            batch,
+            wake,
+            reaped,
+        } = d;
         let n: usize = self.sources.iter().map(|s| s.drain(batch)).sum();
         if n == 0 {
             return 0;
@@ -101,7 +107,7 @@ impl Reactor {
         {
             let mut ops = crate::completion::lock(&self.ops);
             for (token, result) in batch.drain(..) {
-                match ops.complete(token, result) {
+                match ops.complete(token, result, reaped) {
                     Completed::Finished(Some(w)) => wake.push(w),
                     Completed::Stale => {
                         tracing::debug!(token = token.0, "stale completion ignored")
@@ -114,6 +120,9 @@ impl Reactor {
             }
         }
         batch.clear();
+        // Leases and mappings drop outside the op table's lock (a drop may wake a
+        // deregistration or a revocation, or unmap memory).
+        reaped.clear();
         for w in wake.drain(..) {
             w.wake();
         }
@@ -238,16 +247,16 @@ mod tests {
         }
     }
 
-    fn setup() -> (Reactor, Arc<CompletionQueue>, Arc<Mutex<OpTable<Waker>>>) {
+    fn setup() -> (Reactor, Arc<CompletionQueue>, SharedOps) {
         let cq = Arc::new(CompletionQueue::new().unwrap());
-        let ops = Arc::new(Mutex::new(OpTable::new()));
+        let ops = Arc::new(Mutex::new(hixl_core::OpTable::new()));
         (Reactor::new(vec![cq.clone()], ops.clone()), cq, ops)
     }
 
-    fn waiting_op(ops: &Mutex<OpTable<Waker>>, count: &Arc<Count>) -> hixl_core::Token {
+    fn waiting_op(ops: &Mutex<crate::keep::Ops>, count: &Arc<Count>) -> hixl_core::Token {
         let mut t = ops.lock().unwrap();
         let tok = t.insert();
-        t.post(tok, 1).unwrap();
+        t.post(tok, 1, [], &mut Vec::new()).unwrap();
         assert!(t.poll_result(tok, Waker::from(count.clone())).is_none());
         tok
     }
@@ -346,7 +355,7 @@ mod tests {
             let tok = {
                 let mut t = ops.lock().unwrap();
                 let k = t.insert();
-                t.post(k, 1).unwrap();
+                t.post(k, 1, [], &mut Vec::new()).unwrap();
                 k
             };
             let cq2 = cq.clone();

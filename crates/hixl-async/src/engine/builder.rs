@@ -91,7 +91,7 @@ impl EngineBuilder {
         let cq = Arc::new(CompletionQueue::new().map_err(|e| Error::io("creating eventfd", e))?);
         let ops = Arc::new(Mutex::new(OpTable::new()));
         let instance = random_u64();
-        let transports = crate::transport::registry::start(&options, instance)?;
+        let transports = crate::transport::registry::start(&options, instance, &ops)?;
         let mut sources: Vec<Arc<dyn hixl_core::CompletionSource>> = vec![cq.clone()];
         sources.extend(transports.iter().filter_map(|t| t.completions()));
         let reactor = Arc::new(

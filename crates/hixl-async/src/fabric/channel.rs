@@ -12,7 +12,8 @@ use hixl_fabric::{CopyKind, CopyOp};
 use super::client::{FabricLink, FabricStream, Reach};
 use super::FabricBackend;
 use crate::completion::Completion;
-use crate::memory::{Lease, RegionInner};
+use crate::keep::Keeps;
+use crate::memory::RegionInner;
 use crate::sink::Completions;
 use crate::transport::{Batch, LinkHooks, PeerChannel};
 
@@ -126,12 +127,16 @@ impl Batch for FabricBatch<'_> {
         &mut self,
         index: usize,
         d: &OpDesc,
-        local: &Arc<RegionInner>,
+        _local: &Arc<RegionInner>,
         rkey: u64,
+        keep: &mut Keeps,
     ) -> Result<Option<u32>> {
         let Some(e) = self.ch.link.entry(rkey) else {
             return Ok(None);
         };
+        // The op table keeps the peer region reached (mapped) until the op's last copy is
+        // done; its last holder unmaps it and lets a revocation of it finish.
+        keep.peer(&e.reach);
         let pid = self.ch.link.pid;
         let mut n = 0;
         let mut off = 0;
@@ -178,7 +183,7 @@ impl Batch for FabricBatch<'_> {
             self.copies.push(CopyOp {
                 token: self.token,
                 kind,
-                keep: Some(Box::new((Lease::new(local), e.reach.clone()))),
+                keep: None,
             });
             n += 1;
             off += len;
@@ -211,7 +216,8 @@ impl<'a> FabricBatch<'a> {
         let small = copies.len() <= INLINE_OPS
             && copies.iter().map(|c| c.kind.len()).sum::<u64>() <= INLINE_BYTES;
         let submitted = if small {
-            // SAFETY: as below; the copies run before this call returns.
+            // SAFETY: as below (the op is posted, so the op table holds its keep-alive); the
+            // copies run before this call returns, and complete after it.
             let done = unsafe { copy.run_inline(copies) };
             sink.complete_all(
                 done.into_iter()
@@ -220,9 +226,9 @@ impl<'a> FabricBatch<'a> {
             Ok(())
         } else {
             // SAFETY: every copy's local range lies in a registered region and its remote
-            // range in a mapping (or, for CMA, a region the peer exported); each op's `keep`
-            // holds the local region's lease and the peer region's reach until the copy has
-            // run.
+            // range in a mapping (or, for CMA, a region the peer exported); the op table holds
+            // the op's lease on the local region and its reach of the peer region until the
+            // copy has run and completed (`rawio::PartRange` states the invariant).
             unsafe { copy.submit(copies) }
         };
         if let Err((e, failed)) = submitted {

@@ -25,9 +25,10 @@ pub(crate) enum Reach {
     Cma,
 }
 
-/// A region's [`Reach`] and the signal its revocation waits for. Every copy in flight holds a
-/// clone of the `Arc<Held>`; when the last one goes, the fields drop in order: first the
-/// mapping (unmapped), then `gone`, which tells a waiting revocation.
+/// A region's [`Reach`] and the signal its revocation waits for. Every op with copies in
+/// flight holds a clone of the `Arc<Held>` in its op-table keep-alive (dropped when the op's
+/// last copy is done); when the last one goes, the fields drop in order: first the mapping
+/// (unmapped), then `gone`, which tells a waiting revocation.
 #[derive(Debug)]
 pub(crate) struct Held {
     pub(crate) reach: Reach,
@@ -291,7 +292,7 @@ impl FabricLink {
         let me = self.clone();
         tokio::spawn(async move {
             if let Some(e) = e {
-                // The copy engine drops each op's hold right after its copy; the last one
+                // The op table drops each op's hold once its last copy is done; the last one
                 // to go unmaps and fires `gone`. No polling.
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 *lock(&e.reach.gone.0) = Some(tx);

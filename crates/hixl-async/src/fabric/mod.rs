@@ -24,6 +24,11 @@ const RING: usize = 1 << 16;
 pub(crate) struct FabricBackend {
     pub(crate) pool: FabricPool,
     pub(crate) copy: Arc<CopyEngine>,
+    /// The engine's op table, which holds the memory of the copies the copy engine runs
+    /// (`rawio::PartRange`): declared after `copy`, so that when the backend goes, its streams
+    /// are joined (each finishes the copy it runs) before the op table can go. (`copy` is not
+    /// shared beyond the backend.)
+    _ops: crate::keep::SharedOps,
     pub(crate) identity: HostIdentity,
     /// Abstract Unix socket name of this engine's fabric channel.
     pub(crate) socket: String,
@@ -45,7 +50,11 @@ impl std::fmt::Debug for FabricBackend {
 
 impl FabricBackend {
     /// The backend the options ask for, or `None` with `hixl.Transport=tcp` or `verbs`.
-    pub(crate) fn new(options: &Options, instance: u64) -> Result<Option<FabricBackend>> {
+    pub(crate) fn new(
+        options: &Options,
+        instance: u64,
+        ops: &crate::keep::SharedOps,
+    ) -> Result<Option<FabricBackend>> {
         if matches!(
             options.transport,
             TransportChoice::Tcp | TransportChoice::Verbs
@@ -71,6 +80,7 @@ impl FabricBackend {
         Ok(Some(FabricBackend {
             pool,
             copy: Arc::new(copy),
+            _ops: ops.clone(),
             identity,
             socket: format!("hixl-fabric-{}-{instance:016x}", std::process::id()),
             unified,

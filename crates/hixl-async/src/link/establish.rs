@@ -17,7 +17,7 @@ use super::{now_ms, Link, TokenLog};
 use crate::context::Shared;
 use crate::frame_io::{read_frame, tune, unexpected, write_frame};
 use crate::link_state::LinkState;
-use crate::tcp::initiator::DataConn;
+use crate::tcp::channel::TcpChannel;
 use crate::transport::{select, LinkHooks, Negotiation, PeerChannel};
 
 /// Kills a half-built link's state when dropped (unless disarmed by taking the state).
@@ -98,10 +98,13 @@ impl Link {
         // Until the link is built, an error or a dropped connect future must end the data
         // connections' tasks (and close their sockets): nothing else would.
         let mut unbuilt = KillOnDrop(Some(state.clone()));
-        let conns = data
-            .into_iter()
-            .map(|d| DataConn::spawn(d, name.clone(), shared.clone(), state.clone()))
-            .collect();
+        let tcp: Arc<dyn PeerChannel> = Arc::new(TcpChannel::spawn(
+            data,
+            name.clone(),
+            shared.clone(),
+            state.clone(),
+            p.chunk.max(4096),
+        ));
         let (tx, rx) = mpsc::unbounded_channel();
         let mut cx = Negotiation {
             offers: &offers,
@@ -114,18 +117,14 @@ impl Link {
             ops: &shared.ops,
             sink: &shared.sink,
         };
-        let (channel, transport) = select::choose(&shared.transports, &mut cx).await?;
-        let channels: Vec<Arc<dyn PeerChannel>> = channel.into_iter().collect();
+        let (channels, transport) = select::choose(&shared.transports, &mut cx, tcp).await?;
         tracing::info!(peer = %name, "transport: {transport}");
         let link = Arc::new(Link {
             name,
             state,
             table: RwLock::new(table),
-            conns,
-            next: AtomicUsize::new(0),
             driver: tx,
             notifies_waiting: AtomicUsize::new(0),
-            chunk: p.chunk.max(4096),
             channels,
             ops: Mutex::new(TokenLog::default()),
             last_used: AtomicU64::new(now_ms()),

@@ -18,7 +18,6 @@ pub(crate) use establish::LinkParams;
 pub use peer::Peer;
 
 use crate::link_state::LinkState;
-use crate::tcp::initiator::DataConn;
 use crate::transport::{PeerChannel, Withdraw};
 
 /// Tokens of a link's ops, so that the channel pool can tell a busy link from an idle one and
@@ -32,7 +31,7 @@ struct TokenLog {
 }
 
 impl TokenLog {
-    fn record(&mut self, token: Token, ops: &Mutex<hixl_core::OpTable<std::task::Waker>>) {
+    fn record(&mut self, token: Token, ops: &Mutex<crate::keep::Ops>) {
         if self.tokens.len() >= self.prune_at {
             let o = crate::sync::lock(ops);
             self.tokens.retain(|&t| o.phase(t).is_some());
@@ -57,16 +56,13 @@ pub(crate) struct Link {
     pub(crate) name: Arc<str>,
     pub(crate) state: Arc<LinkState>,
     table: RwLock<Vec<RemoteRegion>>,
-    conns: Vec<DataConn>,
-    next: AtomicUsize,
     /// The link's driver, which owns the control connection and its session.
     driver: mpsc::UnboundedSender<driver::Command>,
     /// Notifies waiting for their ack.
     notifies_waiting: AtomicUsize,
-    chunk: u64,
-    /// The transports' channels to the peer (fabric, verbs), in the order the transport
-    /// policy chose; a descriptor goes to the first that reaches it, else over the data
-    /// connections.
+    /// The transports' channels to the peer, in the order the transport policy chose (the
+    /// chosen transport's, then TCP's, which reaches everything); a descriptor goes to the
+    /// first that reaches it.
     channels: Vec<Arc<dyn PeerChannel>>,
     /// Every op of the link: for [`Link::busy`], and so that the link's death can cancel its
     /// copies still queued on the copy engine.
@@ -98,7 +94,7 @@ impl Link {
 
     /// Whether an op of this link may still touch memory or wait for an answer (posted,
     /// waited on or abandoned with parts outstanding): such a link is never evicted.
-    pub(crate) fn busy(&self, ops: &hixl_core::OpTable<std::task::Waker>) -> bool {
+    pub(crate) fn busy(&self, ops: &crate::keep::Ops) -> bool {
         use hixl_core::Phase;
         if self.notifies_waiting.load(Ordering::Relaxed) > 0 {
             return true;
@@ -164,9 +160,6 @@ impl Withdraw for Link {
     }
 
     fn withdraw(&self, token: Token) {
-        if self.channels.is_empty() {
-            return; // TCP writers skip parts of unwanted ops themselves.
-        }
         let e = Error::Cancelled {
             what: "a transport part",
         };

@@ -1,16 +1,13 @@
 //! Submitting a transfer: checking descriptors against the peer's table and the local
-//! regions, and posting the parts to the transports' channels or the data connections.
+//! regions, and posting them to the link's channels (every descriptor goes to a channel).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use hixl_core::wire::DataReq;
 use hixl_core::{Access, Error, OpDesc, RemoteRegion, Result, Token, TransferOp};
 
 use super::{poisoned, Link};
 use crate::context::Shared;
-use crate::memory::Lease;
-use crate::tcp::initiator::{fail_parts, Part};
+use crate::keep::Keeps;
 use crate::transport::Batch;
 
 impl Link {
@@ -44,8 +41,9 @@ impl Link {
         Ok(r.rkey)
     }
 
-    /// Validates every descriptor, splits them into parts and posts them on the data
-    /// connections. Nothing is sent unless every descriptor is valid.
+    /// Validates every descriptor and routes each to the first of the link's channels that
+    /// reaches it (TCP, last, reaches all), then posts the op and the channels' batches.
+    /// Nothing is sent unless every descriptor is valid.
     pub(crate) fn submit(
         &self,
         shared: &Arc<Shared>,
@@ -60,56 +58,35 @@ impl Link {
                 what: "a transfer needs at least one descriptor".into(),
             });
         }
-        let write = op == TransferOp::Write;
         let need = Access::needed_by(op);
-        let n = self.conns.len();
-        let mut per: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
-        let mut k = self.next.fetch_add(1, Ordering::Relaxed);
         let token = shared.ops.lock().map_err(|_| poisoned())?.insert();
-        // Validates and routes every descriptor (to the first channel batch that takes it,
-        // else into TCP parts), then posts the op in the op table.
+        // The op's keep-alive, handed to its op-table entry when it is posted.
+        let mut keeps = Keeps::default();
+        // Validates and routes every descriptor, then posts the op in the op table.
         let mut stage = |batches: &mut [&mut (dyn Batch + '_)]| -> Result<()> {
             let built = (|| -> Result<u32> {
                 let table = self.table.read().map_err(|_| poisoned())?;
                 let regions = shared.regions.lock().map_err(|_| poisoned())?;
                 let mut parts = 0u32;
-                let mut count = |n: u32| -> Result<()> {
-                    parts = parts
-                        .checked_add(n)
-                        .ok_or_else(|| Error::ResourceExhausted {
-                            what: "more than 2^32 parts in one transfer".into(),
-                        })?;
-                    Ok(())
-                };
                 'descs: for (i, d) in descs.iter().enumerate() {
                     let local = regions.lookup_local(i, d.local_addr, d.len)?;
                     let rkey =
                         Self::remote_rkey(&table, &self.name, i, d.remote_addr, d.len, need)?;
+                    keeps.region(&local.data);
                     for b in batches.iter_mut() {
-                        if let Some(n) = b.add(i, d, &local.data, rkey)? {
-                            count(n)?;
+                        if let Some(n) = b.add(i, d, &local.data, rkey, &mut keeps)? {
+                            parts =
+                                parts
+                                    .checked_add(n)
+                                    .ok_or_else(|| Error::ResourceExhausted {
+                                        what: "more than 2^32 parts in one transfer".into(),
+                                    })?;
                             continue 'descs;
                         }
                     }
-                    let mut off = 0;
-                    while off < d.len {
-                        let len = self.chunk.min(d.len - off);
-                        per[k % n].push(Part {
-                            token,
-                            write,
-                            local: d.local_addr + off,
-                            req: DataReq {
-                                id: token.0,
-                                rkey,
-                                addr: d.remote_addr + off,
-                                len,
-                            },
-                            lease: Lease::new(&local.data),
-                        });
-                        k += 1;
-                        off += len;
-                        count(1)?;
-                    }
+                    return Err(Error::Internal {
+                        what: "no channel of the link reaches a descriptor",
+                    });
                 }
                 Ok(parts)
             })();
@@ -121,21 +98,30 @@ impl Link {
                     return Err(e);
                 }
             };
-            ops.post(token, parts).map_err(|e| Error::InvalidParam {
+            // From here until its last part is done, the op table keeps the op's memory valid.
+            let mut reaped = Vec::new();
+            let posted = ops.post(token, parts, keeps.drain(), &mut reaped);
+            drop(ops);
+            drop(reaped);
+            posted.map_err(|e| Error::InvalidParam {
                 what: e.to_string(),
             })?;
-            drop(ops);
             self.touch();
             if let Ok(mut t) = self.ops.lock() {
                 t.record(token, &shared.ops);
             }
             Ok(())
         };
-        // The channels' batches are posted once the op is: a link's one channel keeps its
-        // batch on its own stack (no allocation per call); several are boxed.
+        // The channels' batches are posted once the op is. A link has its chosen channel and
+        // TCP's: both keep their batches on their own stacks (no allocation per call for the
+        // batches); more would be boxed.
+        let sink = &shared.sink;
         match self.channels.as_slice() {
             [] => stage(&mut [])?,
-            [one] => one.with_batch(token, op, &shared.sink, &mut |b| stage(&mut [b]))?,
+            [one] => one.with_batch(token, op, sink, &mut |b| stage(&mut [b]))?,
+            [first, last] => first.with_batch(token, op, sink, &mut |a| {
+                last.with_batch(token, op, sink, &mut |b| stage(&mut [&mut *a, b]))
+            })?,
             many => {
                 let mut boxes: Vec<_> = many.iter().map(|c| c.batch(token, op)).collect();
                 let mut refs: Vec<&mut (dyn Batch + '_)> =
@@ -143,20 +129,8 @@ impl Link {
                 stage(&mut refs)?;
                 drop(refs);
                 for b in boxes {
-                    b.post(&shared.sink);
+                    b.post(sink);
                 }
-            }
-        }
-        for (i, batch) in per.into_iter().enumerate() {
-            if batch.is_empty() {
-                continue;
-            }
-            if let Err(batch) = self.conns[i].submit(batch) {
-                let e = self.state.error().unwrap_or_else(|| Error::PeerLost {
-                    peer: self.name.to_string(),
-                    cause: "data connection closed".into(),
-                });
-                fail_parts(shared, batch, &e);
             }
         }
         Ok(token)

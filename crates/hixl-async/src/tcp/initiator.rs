@@ -3,6 +3,7 @@
 //! FIFO order, landing READ payloads straight into registered memory.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hixl_core::wire::{
@@ -19,23 +20,27 @@ use crate::completion::Completion;
 use crate::context::Shared;
 use crate::frame_io::shutdown_both;
 use crate::link_state::LinkState;
-use crate::memory::Lease;
-use crate::rawio::{self, RawRange};
+use crate::rawio::{self, PartRange, RawRange};
+use crate::sink::Completions;
 use crate::sync::lock;
 
-/// One piece of a transfer on one connection.
+/// One piece of a transfer on one connection. Its local bytes stay valid until it is
+/// completed: the op table holds its op's lease ([`PartRange`]).
 #[derive(Debug)]
 pub(crate) struct Part {
     pub(crate) token: Token,
     pub(crate) write: bool,
-    /// Address of the part's local bytes (inside the region that `lease` holds).
-    pub(crate) local: u64,
+    /// The part's local bytes.
+    pub(crate) local: PartRange,
     pub(crate) req: DataReq,
-    pub(crate) lease: Lease,
 }
 
 /// Parts whose answer has not arrived, in the order they were sent; `None` once the reader
 /// has stopped (then pushing fails the part instead). `pushed` wakes an idle reader.
+///
+/// A part in the queue belongs to the reader, which completes it; a write part is queued only
+/// once its payload is sent, so that nobody completes it (and lets its op be reaped) while
+/// the socket still reads its memory.
 #[derive(Debug)]
 struct Queue {
     parts: Mutex<Option<VecDeque<Part>>>,
@@ -53,24 +58,32 @@ impl std::ops::Deref for Queue {
 
 /// Acks read per syscall at most.
 const ACK_BATCH: usize = 64;
-/// Parts sent between two checks that their transfer is still wanted.
-const RECHECK: usize = 256;
 /// Read headers coalesced into one write.
 const READ_REQ_BATCH: usize = 64;
+
+/// One op's parts for one connection, and the link's count of withdrawals when they were
+/// submitted (see [`send_batch`]).
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub(crate) parts: Vec<Part>,
+    pub(crate) withdrawals: u64,
+}
 
 /// Handle to a running data connection.
 #[derive(Debug, Clone)]
 pub(crate) struct DataConn {
-    tx: mpsc::UnboundedSender<Vec<Part>>,
+    tx: mpsc::UnboundedSender<Queued>,
 }
 
 impl DataConn {
-    /// Starts the writer and reader tasks of an established data connection.
+    /// Starts the writer and reader tasks of an established data connection. `withdrawals`
+    /// counts the link's withdrawn ops (`TcpChannel::withdraw`).
     pub(crate) fn spawn(
         stream: TcpStream,
         peer: Arc<str>,
         shared: Arc<Shared>,
         state: Arc<LinkState>,
+        withdrawals: Arc<AtomicU64>,
     ) -> DataConn {
         let (r, w) = stream.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
@@ -85,6 +98,7 @@ impl DataConn {
             shared.clone(),
             state.clone(),
             peer.clone(),
+            withdrawals,
         ));
         state
             .clone()
@@ -93,18 +107,21 @@ impl DataConn {
     }
 
     /// Queues parts of one op. On a dead connection they come back to be failed.
-    pub(crate) fn submit(&self, parts: Vec<Part>) -> Result<(), Vec<Part>> {
-        self.tx.send(parts).map_err(|e| e.0)
+    pub(crate) fn submit(&self, q: Queued) -> Result<(), Vec<Part>> {
+        self.tx.send(q).map_err(|e| e.0.parts)
     }
 }
 
-pub(crate) fn fail_parts(shared: &Shared, parts: impl IntoIterator<Item = Part>, err: &Error) {
-    shared
-        .sink
-        .complete_all(parts.into_iter().map(|p| Completion {
-            token: p.token,
-            result: Err(err.clone()),
-        }));
+/// Completes `parts` with `err`.
+pub(crate) fn fail_with(sink: &Completions, parts: impl IntoIterator<Item = Part>, err: &Error) {
+    sink.complete_all(parts.into_iter().map(|p| Completion {
+        token: p.token,
+        result: Err(err.clone()),
+    }));
+}
+
+fn fail_parts(shared: &Shared, parts: impl IntoIterator<Item = Part>, err: &Error) {
+    fail_with(&shared.sink, parts, err);
 }
 
 fn lost(peer: &str, cause: &'static str) -> Error {
@@ -116,11 +133,12 @@ fn lost(peer: &str, cause: &'static str) -> Error {
 
 async fn writer(
     mut w: OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Vec<Part>>,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
     inflight: Inflight,
     shared: Arc<Shared>,
     state: Arc<LinkState>,
     peer: Arc<str>,
+    withdrawals: Arc<AtomicU64>,
 ) {
     let mut live = Live {
         dead: state.subscribe(),
@@ -134,7 +152,14 @@ async fn writer(
             b = rx.recv() => match b { Some(b) => b, None => break },
         };
         let sent = send_batch(
-            &mut w, &mut live, batch, &inflight, &shared, &peer, &mut hdrs,
+            &mut w,
+            &mut live,
+            batch,
+            &inflight,
+            &shared,
+            &peer,
+            &mut hdrs,
+            &withdrawals,
         );
         if let Err(e) = sent.await {
             state.kill(e);
@@ -145,7 +170,7 @@ async fn writer(
     rx.close();
     let err = state.error().unwrap_or_else(|| lost(&peer, "link closed"));
     while let Ok(batch) = rx.try_recv() {
-        fail_parts(&shared, batch, &err);
+        fail_parts(&shared, batch.parts, &err);
     }
 }
 
@@ -168,71 +193,78 @@ impl Live<'_> {
 ///
 /// Every socket write races the link's death: a peer that stopped reading (frozen, or the
 /// network cut) must not keep this task blocked in a full socket buffer after the link was
-/// closed, or the link's in-flight parts would never fail and their leases never drop.
+/// closed, or the link's in-flight parts would never fail and their ops never be reaped.
+///
+/// A dropped or timed-out transfer moves no further bytes. Its withdrawal takes the one path
+/// of every transport (the op table abandons the op, then the link's channels withdraw it):
+/// the TCP channel counts it in `withdrawals`. Before each part this task compares the count
+/// with the one it last saw (the batch's, taken when it was submitted, before its op could
+/// be abandoned) and only when it moved asks the op table whether the op is still wanted. So
+/// without withdrawals a part costs one atomic load and no lock; an unwanted op's unsent parts
+/// complete as cancelled, and the op can be reaped.
+#[allow(clippy::too_many_arguments)]
 async fn send_batch(
     w: &mut OwnedWriteHalf,
     live: &mut Live<'_>,
-    batch: Vec<Part>,
+    batch: Queued,
     inflight: &Inflight,
     shared: &Shared,
     peer: &str,
     hdrs: &mut Vec<u8>,
+    withdrawals: &AtomicU64,
 ) -> Result<(), Error> {
+    let Queued {
+        parts: batch,
+        withdrawals: mut seen,
+    } = batch;
     let Some(token) = batch.first().map(|p| p.token) else {
         return Ok(());
     };
-    let wanted = || lock(&shared.ops).is_wanted(token);
-    // A dropped or timed-out transfer moves no further bytes: its unsent parts complete as
-    // cancelled (checked again every RECHECK parts) so the abandoned op can be reaped.
+    // The op table is locked only after the count moved: the abandon, made under that lock
+    // before the count was bumped, is then seen.
+    let mut withdrawn = || {
+        let now = withdrawals.load(Ordering::Acquire);
+        if now == seen {
+            return false;
+        }
+        seen = now;
+        !lock(&shared.ops).is_wanted(token)
+    };
     let cancelled = || Error::Cancelled { what: "a TCP part" };
-    if !wanted() {
-        fail_parts(shared, batch, &cancelled());
-        return Ok(());
-    }
-    let mut it = batch.into_iter().enumerate();
-    while let Some((i, part)) = it.next() {
-        if i > 0 && i % RECHECK == 0 && !wanted() {
-            flush(w, live, hdrs, peer).await?;
-            fail_parts(
-                shared,
-                std::iter::once(part).chain(it.map(|(_, p)| p)),
-                &cancelled(),
-            );
-            return Ok(());
+    let mut it = batch.into_iter();
+    while let Some(part) = it.next() {
+        if withdrawn() {
+            // Failed before the flush, whose error would otherwise leave them unresolved.
+            fail_parts(shared, std::iter::once(part).chain(it), &cancelled());
+            return flush(w, live, hdrs, peer).await;
         }
         let hdr = encode_data_req(part.write, &part.req);
         if part.write {
-            let (local, len) = (part.local, part.req.len);
-            // Keeps the source memory live while the socket reads it, even if the reader
-            // fails this part (and drops its lease) concurrently.
-            let hold = part.lease.clone();
-            if let Err(p) = push(inflight, part) {
-                let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
-                let _ = flush(w, live, hdrs, peer).await;
-                return Err(e);
-            }
-            // The range borrows `hold`: the memory stays valid until the send is over.
-            let r = match hold.range(local, len) {
-                Ok(payload) => send_part(w, live, hdrs, &hdr, payload).await,
-                Err(e) => Err(std::io::Error::other(e)),
-            };
-            drop(hold);
+            // SAFETY: the part is not completed while the socket reads it: it is queued for
+            // the reader (which completes it) only after the send, and fails here otherwise.
+            let payload = unsafe { part.local.raw() };
+            let r = send_part(w, live, hdrs, &hdr, payload).await;
             if let Err(e) = r {
                 // The parts not yet queued for the reader would never complete otherwise.
                 let e = live.cause(Error::connection_lost(peer, "sending a write part", e));
-                fail_parts(shared, it.map(|(_, p)| p), &e);
+                fail_parts(shared, std::iter::once(part).chain(it), &e);
                 return Err(e);
+            }
+            // Its ack may already be in the socket: the reader waits for the push (the
+            // queue keeps the order the requests were sent in, as the answers come).
+            if let Err(p) = push(inflight, part) {
+                return Err(fail_rest(shared, peer, p, it));
             }
         } else {
             if let Err(p) = push(inflight, part) {
-                let e = fail_rest(shared, peer, p, it.map(|(_, p)| p));
+                let e = fail_rest(shared, peer, p, it);
                 let _ = flush(w, live, hdrs, peer).await;
                 return Err(e);
             }
             hdrs.extend_from_slice(&hdr);
             if hdrs.len() >= READ_REQ_BATCH * DATA_REQ_FRAME {
                 if let Err(e) = flush(w, live, hdrs, peer).await {
-                    fail_parts(shared, it.map(|(_, p)| p), &e);
+                    fail_parts(shared, it, &e);
                     return Err(e);
                 }
             }
@@ -427,10 +459,10 @@ async fn read_loop(
         match next_expected(inflight) {
             None => return Ok(()),
             Some(Next::Idle) => {
-                // Answers only follow requests, and requests are queued before they are sent:
-                // with nothing queued, wait for the writer (no socket syscall). A peer that
-                // closes meanwhile is seen by the control channel (which kills the link) or by
-                // the next read; bytes it sends unasked fail the next answer's checks.
+                // Answers only follow requests, and a request is queued before the next one is
+                // sent: with nothing queued, wait for the writer (no socket syscall). A peer
+                // that closes meanwhile is seen by the control channel (which kills the link)
+                // or by the next read; bytes it sends unasked fail the next answer's checks.
                 tokio::select! {
                     _ = inflight.pushed.notified() => {}
                     _ = dead.changed() => return Ok(()),
@@ -495,11 +527,9 @@ async fn read_loop(
                     fail_parts(shared, [p], &e);
                     return Err(e);
                 }
-                // The range borrows p.lease: the memory stays valid until the payload is in.
-                let got = match p.lease.range(p.local, len) {
-                    Ok(dst) => rawio::recv_exact(r.as_ref(), dst).await,
-                    Err(e) => Err(std::io::Error::other(e)),
-                };
+                // SAFETY: `p` was popped: only this task completes it, after the receive.
+                let dst = unsafe { p.local.raw() };
+                let got = rawio::recv_exact(r.as_ref(), dst).await;
                 if let Err(e) = got {
                     // If the link was closed (our own disconnect shuts the socket down), the
                     // part fails with the link's cause like every other part of the link.

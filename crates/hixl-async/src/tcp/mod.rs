@@ -1,5 +1,8 @@
-//! TCP data path: initiator connections that post parts and collect answers, and the target
-//! service that validates each request and moves bytes between socket and registered memory.
+//! TCP data path: the link's TCP channel (`channel.rs`, the [`crate::transport::PeerChannel`]
+//! every link has), the initiator connections that post parts and collect answers, and the
+//! target service that validates each request and moves bytes between socket and registered
+//! memory.
 
+pub(crate) mod channel;
 pub(crate) mod initiator;
 pub(crate) mod target;

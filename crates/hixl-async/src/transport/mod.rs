@@ -19,15 +19,14 @@ pub(crate) mod target;
 use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::Waker;
+use std::sync::Arc;
 
 use hixl_core::wire::Message;
 use hixl_core::{
-    Access, CompletionSource, Error, MemDesc, OpDesc, OpTable, RemoteRegion, Result, Token,
-    TransferOp,
+    Access, CompletionSource, Error, MemDesc, OpDesc, RemoteRegion, Result, Token, TransferOp,
 };
 
+use crate::keep::Keeps;
 use crate::link_state::LinkState;
 use crate::memory::{DeviceMr, Owned, RegionInner};
 use crate::sink::Completions;
@@ -174,7 +173,7 @@ pub(crate) struct Negotiation<'a> {
     /// Largest single part (`hixl.TcpChunkBytes`).
     pub(crate) chunk: u64,
     pub(crate) state: &'a Arc<LinkState>,
-    pub(crate) ops: &'a Arc<Mutex<OpTable<Waker>>>,
+    pub(crate) ops: &'a crate::keep::SharedOps,
     pub(crate) sink: &'a Completions,
 }
 
@@ -246,6 +245,11 @@ pub(crate) trait Batch {
     /// lies in the peer's region with memory-table key `rkey`) when this channel reaches both;
     /// returns how many parts it will complete, or `None` when it does not reach them.
     ///
+    /// The op's keep-alive already leases `local`; what else the channel's parts need kept
+    /// until they are done (a peer mapping) goes into `keep`. The op table holds it all until
+    /// the op's last part is done, so the batch keeps only raw ranges
+    /// ([`crate::rawio::PartRange`]).
+    ///
     /// # Errors
     /// A descriptor this channel reaches but cannot serve (e.g. outside its mapping).
     fn add(
@@ -254,6 +258,7 @@ pub(crate) trait Batch {
         d: &OpDesc,
         local: &Arc<RegionInner>,
         rkey: u64,
+        keep: &mut Keeps,
     ) -> Result<Option<u32>>;
 
     /// Posts what was added. Every part resolves through `sink`.

@@ -1,8 +1,9 @@
 //! The transport policy, in one place: each transport of the engine, in order (fabric, then
 //! verbs: a same-host memcpy beats a loop through the NIC), is asked to open its channel to
 //! the peer; the first that can serves it. A transport that `hixl.Transport` forces and that
-//! cannot serve the peer fails the connect with its reason, never a silent fallback. With
-//! none, the link's TCP data connections carry everything.
+//! cannot serve the peer fails the connect with its reason, never a silent fallback. TCP,
+//! the channel that reaches every peer, comes last: it carries what the chosen channel does
+//! not reach (a region without a device key or a mapping), and everything when none serves.
 
 use std::sync::Arc;
 
@@ -10,16 +11,18 @@ use hixl_core::{Error, Result};
 
 use super::{Negotiation, PeerChannel, Transport};
 
-/// The chosen channel (if any) and what `Peer::transport` says: the channel's description,
-/// or `tcp (why not the first transport); not <kind>: why not the next; ...`.
+/// The link's channels in the order a descriptor tries them (the chosen one, if any, then
+/// `tcp`, which always reaches), and what `Peer::transport` says: the chosen channel's
+/// description, or `tcp (why not the first transport); not <kind>: why not the next; ...`.
 pub(crate) async fn choose(
     transports: &[Arc<dyn Transport>],
     cx: &mut Negotiation<'_>,
-) -> Result<(Option<Arc<dyn PeerChannel>>, String)> {
+    tcp: Arc<dyn PeerChannel>,
+) -> Result<(Vec<Arc<dyn PeerChannel>>, String)> {
     let mut declined: Vec<(&'static str, String)> = Vec::new();
     for t in transports {
         match t.connect(cx).await? {
-            Ok(o) => return Ok((Some(o.channel), o.describe)),
+            Ok(o) => return Ok((vec![o.channel, tcp], o.describe)),
             Err(why) if t.forced() => {
                 return Err(Error::Unsupported {
                     what: format!(
@@ -32,7 +35,7 @@ pub(crate) async fn choose(
             Err(why) => declined.push((t.kind(), why)),
         }
     }
-    Ok((None, describe_tcp(&declined)))
+    Ok((vec![tcp], describe_tcp(&declined)))
 }
 
 fn describe_tcp(declined: &[(&'static str, String)]) -> String {

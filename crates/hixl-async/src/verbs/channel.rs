@@ -10,7 +10,8 @@ use hixl_core::{Error, OpDesc, RemoteRegion, Result, Token, TransferOp};
 use hixl_verbs::{LocalRange, RemoteRange, WorkRequest};
 
 use super::VerbsLink;
-use crate::memory::{Lease, RegionInner};
+use crate::keep::Keeps;
+use crate::memory::RegionInner;
 use crate::sink::Completions;
 use crate::transport::{Batch, PeerChannel};
 
@@ -27,7 +28,6 @@ impl PeerChannel for VerbsChannel {
             token,
             op,
             wrs: Vec::new(),
-            leases: Vec::new(),
         })
     }
 
@@ -45,8 +45,9 @@ impl PeerChannel for VerbsChannel {
         self.link.prune_keys(table);
     }
 
-    // Requests still in the backlog of a dropped transfer are withdrawn by the next pump
-    // (it posts only wanted ones), so `withdraw` needs nothing more here.
+    fn withdraw(&self, token: Token, cause: &Error) {
+        self.link.withdraw(token, cause);
+    }
 
     fn close(&self, _cause: &Error, _tokens: &HashSet<Token>) {
         // Flushes the QP (its requests complete with errors) and fails the backlog with the
@@ -60,7 +61,6 @@ struct VerbsBatch<'a> {
     token: Token,
     op: TransferOp,
     wrs: Vec<WorkRequest>,
-    leases: Vec<Lease>,
 }
 
 impl Batch for VerbsBatch<'_> {
@@ -70,6 +70,7 @@ impl Batch for VerbsBatch<'_> {
         d: &OpDesc,
         local: &Arc<RegionInner>,
         rkey: u64,
+        _keep: &mut Keeps,
     ) -> Result<Option<u32>> {
         let (Some(lkey), Some(dev)) = (local.lkey, self.link.key(rkey)) else {
             return Ok(None);
@@ -87,12 +88,11 @@ impl Batch for VerbsBatch<'_> {
                 rkey: dev,
             },
         });
-        self.leases.push(Lease::new(local));
         Ok(Some(1))
     }
 
     fn post(self: Box<Self>, _sink: &Completions) {
         // The link completes (or fails) every request through the engine's completions.
-        self.link.submit(self.token, self.wrs, self.leases);
+        self.link.submit(self.token, self.wrs);
     }
 }

@@ -164,7 +164,7 @@ impl VerbsTransport {
             peer_device,
             keys,
         };
-        let link = VerbsLink::start(backend, cx.ops, cx.sink, cx.state.clone(), name.clone(), c);
+        let link = VerbsLink::start(backend, cx.sink, cx.state.clone(), name.clone(), c);
         let describe = link.describe.clone();
         Ok(Ok(Opened {
             channel: Arc::new(VerbsChannel { link }),

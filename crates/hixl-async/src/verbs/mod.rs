@@ -3,11 +3,12 @@
 //! to each peer reached over verbs.
 //!
 //! **Leases.** A work request names local memory by lkey; the device touches it until the
-//! request's completion is polled. Every posted request therefore holds a [`Lease`] on its
-//! local region, kept in [`VerbsSource`]'s hold table under the transfer's token and released
-//! when the last completion of that token has been drained, whether the transfer's future is
-//! still waiting, was dropped or timed out. Remote memory needs no lease: the peer's device
-//! refuses a request once the region's memory region is deregistered.
+//! request's completion is polled. The op table holds the lease on each op's local regions
+//! until the op's last completion has been drained (`rawio::PartRange`), whether the
+//! transfer's future is still waiting, was dropped or timed out. [`VerbsSource`]'s hold table
+//! only maps a transfer's token to its link, so that a flushed request reports why its link
+//! closed. Remote memory needs no lease: the peer's device refuses a request once the
+//! region's memory region is deregistered.
 //!
 //! **Send-queue room.** A call's work requests go to the QP as one chain when they fit in its
 //! free send-queue slots; the rest wait in the link's backlog, posted as completions free
@@ -24,10 +25,9 @@ pub(crate) mod target;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::task::Waker;
 
 use hixl_core::options::TransportChoice;
-use hixl_core::{CompletionSource, Error, OpTable, Options, PartResult, Result, Token};
+use hixl_core::{CompletionSource, Error, Options, PartResult, Result, Token};
 use hixl_verbs::{
     CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QpEndpoint, QueuePair,
     WorkRequest,
@@ -35,7 +35,6 @@ use hixl_verbs::{
 
 use crate::completion::Completion;
 use crate::link_state::LinkState;
-use crate::memory::Lease;
 use crate::sink::Completions;
 use crate::sync::{lock, read, write};
 
@@ -166,15 +165,14 @@ fn target_config(cfg: &QpConfig) -> QpConfig {
     }
 }
 
-/// Leases of one transfer's posted work requests, and the link they were posted on.
+/// How many of one transfer's work requests are posted or waiting, and the link they are on.
 struct Hold {
     parts: usize,
-    _leases: Vec<Lease>,
     link: Weak<VerbsLink>,
 }
 
-/// The verbs completion queue as the reactor sees it: draining also releases leases of
-/// finished transfers, closes links whose QP failed and posts backlogs into freed slots.
+/// The verbs completion queue as the reactor sees it: draining also names the cause of
+/// flushed requests, closes links whose QP failed and posts backlogs into freed slots.
 pub(crate) struct VerbsSource {
     cq: CompletionQueue,
     holds: Mutex<HashMap<Token, Hold>>,
@@ -182,43 +180,28 @@ pub(crate) struct VerbsSource {
 }
 
 impl VerbsSource {
-    fn hold(&self, token: Token, parts: usize, leases: Vec<Lease>, link: Weak<VerbsLink>) {
-        let mut h = lock(&self.holds);
-        match h.get_mut(&token) {
-            Some(x) => {
-                x.parts += parts;
-                x._leases.extend(leases);
-            }
-            None => {
-                h.insert(
-                    token,
-                    Hold {
-                        parts,
-                        _leases: leases,
-                        link,
-                    },
-                );
-            }
+    fn hold(&self, token: Token, parts: usize, link: Weak<VerbsLink>) {
+        {
+            let mut h = lock(&self.holds);
+            h.entry(token)
+                .and_modify(|x| x.parts += parts)
+                .or_insert(Hold { parts, link });
         }
     }
 
     fn release(&self, token: Token, parts: usize) {
-        let gone = {
+        {
             let mut h = lock(&self.holds);
-            match h.get_mut(&token) {
-                Some(x) if x.parts <= parts => h.remove(&token),
-                Some(x) => {
-                    x.parts -= parts;
-                    None
+            if let Some(x) = h.get_mut(&token) {
+                x.parts = x.parts.saturating_sub(parts);
+                if x.parts == 0 {
+                    h.remove(&token);
                 }
-                None => None,
             }
-        };
-        // Leases are dropped outside the lock (a drop may wake a deregistration).
-        drop(gone);
+        }
     }
 
-    /// Transfers holding leases (for tests and diagnostics).
+    /// Transfers with requests posted or waiting (for tests and diagnostics).
     #[allow(dead_code)]
     pub(crate) fn holds(&self) -> usize {
         lock(&self.holds).len()
@@ -249,10 +232,8 @@ impl CompletionSource for VerbsSource {
             return 0;
         }
         // One pass under one lock of the hold table: a flushed request reports why its link
-        // closed, and each completion releases one part of its transfer's hold. Holds that
-        // reach zero are dropped after the lock (a lease drop may wake a deregistration).
+        // closed, and each completion releases one part of its transfer's hold.
         let mut failed = false;
-        let mut finished = Vec::new();
         {
             let mut holds = lock(&self.holds);
             for (token, r) in &mut out[start..] {
@@ -267,11 +248,10 @@ impl CompletionSource for VerbsSource {
                 }
                 h.parts = h.parts.saturating_sub(1);
                 if h.parts == 0 {
-                    finished.extend(holds.remove(token));
+                    holds.remove(token);
                 }
             }
         }
-        drop(finished);
         failed |= out[start..].iter().any(|(_, r)| r.is_err());
         for l in self.live_links() {
             if failed {
@@ -306,9 +286,7 @@ pub(crate) struct Connected {
 /// An initiator's RC connection to one peer.
 pub(crate) struct VerbsLink {
     peer: Arc<str>,
-    /// The engine's ops (requests of dropped transfers are not posted) and where the link's
-    /// completions go.
-    ops: Arc<Mutex<OpTable<Waker>>>,
+    /// Where the link's completions go.
     sink: Completions,
     source: Arc<VerbsSource>,
     state: Arc<LinkState>,
@@ -340,7 +318,6 @@ impl VerbsLink {
     /// QP to be flushed and the backlog failed when the link dies.
     pub(crate) fn start(
         backend: &VerbsBackend,
-        ops: &Arc<Mutex<OpTable<Waker>>>,
         sink: &Completions,
         state: Arc<LinkState>,
         peer: Arc<str>,
@@ -363,7 +340,6 @@ impl VerbsLink {
         let l = Arc::new_cyclic(|me| VerbsLink {
             me: me.clone(),
             peer,
-            ops: ops.clone(),
             sink: sink.clone(),
             source: backend.source.clone(),
             state: state.clone(),
@@ -407,9 +383,10 @@ impl VerbsLink {
         }
     }
 
-    /// Posts one transfer's work requests (all carrying `token`), holding `leases` until their
-    /// completions are drained. What does not fit in the send queue waits in the backlog.
-    pub(crate) fn submit(&self, token: Token, wrs: Vec<WorkRequest>, leases: Vec<Lease>) {
+    /// Posts one transfer's work requests (all carrying `token`; the op table holds their
+    /// memory until their completions are drained). What does not fit in the send queue waits
+    /// in the backlog.
+    pub(crate) fn submit(&self, token: Token, wrs: Vec<WorkRequest>) {
         if wrs.is_empty() {
             return;
         }
@@ -426,8 +403,11 @@ impl VerbsLink {
             };
             return self.fail_now(&wrs, &e);
         }
-        self.source.hold(token, wrs.len(), leases, self.me.clone());
-        lock(&self.backlog).extend(wrs);
+        self.source.hold(token, wrs.len(), self.me.clone());
+        {
+            let mut b = lock(&self.backlog);
+            b.extend(wrs);
+        }
         self.pump();
     }
 
@@ -450,27 +430,8 @@ impl VerbsLink {
             drop((backlog, qp));
             return self.fail(&wrs, &e);
         }
-        // Requests of transfers dropped or timed out while they waited are not posted.
-        let mut dropped = Vec::new();
-        {
-            let ops = lock(&self.ops);
-            if backlog.iter().any(|w| !ops.is_wanted(w.token)) {
-                dropped = backlog
-                    .iter()
-                    .filter(|w| !ops.is_wanted(w.token))
-                    .copied()
-                    .collect();
-                backlog.retain(|w| ops.is_wanted(w.token));
-            }
-        }
-        if !dropped.is_empty() {
-            let e = Error::Cancelled {
-                what: "an RDMA work request",
-            };
-            drop((backlog, qp));
-            self.fail(&dropped, &e);
-            return self.pump();
-        }
+        // Requests of transfers dropped or timed out while they waited left the backlog then
+        // ([`VerbsLink::withdraw`]).
         let mut room = self.capacity.saturating_sub(q.outstanding());
         let mut n = 0;
         for w in backlog.iter() {
@@ -487,8 +448,9 @@ impl VerbsLink {
         let chain: Vec<WorkRequest> = backlog.drain(..n).collect();
         // SAFETY: every request's local range lies in a region registered with this
         // engine's protection domain under `local.lkey`, leased (so neither deregistered
-        // nor freed) until the request's completion is drained: the hold taken in `submit`
-        // is released by the drain only. The remote range was checked against the peer's
+        // nor freed) until the request's completion is drained: the op table holds its op's
+        // lease until its last part completes (`rawio::PartRange`), and a posted request
+        // completes only through the drain. The remote range was checked against the peer's
         // memory table; the peer's device refuses anything else.
         let r = unsafe { q.post_chain(&chain) };
         match r {
@@ -514,6 +476,23 @@ impl VerbsLink {
                 self.fail(&chain, &err);
             }
         }
+    }
+
+    /// The owner of `token` went away: its requests still in the backlog are failed with
+    /// `cause` and never posted; posted ones complete on the device.
+    pub(crate) fn withdraw(&self, token: Token, cause: &Error) {
+        let mut out = Vec::new();
+        {
+            let mut b = lock(&self.backlog);
+            b.retain(|w| {
+                let mine = w.token == token;
+                if mine {
+                    out.push(*w);
+                }
+                !mine
+            });
+        }
+        self.fail(&out, cause);
     }
 
     /// Closes the link when its QP has failed.

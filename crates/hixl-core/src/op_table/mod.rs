@@ -10,6 +10,14 @@
 //!
 //! A token is `slot | generation << 32`. A completion whose generation does not match the slot
 //! is stale (its op was already reaped) and is reported as such, never applied.
+//!
+//! **Keep-alive.** The table is the one owner of what keeps an op's memory valid while a
+//! device may touch it (`K`: region leases, peer mappings). An op's keep-alive is handed in
+//! at [`OpTable::post`] and handed back, to be dropped by the caller outside its lock, when
+//! the op is *reaped*: its last posted part is done, whether the op completed, failed or was
+//! abandoned. So while any part of an op is outstanding, its keep-alive is held; transports
+//! hold only raw ranges into it. (Each slot keeps its vector's capacity: a reused slot
+//! allocates nothing.)
 
 use crate::error::Error;
 use crate::types::TransferStatus;
@@ -56,9 +64,11 @@ struct Op<W> {
 }
 
 #[derive(Debug)]
-struct Slot<W> {
+struct Slot<W, K> {
     generation: u32,
     op: Option<Op<W>>,
+    /// The op's keep-alive, from post until it is reaped (empty otherwise; its capacity stays).
+    keep: Vec<K>,
 }
 
 /// What applying a completion did.
@@ -92,15 +102,16 @@ pub enum OpTableError {
     },
 }
 
-/// The slab of in-flight ops. `W` is what wakes an owner (a `Waker` in the async layer).
+/// The slab of in-flight ops. `W` is what wakes an owner (a `Waker` in the async layer); `K`
+/// is what keeps an op's memory valid until its last part is done (see the module docs).
 #[derive(Debug)]
-pub struct OpTable<W> {
-    slots: Vec<Slot<W>>,
+pub struct OpTable<W, K = ()> {
+    slots: Vec<Slot<W, K>>,
     free: Vec<u32>,
     live: usize,
 }
 
-impl<W> Default for OpTable<W> {
+impl<W, K> Default for OpTable<W, K> {
     fn default() -> Self {
         OpTable {
             slots: Vec::new(),
@@ -110,7 +121,7 @@ impl<W> Default for OpTable<W> {
     }
 }
 
-impl<W> OpTable<W> {
+impl<W, K> OpTable<W, K> {
     /// An empty table.
     pub fn new() -> Self {
         Self::default()
@@ -148,6 +159,7 @@ impl<W> OpTable<W> {
         self.slots.push(Slot {
             generation: 0,
             op: Some(op),
+            keep: Vec::new(),
         });
         Token::new(slot, 0)
     }
@@ -191,31 +203,66 @@ impl<W> OpTable<W> {
         matches!(self.op(t), Some(o) if o.phase != Phase::Abandoned)
     }
 
-    /// Staged → Posted with `parts` outstanding parts. Zero parts makes it Done at once.
+    /// The slot of a live token.
+    fn slot_mut(&mut self, t: Token) -> Option<&mut Slot<W, K>> {
+        let s = self.slots.get_mut(t.slot() as usize)?;
+        (s.generation == t.generation() && s.op.is_some()).then_some(s)
+    }
+
+    /// Staged → Posted with `parts` outstanding parts, the op's table entry taking `keep`, what
+    /// keeps its memory valid, until the op is reaped. Zero parts makes it Done at once (and
+    /// hands `keep` back in `reaped`, as does an error).
     ///
     /// # Errors
     /// [`OpTableError`] if the token is stale or the op is not Staged.
-    pub fn post(&mut self, t: Token, parts: u32) -> Result<(), OpTableError> {
-        let op = self.op_mut(t).ok_or(OpTableError::Stale(t.0))?;
+    pub fn post(
+        &mut self,
+        t: Token,
+        parts: u32,
+        keep: impl IntoIterator<Item = K>,
+        reaped: &mut Vec<K>,
+    ) -> Result<(), OpTableError> {
+        let Some(s) = self.slot_mut(t) else {
+            reaped.extend(keep);
+            return Err(OpTableError::Stale(t.0));
+        };
+        let Some(op) = s.op.as_mut() else {
+            reaped.extend(keep);
+            return Err(OpTableError::Stale(t.0));
+        };
         if op.phase != Phase::Staged {
+            let phase = op.phase;
+            reaped.extend(keep);
             return Err(OpTableError::WrongPhase {
                 token: t.0,
-                phase: op.phase,
+                phase,
                 expected: "Staged",
             });
         }
         op.remaining = parts;
-        op.phase = if parts == 0 {
-            Phase::Done
+        if parts == 0 {
+            op.phase = Phase::Done;
+            reaped.extend(keep);
         } else {
-            Phase::Posted
-        };
+            op.phase = Phase::Posted;
+            s.keep.extend(keep);
+        }
         Ok(())
     }
 
-    /// Records one part's outcome. The first error wins and is what the owner sees.
-    pub fn complete(&mut self, t: Token, result: Result<(), Error>) -> Completed<W> {
-        let Some(op) = self.op_mut(t) else {
+    /// Records one part's outcome. The first error wins and is what the owner sees. The last
+    /// part reaps the op: its keep-alive is moved to `reaped`, for the caller to drop outside
+    /// its lock.
+    pub fn complete(
+        &mut self,
+        t: Token,
+        result: Result<(), Error>,
+        reaped: &mut Vec<K>,
+    ) -> Completed<W> {
+        let Some(s) = self.slot_mut(t) else {
+            return Completed::Stale;
+        };
+        let Some(op) = s.op.as_mut() else {
             return Completed::Stale;
         };
         if op.remaining == 0 || matches!(op.phase, Phase::Staged | Phase::Done) {
@@ -228,6 +275,8 @@ impl<W> OpTable<W> {
         if op.remaining > 0 {
             return Completed::Pending;
         }
+        // The device is done with every part: nothing needs the op's memory any more.
+        reaped.append(&mut s.keep);
         if op.phase == Phase::Abandoned {
             self.release(t);
             return Completed::Reaped;
@@ -238,7 +287,7 @@ impl<W> OpTable<W> {
 
     /// Fails every outstanding part of the op at once (its link died). Returns like the last
     /// part of [`OpTable::complete`].
-    pub fn fail_all(&mut self, t: Token, error: Error) -> Completed<W> {
+    pub fn fail_all(&mut self, t: Token, error: Error, reaped: &mut Vec<K>) -> Completed<W> {
         let Some(op) = self.op_mut(t) else {
             return Completed::Stale;
         };
@@ -246,7 +295,15 @@ impl<W> OpTable<W> {
             return Completed::Stale;
         }
         op.remaining = 1;
-        self.complete(t, Err(error))
+        self.complete(t, Err(error), reaped)
+    }
+
+    /// How many keep-alive items the op's entry holds (0 once it is reaped).
+    pub fn kept(&self, t: Token) -> usize {
+        match self.slots.get(t.slot() as usize) {
+            Some(s) if s.generation == t.generation() => s.keep.len(),
+            _ => 0,
+        }
     }
 
     /// The owner polls: returns the result if Done (and frees the slot); otherwise stores
@@ -310,161 +367,4 @@ impl<W> OpTable<W> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn err() -> Error {
-        Error::PeerLost {
-            peer: "p".into(),
-            cause: "test".into(),
-        }
-    }
-
-    #[test]
-    fn full_lifecycle() {
-        let mut t: OpTable<u32> = OpTable::new();
-        let tok = t.insert();
-        assert_eq!(t.phase(tok), Some(Phase::Staged));
-        t.post(tok, 2).unwrap();
-        assert!(t.poll_result(tok, 7).is_none());
-        assert_eq!(t.phase(tok), Some(Phase::Waiting));
-        assert!(matches!(t.complete(tok, Ok(())), Completed::Pending));
-        assert_eq!(t.status(tok), Some(TransferStatus::Waiting));
-        assert!(matches!(
-            t.complete(tok, Ok(())),
-            Completed::Finished(Some(7))
-        ));
-        assert_eq!(t.status(tok), Some(TransferStatus::Completed));
-        assert!(matches!(t.poll_result(tok, 8), Some(Ok(()))));
-        assert_eq!(t.live(), 0);
-        // the slot's generation moved on: the old token is stale everywhere
-        assert!(matches!(t.complete(tok, Ok(())), Completed::Stale));
-        assert!(t.status(tok).is_none());
-        let tok2 = t.insert();
-        assert_eq!(tok2.slot(), tok.slot());
-        assert_ne!(tok2.generation(), tok.generation());
-        assert!(matches!(t.complete(tok, Ok(())), Completed::Stale));
-    }
-
-    #[test]
-    fn first_error_wins() {
-        let mut t: OpTable<()> = OpTable::new();
-        let tok = t.insert();
-        t.post(tok, 3).unwrap();
-        t.complete(tok, Ok(()));
-        t.complete(tok, Err(err()));
-        t.complete(tok, Err(Error::NotInitialized));
-        assert_eq!(t.status(tok), Some(TransferStatus::Failed));
-        assert!(matches!(
-            t.poll_result(tok, ()),
-            Some(Err(Error::PeerLost { .. }))
-        ));
-    }
-
-    #[test]
-    fn abandoned_op_is_kept_until_the_device_is_done() {
-        let mut t: OpTable<()> = OpTable::new();
-        let tok = t.insert();
-        t.post(tok, 2).unwrap();
-        assert!(!t.abandon(tok));
-        assert!(!t.is_wanted(tok));
-        assert_eq!(t.live(), 1);
-        // slot not reusable yet
-        let other = t.insert();
-        assert_ne!(other.slot(), tok.slot());
-        assert!(matches!(t.complete(tok, Ok(())), Completed::Pending));
-        assert!(matches!(t.complete(tok, Ok(())), Completed::Reaped));
-        assert_eq!(t.live(), 1);
-    }
-
-    #[test]
-    fn misuse_is_reported_not_panicking() {
-        let mut t: OpTable<()> = OpTable::new();
-        let tok = t.insert();
-        t.post(tok, 1).unwrap();
-        assert!(matches!(
-            t.post(tok, 1),
-            Err(OpTableError::WrongPhase { .. })
-        ));
-        assert_eq!(t.post(Token(999), 1), Err(OpTableError::Stale(999)));
-        assert!(matches!(t.poll_result(Token(999), ()), Some(Err(_))));
-        assert!(matches!(t.fail_all(tok, err()), Completed::Finished(None)));
-        let z = t.insert();
-        t.post(z, 0).unwrap();
-        assert!(matches!(t.poll_result(z, ()), Some(Ok(()))));
-    }
-
-    #[derive(Debug, Clone)]
-    enum Step {
-        Insert(u32),
-        Complete(usize, bool),
-        Poll(usize),
-        Abandon(usize),
-        StaleComplete(u64),
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            (0u32..4).prop_map(Step::Insert),
-            (any::<usize>(), any::<bool>()).prop_map(|(i, ok)| Step::Complete(i, ok)),
-            any::<usize>().prop_map(Step::Poll),
-            any::<usize>().prop_map(Step::Abandon),
-            any::<u64>().prop_map(Step::StaleComplete),
-        ]
-    }
-
-    proptest! {
-        // Against a model: every part completion is applied exactly once to the right op, and
-        // `live` counts exactly the ops that are neither taken nor reaped.
-        #[test]
-        fn churn_matches_model(steps in proptest::collection::vec(step(), 1..200)) {
-            let mut t: OpTable<()> = OpTable::new();
-            // (token, remaining, owner_present)
-            let mut model: Vec<(Token, u32, bool)> = Vec::new();
-            for s in steps {
-                match s {
-                    Step::Insert(n) => {
-                        let tok = t.insert();
-                        t.post(tok, n).unwrap();
-                        model.push((tok, n, true));
-                    }
-                    Step::Complete(i, ok) if !model.is_empty() => {
-                        let i = i % model.len();
-                        let (tok, rem, owner) = model[i];
-                        let r = t.complete(tok, if ok { Ok(()) } else { Err(err()) });
-                        if rem == 0 { prop_assert!(matches!(r, Completed::Stale)); continue; }
-                        model[i].1 -= 1;
-                        if rem > 1 { prop_assert!(matches!(r, Completed::Pending)); }
-                        else if owner { prop_assert!(matches!(r, Completed::Finished(_))); }
-                        else { prop_assert!(matches!(r, Completed::Reaped)); model.remove(i); }
-                    }
-                    Step::Poll(i) if !model.is_empty() => {
-                        let i = i % model.len();
-                        let (tok, rem, owner) = model[i];
-                        if !owner { continue; }
-                        let r = t.poll_result(tok, ());
-                        if rem == 0 { prop_assert!(r.is_some()); model.remove(i); }
-                        else { prop_assert!(r.is_none()); }
-                    }
-                    Step::Abandon(i) if !model.is_empty() => {
-                        let i = i % model.len();
-                        let (tok, rem, owner) = model[i];
-                        if !owner { continue; }
-                        let freed = t.abandon(tok);
-                        prop_assert_eq!(freed, rem == 0);
-                        if freed { model.remove(i); } else { model[i].2 = false; }
-                    }
-                    Step::StaleComplete(raw) => {
-                        let tok = Token(raw);
-                        if !model.iter().any(|m| m.0 == tok) {
-                            prop_assert!(matches!(t.complete(tok, Ok(())), Completed::Stale));
-                        }
-                    }
-                    _ => {}
-                }
-                prop_assert_eq!(t.live(), model.len());
-            }
-        }
-    }
-}
+mod tests;

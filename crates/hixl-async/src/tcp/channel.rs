@@ -1,0 +1,193 @@
+//! TCP as a [`PeerChannel`]: the link's data connections, the fallback that reaches every
+//! peer. The transport policy ([`crate::transport::select`]) puts it after the channel it
+//! chose, so it takes every descriptor the others do not.
+//!
+//! A descriptor becomes parts of at most `hixl.TcpChunkBytes`, spread round-robin over the
+//! data connections; each connection's writer task sends them straight from registered memory
+//! and its reader task completes them as the answers come ([`super::initiator`]).
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use hixl_core::wire::DataReq;
+use hixl_core::{Error, OpDesc, Result, Token, TransferOp};
+use tokio::net::TcpStream;
+
+use super::initiator::{fail_with, DataConn, Part, Queued};
+use crate::context::Shared;
+use crate::keep::Keeps;
+use crate::link_state::LinkState;
+use crate::memory::RegionInner;
+use crate::rawio::PartRange;
+use crate::sink::Completions;
+use crate::transport::{Batch, PeerChannel};
+
+/// The TCP channel of one link: its data connections.
+#[derive(Debug)]
+pub(crate) struct TcpChannel {
+    conns: Vec<DataConn>,
+    /// Round-robin start of the next op's parts.
+    next: AtomicUsize,
+    /// Largest single part (`hixl.TcpChunkBytes`).
+    chunk: u64,
+    peer: Arc<str>,
+    state: Arc<LinkState>,
+    /// Ops of this link withdrawn so far: the writers recheck an op only when it moved.
+    withdrawals: Arc<AtomicU64>,
+}
+
+impl TcpChannel {
+    /// Starts the writer and reader tasks of the link's established data connections.
+    pub(crate) fn spawn(
+        streams: Vec<TcpStream>,
+        peer: Arc<str>,
+        shared: Arc<Shared>,
+        state: Arc<LinkState>,
+        chunk: u64,
+    ) -> TcpChannel {
+        let withdrawals = Arc::new(AtomicU64::new(0));
+        let conns = streams
+            .into_iter()
+            .map(|s| {
+                DataConn::spawn(
+                    s,
+                    peer.clone(),
+                    shared.clone(),
+                    state.clone(),
+                    withdrawals.clone(),
+                )
+            })
+            .collect();
+        TcpChannel {
+            conns,
+            next: AtomicUsize::new(0),
+            chunk: chunk.max(1),
+            peer,
+            state,
+            withdrawals,
+        }
+    }
+}
+
+impl PeerChannel for TcpChannel {
+    fn batch(&self, token: Token, op: TransferOp) -> Box<dyn Batch + '_> {
+        Box::new(TcpBatch::new(self, token, op))
+    }
+
+    fn with_batch(
+        &self,
+        token: Token,
+        op: TransferOp,
+        sink: &Completions,
+        build: &mut dyn FnMut(&mut dyn Batch) -> Result<()>,
+    ) -> Result<()> {
+        let mut b = TcpBatch::new(self, token, op);
+        build(&mut b)?;
+        b.post_now(sink);
+        Ok(())
+    }
+
+    /// Counted, and seen by the writers before their next part (`send_batch`): they skip the
+    /// unsent parts of an op that is no longer wanted. Parts already sent are answered.
+    fn withdraw(&self, _token: Token, _cause: &Error) {
+        self.withdrawals.fetch_add(1, Ordering::Release);
+    }
+
+    /// Nothing to do here: the connections' tasks see the link's death themselves (the
+    /// writers fail what they have not sent, the readers what awaits an answer).
+    fn close(&self, _cause: &Error, _tokens: &HashSet<Token>) {}
+}
+
+/// One call's TCP parts, per connection. Allocates only once a descriptor comes its way.
+struct TcpBatch<'a> {
+    ch: &'a TcpChannel,
+    token: Token,
+    write: bool,
+    per: Vec<Vec<Part>>,
+    /// The connection of the next part.
+    k: usize,
+    /// The channel's withdrawal count before the op could be abandoned.
+    withdrawals: u64,
+}
+
+impl<'a> TcpBatch<'a> {
+    fn new(ch: &'a TcpChannel, token: Token, op: TransferOp) -> TcpBatch<'a> {
+        TcpBatch {
+            ch,
+            token,
+            write: op == TransferOp::Write,
+            per: Vec::new(),
+            k: 0,
+            withdrawals: ch.withdrawals.load(Ordering::Acquire),
+        }
+    }
+
+    /// [`Batch::post`] without the box: hands each connection its parts; those of a dead
+    /// connection fail with the link's cause.
+    fn post_now(self, sink: &Completions) {
+        for (conn, parts) in self.ch.conns.iter().zip(self.per) {
+            if parts.is_empty() {
+                continue;
+            }
+            let q = Queued {
+                parts,
+                withdrawals: self.withdrawals,
+            };
+            if let Err(parts) = conn.submit(q) {
+                let e = self.ch.state.error().unwrap_or_else(|| Error::PeerLost {
+                    peer: self.ch.peer.to_string(),
+                    cause: "data connection closed".into(),
+                });
+                fail_with(sink, parts, &e);
+            }
+        }
+    }
+}
+
+impl Batch for TcpBatch<'_> {
+    /// Reaches every descriptor (the link has at least one data connection).
+    fn add(
+        &mut self,
+        _index: usize,
+        d: &OpDesc,
+        _local: &Arc<RegionInner>,
+        rkey: u64,
+        _keep: &mut Keeps,
+    ) -> Result<Option<u32>> {
+        let n = self.ch.conns.len();
+        if n == 0 {
+            return Ok(None);
+        }
+        if self.per.is_empty() {
+            self.per = (0..n).map(|_| Vec::new()).collect();
+            self.k = self.ch.next.fetch_add(1, Ordering::Relaxed);
+        }
+        let parts =
+            u32::try_from(d.len.div_ceil(self.ch.chunk)).map_err(|_| Error::ResourceExhausted {
+                what: "more than 2^32 parts in one transfer".into(),
+            })?;
+        let mut off = 0;
+        while off < d.len {
+            let len = self.ch.chunk.min(d.len - off);
+            self.per[self.k % n].push(Part {
+                token: self.token,
+                write: self.write,
+                local: PartRange::new(d.local_addr + off, len),
+                req: DataReq {
+                    id: self.token.0,
+                    rkey,
+                    addr: d.remote_addr + off,
+                    len,
+                },
+            });
+            self.k = self.k.wrapping_add(1);
+            off += len;
+        }
+        Ok(Some(parts))
+    }
+
+    fn post(self: Box<Self>, sink: &Completions) {
+        (*self).post_now(sink);
+    }
+}
