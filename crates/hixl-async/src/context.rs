@@ -1,33 +1,64 @@
-//! State every task and handle of one engine shares: the region and op tables, the
-//! completion sink, notifies, the transports, heartbeat and authentication settings.
-//! A bottom-level module: it imports none of the link, server or transport-task modules.
+//! The narrow handles an engine's parts are given, instead of the engine: the region table
+//! ([`Regions`]), the op table with the completion sink ([`OpsHandle`]), and the settings of
+//! control connections ([`EngineConfig`]). A bottom-level module: it imports none of the
+//! engine, link, server or transport-task modules.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hixl_core::region::OsRkeys;
+use hixl_core::session::Config;
 use hixl_core::RegionTable;
 
+use crate::keep::SharedOps;
 use crate::memory::RegionInner;
-use crate::notify::NotifyQueue;
 use crate::sink::Completions;
 
-/// State shared by the engine's tasks and handles.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) name: String,
-    pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,
-    pub(crate) ops: crate::keep::SharedOps,
+/// The engine's registered regions (what the TCP target validates requests against, what
+/// links resolve local addresses in, what the memory table exports).
+pub(crate) type Regions = Arc<Mutex<RegionTable<Arc<RegionInner>>>>;
+
+/// What posts ops and completes their parts: the op table and the completion sink.
+#[derive(Debug, Clone)]
+pub(crate) struct OpsHandle {
+    pub(crate) table: SharedOps,
     /// Where transports hand in finished parts.
     pub(crate) sink: Completions,
-    pub(crate) notifies: Arc<NotifyQueue>,
-    /// The transports besides TCP, in the order the transport policy tries them.
-    pub(crate) transports: Vec<Arc<dyn crate::transport::Transport>>,
+}
+
+/// The settings every control connection of the engine uses.
+#[derive(Debug)]
+pub(crate) struct EngineConfig {
+    /// The engine's name (`ip` or `ip:port`).
+    pub(crate) name: String,
     /// Liveness of control connections (`hixl.HeartbeatIntervalMs`, `hixl.HeartbeatMissLimit`).
     pub(crate) heartbeat: Heartbeat,
     /// The shared secret connects are authenticated with (`hixl.AuthSecret` or
     /// `HIXL_AUTH_SECRET`), if any.
     pub(crate) auth: Option<hixl_core::auth::Secret>,
+}
+
+impl EngineConfig {
+    /// The configuration of a session of this engine (`incarnation`: the engine's).
+    pub(crate) fn session(&self, incarnation: u64) -> Config {
+        Config {
+            secret: self.auth.clone(),
+            heartbeat_interval: self.heartbeat.interval,
+            heartbeat_miss_limit: self.heartbeat.miss_limit,
+            ..Config::new(self.name.clone(), incarnation)
+        }
+    }
+
+    /// A fresh authentication nonce when the engine has a secret (zeros otherwise: unused).
+    ///
+    /// # Errors
+    /// The OS could not give randomness.
+    pub(crate) fn nonce(&self) -> std::io::Result<[u8; hixl_core::auth::NONCE_LEN]> {
+        match &self.auth {
+            Some(_) => hixl_core::auth::nonce(),
+            None => Ok([0; hixl_core::auth::NONCE_LEN]),
+        }
+    }
 }
 
 /// How often each end of a control connection probes the other, and how many probes may go

@@ -103,15 +103,15 @@ impl<'a> RawRange<'a> {
 ///
 /// **The invariant, relied on here only.** `Link::submit` checks that every descriptor's
 /// local range lies inside one registered region, and posts the op in the op table with a
-/// lease on that region in the op's keep-alive ([`crate::keep`]). The op table hands an op's
+/// lease on that region in the op's keep-alive (see the `keep` module). The op table hands an op's
 /// keep-alive back only once the op's last part is done (completed or failed through the
 /// engine's `Completions`), whatever became of its `Transfer`. So while a part has not been
 /// completed, the region it lies in stays registered: an owned buffer is not freed, and raw
 /// memory stays valid by `register_raw`'s contract. The copy engines' and the verbs queue
 /// pair's unsafe contracts (ranges valid until the copy ran, until the request's completion is
 /// drained) are met the same way. The op table itself outlives every thread that may touch a
-/// part: tasks only touch memory while polled (they hold the engine's `Shared`), and the
-/// fabric backend keeps the op table until its copy streams are joined.
+/// part: tasks only touch memory while polled (they hold the op table through their
+/// `OpsHandle`), and the fabric backend keeps the op table until its copy streams are joined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PartRange {
     addr: u64,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use hixl_core::{Error, Result, Token, TransferStatus};
 use tokio::time::Sleep;
 
-use crate::context::Shared;
+use crate::keep::SharedOps;
 use crate::sync::lock;
 use crate::transport::Withdraw;
 
@@ -21,7 +21,7 @@ use crate::transport::Withdraw;
 /// and parts not yet sent are not sent.
 #[must_use = "a transfer is posted already; await it to learn its result"]
 pub struct Transfer {
-    shared: Arc<Shared>,
+    ops: SharedOps,
     /// The link that posted it, told when the transfer is dropped or times out.
     link: Option<Arc<dyn Withdraw>>,
     state: State,
@@ -48,9 +48,9 @@ impl std::fmt::Debug for Transfer {
 }
 
 impl Transfer {
-    pub(crate) fn posted(shared: Arc<Shared>, token: Token, link: Arc<dyn Withdraw>) -> Transfer {
+    pub(crate) fn posted(ops: SharedOps, token: Token, link: Arc<dyn Withdraw>) -> Transfer {
         Transfer {
-            shared,
+            ops,
             link: Some(link),
             state: State::Posted(token),
             deadline: None,
@@ -67,9 +67,9 @@ impl Transfer {
         }
     }
 
-    pub(crate) fn failed(shared: Arc<Shared>, e: Error, peer: Arc<str>) -> Transfer {
+    pub(crate) fn failed(ops: SharedOps, e: Error, peer: Arc<str>) -> Transfer {
         Transfer {
-            shared,
+            ops,
             link: None,
             state: State::Failed(Some(e)),
             deadline: None,
@@ -79,12 +79,12 @@ impl Transfer {
 
     /// A transfer whose link is still being connected (AutoConnect); `task` posts it.
     pub(crate) fn connecting(
-        shared: Arc<Shared>,
+        ops: SharedOps,
         task: tokio::task::JoinHandle<Result<Transfer>>,
         peer: Arc<str>,
     ) -> Transfer {
         Transfer {
-            shared,
+            ops,
             link: None,
             state: State::Connecting(task),
             deadline: None,
@@ -102,9 +102,7 @@ impl Transfer {
     /// The op's state without waiting (HIXL `GetTransferStatus`).
     pub fn status(&self) -> TransferStatus {
         match &self.state {
-            State::Posted(t) => lock(&self.shared.ops)
-                .status(*t)
-                .unwrap_or(TransferStatus::Failed),
+            State::Posted(t) => lock(&self.ops).status(*t).unwrap_or(TransferStatus::Failed),
             State::Connecting(_) => TransferStatus::Waiting,
             State::Failed(_) => TransferStatus::Failed,
             State::Done(s) => *s,
@@ -162,7 +160,7 @@ impl Future for Transfer {
                 }))
             }
         };
-        let r = lock(&this.shared.ops).poll_result(token, cx.waker().clone());
+        let r = lock(&this.ops).poll_result(token, cx.waker().clone());
         if let Some(r) = r {
             // A device error (a copy engine's syscall) is the link's failure: name the peer.
             let r = r.map_err(|e| match e {
@@ -179,7 +177,7 @@ impl Future for Transfer {
         if let Some((sleep, after)) = &mut this.deadline {
             if sleep.as_mut().poll(cx).is_ready() {
                 let after = *after;
-                abandon(&this.shared, this.link.as_deref(), token);
+                abandon(&this.ops, this.link.as_deref(), token);
                 this.state = State::Done(TransferStatus::TimedOut);
                 return Poll::Ready(Err(Error::Timeout {
                     what: "transfer",
@@ -195,7 +193,7 @@ impl Future for Transfer {
 impl Drop for Transfer {
     fn drop(&mut self) {
         if let State::Posted(t) = self.state {
-            abandon(&self.shared, self.link.as_deref(), t);
+            abandon(&self.ops, self.link.as_deref(), t);
         }
     }
 }
@@ -203,8 +201,8 @@ impl Drop for Transfer {
 /// The owner of `token` went away (dropped, or its deadline passed): the op is parked until
 /// its outstanding parts are done, and parts not yet started are not started. TCP writers
 /// check before sending; fabric copies still queued on a copy stream are withdrawn here.
-fn abandon(shared: &Shared, link: Option<&dyn Withdraw>, token: Token) {
-    lock(&shared.ops).abandon(token);
+fn abandon(ops: &SharedOps, link: Option<&dyn Withdraw>, token: Token) {
+    lock(ops).abandon(token);
     if let Some(l) = link {
         l.withdraw(token);
     }

@@ -62,6 +62,13 @@ pub enum Error {
         /// What failed.
         what: &'static str,
     },
+    /// The op table refused a step of an op's life: a bug in hixl, like
+    /// [`Error::Internal`].
+    #[error("internal error: the op table refused an op: {0} (a bug in hixl; please report it)")]
+    OpTable(#[source] crate::op_table::OpTableError),
+    /// A transfer call without a descriptor.
+    #[error("a transfer needs at least one descriptor")]
+    NoDescriptors,
     /// An option key that HIXL and hixl do not know.
     #[error("unknown option key {key:?}")]
     UnknownOption {
@@ -445,7 +452,8 @@ impl Error {
             Error::NotInitialized
             | Error::ShutDown { .. }
             | Error::Cancelled { .. }
-            | Error::Internal { .. } => Status::Failed,
+            | Error::Internal { .. }
+            | Error::OpTable(_) => Status::Failed,
             Error::UnknownOption { .. }
             | Error::InvalidOption { .. }
             | Error::InvalidAddress { .. }
@@ -472,7 +480,8 @@ impl Error {
             | Error::TaskEnded { .. }
             | Error::AlreadyFinished { .. }
             | Error::Device { .. }
-            | Error::InvalidParam { .. } => Status::ParamInvalid,
+            | Error::InvalidParam { .. }
+            | Error::NoDescriptors => Status::ParamInvalid,
             Error::Unsupported { .. } => Status::Unsupported,
             Error::NotConnected { .. } => Status::NotConnected,
             Error::AlreadyConnected { .. } => Status::AlreadyConnected,

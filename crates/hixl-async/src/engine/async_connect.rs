@@ -74,7 +74,7 @@ impl Engine {
         if q.tx.send(t).is_err() {
             self.inner.async_pending.fetch_sub(1, Ordering::SeqCst);
             return Err(Error::ShutDown {
-                engine: self.inner.shared.name.clone(),
+                engine: self.inner.lcx.config.name.clone(),
                 what: "asynchronous connect or disconnect refused",
             });
         }

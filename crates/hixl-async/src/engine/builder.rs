@@ -12,7 +12,8 @@ use tokio::sync::watch;
 use super::{Engine, EngineInner};
 use crate::addr::{engine_name, EngineAddr};
 use crate::completion::CompletionQueue;
-use crate::context::{random_u64, Heartbeat, Shared};
+use crate::context::{random_u64, EngineConfig, Heartbeat, OpsHandle};
+use crate::link::LinkCx;
 use crate::notify::NotifyQueue;
 use crate::reactor::Reactor;
 use crate::server::Server;
@@ -98,34 +99,45 @@ impl EngineBuilder {
             Reactor::new(sources, ops.clone())
                 .with_busy_poll(Duration::from_micros(options.fabric_busy_poll_us)),
         );
-        let shared = Arc::new(Shared {
-            transports,
-            name,
-            regions: Arc::new(Mutex::new(RegionTable::new())),
-            ops,
-            sink: Completions::new(cq, reactor.clone()),
-            notifies: Arc::new(NotifyQueue::default()),
-            heartbeat: Heartbeat {
-                interval: Duration::from_millis(options.heartbeat_interval_ms),
-                miss_limit: options.heartbeat_miss_limit,
+        let lcx = LinkCx {
+            config: Arc::new(EngineConfig {
+                name,
+                heartbeat: Heartbeat {
+                    interval: Duration::from_millis(options.heartbeat_interval_ms),
+                    miss_limit: options.heartbeat_miss_limit,
+                },
+                auth,
+            }),
+            ops: OpsHandle {
+                table: ops,
+                sink: Completions::new(cq, reactor.clone()),
             },
-            auth,
-        });
+            regions: Arc::new(Mutex::new(RegionTable::new())),
+            transports: Arc::new(transports),
+        };
+        let notifies = Arc::new(NotifyQueue::default());
         let (shutdown, rx) = watch::channel(false);
         tokio::spawn(reactor.run(rx.clone()));
         let server = match listener {
             Some(l) => {
-                let srv = Server::new(shared.clone(), instance);
+                let srv = Server::new(
+                    lcx.config.clone(),
+                    lcx.transports.clone(),
+                    lcx.regions.clone(),
+                    notifies.clone(),
+                    instance,
+                );
                 tokio::spawn(srv.clone().accept_loop(l, rx.clone()));
                 srv.listen_transports(&rx)?;
                 Some(srv)
             }
             None => None,
         };
-        tracing::debug!(engine = %shared.name, "engine started");
+        tracing::debug!(engine = %lcx.config.name, "engine started");
         Ok(Engine {
             inner: Arc::new(EngineInner {
-                shared,
+                lcx,
+                notifies,
                 addr,
                 listen,
                 instance,

@@ -76,15 +76,14 @@ impl Engine {
             armed: true,
         };
         let params = LinkParams {
-            local_name: &self.inner.shared.name,
+            local_name: &self.inner.lcx.config.name,
             instance: self.inner.instance,
             remote: &key,
             addr: sa,
             streams: self.inner.options.tcp_streams,
             chunk: self.inner.options.tcp_chunk_bytes,
         };
-        let r =
-            tokio::time::timeout(timeout, Link::establish(self.inner.shared.clone(), params)).await;
+        let r = tokio::time::timeout(timeout, Link::establish(&self.inner.lcx, params)).await;
         let r = match r {
             Ok(r) => r,
             Err(_) => Err(Error::Timeout {
@@ -111,10 +110,7 @@ impl Engine {
                 if self.inner.auto_connect {
                     self.forget_when_dead(&key, &link);
                 }
-                Ok(Peer {
-                    link,
-                    shared: self.inner.shared.clone(),
-                })
+                Ok(Peer { link })
             }
             Err(e) => {
                 links.remove(&key);
@@ -211,10 +207,7 @@ impl Engine {
     pub fn peer(&self, remote: &str) -> Result<Peer> {
         let key = self.key(remote)?;
         match lock(&self.inner.links).get(&key) {
-            Some(LinkSlot::Up(l)) => Ok(Peer {
-                link: l.clone(),
-                shared: self.inner.shared.clone(),
-            }),
+            Some(LinkSlot::Up(l)) => Ok(Peer { link: l.clone() }),
             _ => Err(Error::NotConnected { peer: key }),
         }
     }
@@ -234,12 +227,12 @@ impl Engine {
     /// up, whether or not the returned future is polled.
     pub fn transfer(&self, remote: &str, op: TransferOp, descs: &[OpDesc]) -> Transfer {
         if let Err(e) = self.check_open("transfer refused") {
-            return Transfer::failed(self.inner.shared.clone(), e, Arc::from(remote));
+            return Transfer::failed(self.inner.lcx.ops.table.clone(), e, Arc::from(remote));
         }
         if self.inner.auto_connect && !matches!(self.peer(remote), Ok(p) if p.is_connected()) {
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
                 return Transfer::failed(
-                    self.inner.shared.clone(),
+                    self.inner.lcx.ops.table.clone(),
                     Error::NoRuntime {
                         what: "auto-connect",
                     },
@@ -251,11 +244,11 @@ impl Engine {
                 let p = me.peer_or_connect(&r).await?;
                 Ok(p.transfer(op, &d))
             });
-            return Transfer::connecting(self.inner.shared.clone(), task, Arc::from(remote));
+            return Transfer::connecting(self.inner.lcx.ops.table.clone(), task, Arc::from(remote));
         }
         match self.peer(remote) {
             Ok(p) => p.transfer(op, descs),
-            Err(e) => Transfer::failed(self.inner.shared.clone(), e, Arc::from(remote)),
+            Err(e) => Transfer::failed(self.inner.lcx.ops.table.clone(), e, Arc::from(remote)),
         }
     }
 }

@@ -18,8 +18,9 @@ pub use builder::EngineBuilder;
 
 use self::async_connect::AsyncQueue;
 use crate::addr::{engine_name, EngineAddr};
-use crate::context::Shared;
 use crate::link::Link;
+use crate::link::LinkCx;
+use crate::notify::NotifyQueue;
 use crate::notify::NotifyStream;
 use crate::server::Server;
 use crate::sync::lock;
@@ -32,7 +33,10 @@ enum LinkSlot {
 
 #[derive(Debug)]
 struct EngineInner {
-    shared: Arc<Shared>,
+    /// What every link is built with: the settings, the op table and sink, the regions, the
+    /// transports.
+    lcx: LinkCx,
+    notifies: Arc<NotifyQueue>,
     addr: EngineAddr,
     listen: Option<SocketAddr>,
     instance: u64,
@@ -58,7 +62,7 @@ impl Drop for EngineInner {
                 link.close_because(
                     "engine dropped",
                     Error::ShutDown {
-                        engine: self.shared.name.clone(),
+                        engine: self.lcx.config.name.clone(),
                         what: "the engine was dropped",
                     },
                 );
@@ -67,7 +71,7 @@ impl Drop for EngineInner {
         if let Some(s) = &self.server {
             s.close_all("engine dropped");
         }
-        self.shared.notifies.close();
+        self.notifies.close();
     }
 }
 
@@ -108,7 +112,7 @@ impl Engine {
     fn check_open(&self, what: &'static str) -> Result<()> {
         if *self.inner.shutdown.borrow() {
             return Err(Error::ShutDown {
-                engine: self.inner.shared.name.clone(),
+                engine: self.inner.lcx.config.name.clone(),
                 what,
             });
         }
@@ -123,7 +127,7 @@ impl Engine {
 
     /// This engine's name: `ip:port` for a server (the real port), `ip` for a client.
     pub fn local_engine(&self) -> &str {
-        &self.inner.shared.name
+        &self.inner.lcx.config.name
     }
 
     /// The listening address, if this engine is a server.
@@ -144,7 +148,7 @@ impl Engine {
     /// Which RDMA device this engine uses, or why it uses none.
     pub fn verbs_status(&self) -> std::result::Result<String, String> {
         self.inner
-            .shared
+            .lcx
             .transports
             .iter()
             .find_map(|t| t.device())
@@ -175,18 +179,18 @@ impl Engine {
     /// Notifies received by this engine, as a stream.
     pub fn notifications(&self) -> NotifyStream {
         NotifyStream {
-            queue: self.inner.shared.notifies.clone(),
+            queue: self.inner.notifies.clone(),
         }
     }
 
     /// Returns and clears every received notify (HIXL `GetNotifies`).
     pub fn take_notifies(&self) -> Vec<Notify> {
-        self.inner.shared.notifies.drain()
+        self.inner.notifies.drain()
     }
 
     /// Ops not yet finished or reaped (in-flight and abandoned ones).
     pub fn ops_in_flight(&self) -> usize {
-        lock(&self.inner.shared.ops).live()
+        lock(&self.inner.lcx.ops.table).live()
     }
 
     /// Stops the engine (HIXL `Finalize`): from now on every call that would start something
@@ -206,7 +210,7 @@ impl Engine {
                 l.close_because(
                     "engine finalized",
                     Error::ShutDown {
-                        engine: self.inner.shared.name.clone(),
+                        engine: self.inner.lcx.config.name.clone(),
                         what: "the link was closed by shutdown",
                     },
                 );
@@ -223,6 +227,6 @@ impl Engine {
         while self.ops_in_flight() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        self.inner.shared.notifies.close();
+        self.inner.notifies.close();
     }
 }

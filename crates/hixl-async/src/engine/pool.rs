@@ -44,7 +44,7 @@ impl Engine {
     }
 
     fn evict_down_to(&self, links: &mut HashMap<String, LinkSlot>, keep: &str, target: usize) {
-        let ops = crate::sync::lock(&self.inner.shared.ops);
+        let ops = crate::sync::lock(&self.inner.lcx.ops.table);
         // Dead links go first, then idle ones by age.
         let mut idle: Vec<(bool, u64, String)> = links
             .iter()

@@ -88,7 +88,7 @@ impl Engine {
         let mut owned = owned;
         let mut mr = mr;
         let region = {
-            let mut t = lock(&self.inner.shared.regions);
+            let mut t = lock(&self.inner.lcx.regions);
             let r = t.register(
                 desc,
                 kind,
@@ -130,7 +130,7 @@ impl Engine {
         desc: MemDesc,
         access: Access,
     ) -> Result<Option<crate::memory::DeviceMr>> {
-        for t in &self.inner.shared.transports {
+        for t in self.inner.lcx.transports.iter() {
             // SAFETY: the memory stays valid until deregistration has returned (register_raw's
             // contract; owned buffers are kept by the region). The registration is dropped by
             // deregistration after the region's leases are gone and before the memory is
@@ -155,7 +155,7 @@ impl Engine {
         self.check_open("register refused")?;
         let (desc, owned) = self
             .inner
-            .shared
+            .lcx
             .transports
             .iter()
             .find_map(|t| t.alloc(len))
@@ -180,7 +180,7 @@ impl Engine {
     /// # Errors
     /// None today, as for [`Engine::deregister`].
     pub async fn deregister_id(&self, id: RegionId) -> Result<Option<HostBuffer>> {
-        let e = lock(&self.inner.shared.regions).deregister(id);
+        let e = lock(&self.inner.lcx.regions).deregister(id);
         let Some(e) = e else { return Ok(None) };
         if e.access.is_remote() {
             if let Some(s) = &self.inner.server {

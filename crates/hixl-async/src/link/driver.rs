@@ -129,7 +129,7 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
     // Work not yet started on the channels fails with the link's cause; the devices flush
     // the rest.
     if !link.channels.is_empty() {
-        let tokens: HashSet<Token> = crate::sync::lock(&link.ops)
+        let tokens: HashSet<Token> = crate::sync::lock(&link.tokens)
             .tokens
             .iter()
             .copied()

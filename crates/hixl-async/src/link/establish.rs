@@ -14,11 +14,11 @@ use tokio::sync::mpsc;
 
 use super::control::{now, Control};
 use super::{now_ms, Link, TokenLog};
-use crate::context::Shared;
+use crate::context::{EngineConfig, OpsHandle, Regions};
 use crate::frame_io::{read_frame, tune, unexpected, write_frame};
 use crate::link_state::LinkState;
 use crate::tcp::channel::TcpChannel;
-use crate::transport::{select, LinkHooks, Negotiation, PeerChannel};
+use crate::transport::{select, LinkHooks, Negotiation, PeerChannel, Transport};
 
 /// Kills a half-built link's state when dropped (unless disarmed by taking the state).
 struct KillOnDrop(Option<Arc<LinkState>>);
@@ -29,6 +29,16 @@ impl Drop for KillOnDrop {
             s.kill(Error::Cancelled { what: "a connect" });
         }
     }
+}
+
+/// The engine's handles every link is built with.
+#[derive(Debug, Clone)]
+pub(crate) struct LinkCx {
+    pub(crate) config: Arc<EngineConfig>,
+    pub(crate) ops: OpsHandle,
+    pub(crate) regions: Regions,
+    /// The transports besides TCP, in the order the transport policy tries them.
+    pub(crate) transports: Arc<Vec<Arc<dyn Transport>>>,
 }
 
 /// Connection parameters of one link.
@@ -43,7 +53,7 @@ pub(crate) struct LinkParams<'a> {
 
 impl Link {
     /// Connects the control channel, fetches the memory table and opens the data connections.
-    pub(crate) async fn establish(shared: Arc<Shared>, p: LinkParams<'_>) -> Result<Arc<Link>> {
+    pub(crate) async fn establish(lcx: &LinkCx, p: LinkParams<'_>) -> Result<Arc<Link>> {
         let remote = p.remote;
         let s = TcpStream::connect(p.addr)
             .await
@@ -51,18 +61,15 @@ impl Link {
         tune(&s);
         let name: Arc<str> = Arc::from(remote);
         let config = Config {
-            secret: shared.auth.clone(),
-            heartbeat_interval: shared.heartbeat.interval,
-            heartbeat_miss_limit: shared.heartbeat.miss_limit,
+            engine: p.local_name.to_string(),
             // The caller bounds the whole connect (`hixl.ConnectTimeoutMs`).
             handshake_timeout: None,
-            ..Config::new(p.local_name, p.instance)
+            ..lcx.config.session(p.instance)
         };
-        let nonce = match &shared.auth {
-            Some(_) => hixl_core::auth::nonce()
-                .map_err(|e| Error::io("drawing an authentication nonce", e))?,
-            None => [0; hixl_core::auth::NONCE_LEN],
-        };
+        let nonce = lcx
+            .config
+            .nonce()
+            .map_err(|e| Error::io("drawing an authentication nonce", e))?;
         let session = InitiatorSession::new(config, remote, now(), nonce);
         let mut control = Control::new(session, s, name.clone());
         let welcomed = control.handshake().await?;
@@ -101,7 +108,7 @@ impl Link {
         let tcp: Arc<dyn PeerChannel> = Arc::new(TcpChannel::spawn(
             data,
             name.clone(),
-            shared.clone(),
+            lcx.ops.clone(),
             state.clone(),
             p.chunk.max(4096),
         ));
@@ -114,10 +121,10 @@ impl Link {
             local_name: p.local_name,
             chunk: p.chunk.max(4096),
             state: &state,
-            ops: &shared.ops,
-            sink: &shared.sink,
+            ops: &lcx.ops.table,
+            sink: &lcx.ops.sink,
         };
-        let (channels, transport) = select::choose(&shared.transports, &mut cx, tcp).await?;
+        let (channels, transport) = select::choose(&lcx.transports, &mut cx, tcp).await?;
         tracing::info!(peer = %name, "transport: {transport}");
         let link = Arc::new(Link {
             name,
@@ -126,10 +133,12 @@ impl Link {
             driver: tx,
             notifies_waiting: AtomicUsize::new(0),
             channels,
-            ops: Mutex::new(TokenLog::default()),
+            tokens: Mutex::new(TokenLog::default()),
             last_used: AtomicU64::new(now_ms()),
             transport,
             incarnation,
+            ops: lcx.ops.clone(),
+            regions: lcx.regions.clone(),
         });
         unbuilt.0 = None;
         link.state

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use hixl_core::{Error, RemoteRegion, Token};
 use tokio::sync::mpsc;
 
-pub(crate) use establish::LinkParams;
+pub(crate) use establish::{LinkCx, LinkParams};
 pub use peer::Peer;
 
 use crate::link_state::LinkState;
@@ -66,19 +66,16 @@ pub(crate) struct Link {
     channels: Vec<Arc<dyn PeerChannel>>,
     /// Every op of the link: for [`Link::busy`], and so that the link's death can cancel its
     /// copies still queued on the copy engine.
-    ops: Mutex<TokenLog>,
+    tokens: Mutex<TokenLog>,
     /// When the link was last used for a transfer or notify (`now_ms`).
     last_used: AtomicU64,
     /// Which transport serves this peer, and why.
     transport: String,
     /// The peer engine's incarnation, from its `Welcome`.
     pub(crate) incarnation: u64,
-}
-
-fn poisoned() -> Error {
-    Error::Internal {
-        what: "engine lock poisoned by an earlier panic",
-    }
+    /// The engine's op table and completion sink, and its regions (local ranges of ops).
+    ops: crate::context::OpsHandle,
+    regions: crate::context::Regions,
 }
 
 impl Link {
@@ -99,7 +96,7 @@ impl Link {
         if self.notifies_waiting.load(Ordering::Relaxed) > 0 {
             return true;
         }
-        let t = crate::sync::lock(&self.ops);
+        let t = crate::sync::lock(&self.tokens);
         t.tokens.iter().any(|&t| {
             matches!(
                 ops.phase(t),

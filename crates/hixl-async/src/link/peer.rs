@@ -6,14 +6,12 @@ use std::time::Duration;
 use hixl_core::{Error, OpDesc, RemoteRegion, Result, TransferOp};
 
 use super::Link;
-use crate::context::Shared;
 use crate::transfer::Transfer;
 
 /// A connected peer (the initiator's view): its memory table, transfers and notifies.
 #[derive(Debug, Clone)]
 pub struct Peer {
     pub(crate) link: Arc<Link>,
-    pub(crate) shared: Arc<Shared>,
 }
 
 impl Peer {
@@ -63,9 +61,9 @@ impl Peer {
     /// range inside a region the peer exported with the needed access); if any fails, nothing
     /// moves and the returned future resolves with that error.
     pub fn transfer(&self, op: TransferOp, descs: &[OpDesc]) -> Transfer {
-        match self.link.submit(&self.shared, op, descs) {
-            Ok(t) => Transfer::posted(self.shared.clone(), t, self.link.clone()),
-            Err(e) => Transfer::failed(self.shared.clone(), e, self.link.name.clone()),
+        match self.link.submit(op, descs) {
+            Ok(t) => Transfer::posted(self.link.ops.table.clone(), t, self.link.clone()),
+            Err(e) => Transfer::failed(self.link.ops.table.clone(), e, self.link.name.clone()),
         }
     }
 

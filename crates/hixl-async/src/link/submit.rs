@@ -1,13 +1,11 @@
 //! Submitting a transfer: checking descriptors against the peer's table and the local
 //! regions, and posting them to the link's channels (every descriptor goes to a channel).
 
-use std::sync::Arc;
-
 use hixl_core::{Access, Error, OpDesc, RemoteRegion, Result, Token, TransferOp};
 
-use super::{poisoned, Link};
-use crate::context::Shared;
+use super::Link;
 use crate::keep::Keeps;
+use crate::sync::{lock, read};
 use crate::transport::Batch;
 
 impl Link {
@@ -44,29 +42,22 @@ impl Link {
     /// Validates every descriptor and routes each to the first of the link's channels that
     /// reaches it (TCP, last, reaches all), then posts the op and the channels' batches.
     /// Nothing is sent unless every descriptor is valid.
-    pub(crate) fn submit(
-        &self,
-        shared: &Arc<Shared>,
-        op: TransferOp,
-        descs: &[OpDesc],
-    ) -> Result<Token> {
+    pub(crate) fn submit(&self, op: TransferOp, descs: &[OpDesc]) -> Result<Token> {
         if let Some(e) = self.state.error() {
             return Err(e);
         }
         if descs.is_empty() {
-            return Err(Error::InvalidParam {
-                what: "a transfer needs at least one descriptor".into(),
-            });
+            return Err(Error::NoDescriptors);
         }
         let need = Access::needed_by(op);
-        let token = shared.ops.lock().map_err(|_| poisoned())?.insert();
+        let token = lock(&self.ops.table).insert();
         // The op's keep-alive, handed to its op-table entry when it is posted.
         let mut keeps = Keeps::default();
         // Validates and routes every descriptor, then posts the op in the op table.
         let mut stage = |batches: &mut [&mut (dyn Batch + '_)]| -> Result<()> {
             let built = (|| -> Result<u32> {
-                let table = self.table.read().map_err(|_| poisoned())?;
-                let regions = shared.regions.lock().map_err(|_| poisoned())?;
+                let table = read(&self.table);
+                let regions = lock(&self.regions);
                 let mut parts = 0u32;
                 'descs: for (i, d) in descs.iter().enumerate() {
                     let local = regions.lookup_local(i, d.local_addr, d.len)?;
@@ -90,7 +81,7 @@ impl Link {
                 }
                 Ok(parts)
             })();
-            let mut ops = shared.ops.lock().map_err(|_| poisoned())?;
+            let mut ops = lock(&self.ops.table);
             let parts = match built {
                 Ok(p) => p,
                 Err(e) => {
@@ -103,19 +94,15 @@ impl Link {
             let posted = ops.post(token, parts, keeps.drain(), &mut reaped);
             drop(ops);
             drop(reaped);
-            posted.map_err(|e| Error::InvalidParam {
-                what: e.to_string(),
-            })?;
+            posted.map_err(Error::OpTable)?;
             self.touch();
-            if let Ok(mut t) = self.ops.lock() {
-                t.record(token, &shared.ops);
-            }
+            lock(&self.tokens).record(token, &self.ops.table);
             Ok(())
         };
         // The channels' batches are posted once the op is. A link has its chosen channel and
         // TCP's: both keep their batches on their own stacks (no allocation per call for the
         // batches); more would be boxed.
-        let sink = &shared.sink;
+        let sink = &self.ops.sink;
         match self.channels.as_slice() {
             [] => stage(&mut [])?,
             [one] => one.with_batch(token, op, sink, &mut |b| stage(&mut [b]))?,

@@ -48,24 +48,18 @@ impl Server {
             }
         };
         let config = Config {
-            secret: self.shared.auth.clone(),
-            heartbeat_interval: self.shared.heartbeat.interval,
-            heartbeat_miss_limit: self.shared.heartbeat.miss_limit,
             handshake_timeout: Some(HELLO_TIMEOUT),
             // Notifies of a link also arrive over the fabric channel: the engine's queue
             // counts them all.
             notify_admission: Admission::Driver,
-            ..Config::new(self.shared.name.clone(), self.instance)
+            ..self.config.session(self.instance)
         };
-        let nonce = match &self.shared.auth {
-            Some(_) => match hixl_core::auth::nonce() {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(peer = %from, "refusing: authentication unavailable: no random nonce: {e}");
-                    return;
-                }
-            },
-            None => [0; hixl_core::auth::NONCE_LEN],
+        let nonce = match self.config.nonce() {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(peer = %from, "refusing: authentication unavailable: no random nonce: {e}");
+                return;
+            }
         };
         let mut session = TargetSession::new(config, now(), from.as_str(), id, nonce);
         let _ = session.handle_frame(now(), hello);
@@ -156,22 +150,21 @@ impl Server {
                 // are offered before the memory table.
                 self.cx.sessions.insert(sess.clone());
                 *inserted = true;
-                for offer in self.shared.transports.iter().filter_map(|t| t.offer()) {
+                for offer in self.transports.iter().filter_map(|t| t.offer()) {
                     if let Err(e) = session.offer(offer) {
                         tracing::warn!(peer = %sess.peer, "transport offer not sent: {e}");
                     }
                 }
-                let table = crate::sync::lock(&self.shared.regions).exported();
+                let table = crate::sync::lock(&self.cx.regions).exported();
                 let _ = session.send_table(now(), table);
                 tracing::debug!(peer = %sess.peer, session = sess.id, "initiator connected");
             }
             Event::NotifyOffered { seq, notify } => {
-                let queued = self.shared.notifies.offer(notify);
+                let queued = self.cx.notifies.offer(notify);
                 let _ = session.ack_notify(seq, queued);
             }
             Event::TransportMessage(m) => {
                 let taken = self
-                    .shared
                     .transports
                     .iter()
                     .any(|t| t.on_control(&self.cx, sess, &m));

@@ -13,9 +13,11 @@ use hixl_core::{Error, Result, Status};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::context::Shared;
+use crate::context::{EngineConfig, Regions};
 use crate::frame_io::{read_frame, tune, write_frame};
+use crate::notify::NotifyQueue;
 use crate::transport::target::{Sessions, TargetCx};
+use crate::transport::Transport;
 
 /// How long a new connection may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -23,21 +25,30 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// The listening side of an engine.
 #[derive(Debug)]
 pub(crate) struct Server {
-    pub(crate) shared: Arc<Shared>,
+    config: Arc<EngineConfig>,
+    /// The transports besides TCP this engine serves.
+    transports: Arc<Vec<Arc<dyn Transport>>>,
     instance: u64,
     /// What the transports serve their peers with (the sessions among it).
     pub(crate) cx: TargetCx,
 }
 
 impl Server {
-    pub(crate) fn new(shared: Arc<Shared>, instance: u64) -> Arc<Server> {
+    pub(crate) fn new(
+        config: Arc<EngineConfig>,
+        transports: Arc<Vec<Arc<dyn Transport>>>,
+        regions: Regions,
+        notifies: Arc<NotifyQueue>,
+        instance: u64,
+    ) -> Arc<Server> {
         let cx = TargetCx {
             sessions: Arc::new(Sessions::default()),
-            regions: shared.regions.clone(),
-            notifies: shared.notifies.clone(),
+            regions,
+            notifies,
         };
         Arc::new(Server {
-            shared,
+            config,
+            transports,
             instance,
             cx,
         })
@@ -48,7 +59,7 @@ impl Server {
     /// # Errors
     /// A transport that cannot listen.
     pub(crate) fn listen_transports(&self, shutdown: &watch::Receiver<bool>) -> Result<()> {
-        for t in &self.shared.transports {
+        for t in self.transports.iter() {
             t.listen(&self.cx, shutdown.clone())?;
         }
         Ok(())
@@ -102,10 +113,10 @@ impl Server {
     /// `added`: a region was registered, so the transports' channels learn of it too (the
     /// fabric sends its memfd); after a deregistration, [`Server::revoke`] does their part.
     pub(crate) fn broadcast_table(&self, added: bool) {
-        let regions = crate::sync::lock(&self.shared.regions);
+        let regions = crate::sync::lock(&self.cx.regions);
         let table = Message::MemTable(regions.exported());
         for sess in self.cx.sessions.all() {
-            for t in &self.shared.transports {
+            for t in self.transports.iter() {
                 if let Some(m) = t.before_table(&sess, &regions) {
                     sess.send(&m);
                 }
@@ -114,7 +125,7 @@ impl Server {
         }
         drop(regions);
         if added {
-            for t in &self.shared.transports {
+            for t in self.transports.iter() {
                 t.table_changed(&self.cx);
             }
         }
@@ -123,7 +134,7 @@ impl Server {
     /// A region is being deregistered: waits until every transport's peers stopped touching
     /// it.
     pub(crate) async fn revoke(&self, rkey: u64) {
-        for t in &self.shared.transports {
+        for t in self.transports.iter() {
             t.revoke(&self.cx, rkey).await;
         }
     }
@@ -184,7 +195,7 @@ impl Server {
                     }
                 };
                 let welcome = Message::Welcome {
-                    engine: self.shared.name.clone(),
+                    engine: self.config.name.clone(),
                     session,
                     incarnation: self.instance,
                 };
@@ -192,10 +203,10 @@ impl Server {
                     return;
                 }
                 // A task of the session's: it ends with the session, whose driver joins it.
-                let (st, shared) = (sess.state.clone(), self.shared.clone());
+                let (st, regions) = (sess.state.clone(), self.cx.regions.clone());
                 st.spawn(async move {
                     tokio::select! {
-                        _ = crate::tcp::target::serve(s, sess.peer.clone(), shared) => {}
+                        _ = crate::tcp::target::serve(s, sess.peer.clone(), regions) => {}
                         _ = sess.state.dead() => {}
                     }
                 });

@@ -15,7 +15,7 @@ use hixl_core::{Error, OpDesc, Result, Token, TransferOp};
 use tokio::net::TcpStream;
 
 use super::initiator::{fail_with, DataConn, Part, Queued};
-use crate::context::Shared;
+use crate::context::OpsHandle;
 use crate::keep::Keeps;
 use crate::link_state::LinkState;
 use crate::memory::RegionInner;
@@ -42,7 +42,7 @@ impl TcpChannel {
     pub(crate) fn spawn(
         streams: Vec<TcpStream>,
         peer: Arc<str>,
-        shared: Arc<Shared>,
+        ops: OpsHandle,
         state: Arc<LinkState>,
         chunk: u64,
     ) -> TcpChannel {
@@ -53,7 +53,7 @@ impl TcpChannel {
                 DataConn::spawn(
                     s,
                     peer.clone(),
-                    shared.clone(),
+                    ops.clone(),
                     state.clone(),
                     withdrawals.clone(),
                 )

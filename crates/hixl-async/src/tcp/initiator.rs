@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use crate::completion::Completion;
-use crate::context::Shared;
+use crate::context::OpsHandle;
 use crate::frame_io::shutdown_both;
 use crate::link_state::LinkState;
 use crate::rawio::{self, PartRange, RawRange};
@@ -81,7 +81,7 @@ impl DataConn {
     pub(crate) fn spawn(
         stream: TcpStream,
         peer: Arc<str>,
-        shared: Arc<Shared>,
+        ops: OpsHandle,
         state: Arc<LinkState>,
         withdrawals: Arc<AtomicU64>,
     ) -> DataConn {
@@ -95,14 +95,12 @@ impl DataConn {
             w,
             rx,
             inflight.clone(),
-            shared.clone(),
+            ops.clone(),
             state.clone(),
             peer.clone(),
             withdrawals,
         ));
-        state
-            .clone()
-            .spawn(reader(r, inflight, shared, state, peer));
+        state.clone().spawn(reader(r, inflight, ops, state, peer));
         DataConn { tx }
     }
 
@@ -120,8 +118,8 @@ pub(crate) fn fail_with(sink: &Completions, parts: impl IntoIterator<Item = Part
     }));
 }
 
-fn fail_parts(shared: &Shared, parts: impl IntoIterator<Item = Part>, err: &Error) {
-    fail_with(&shared.sink, parts, err);
+fn fail_parts(ops: &OpsHandle, parts: impl IntoIterator<Item = Part>, err: &Error) {
+    fail_with(&ops.sink, parts, err);
 }
 
 fn lost(peer: &str, cause: &'static str) -> Error {
@@ -135,7 +133,7 @@ async fn writer(
     mut w: OwnedWriteHalf,
     mut rx: mpsc::UnboundedReceiver<Queued>,
     inflight: Inflight,
-    shared: Arc<Shared>,
+    ops: OpsHandle,
     state: Arc<LinkState>,
     peer: Arc<str>,
     withdrawals: Arc<AtomicU64>,
@@ -156,7 +154,7 @@ async fn writer(
             &mut live,
             batch,
             &inflight,
-            &shared,
+            &ops,
             &peer,
             &mut hdrs,
             &withdrawals,
@@ -170,7 +168,7 @@ async fn writer(
     rx.close();
     let err = state.error().unwrap_or_else(|| lost(&peer, "link closed"));
     while let Ok(batch) = rx.try_recv() {
-        fail_parts(&shared, batch.parts, &err);
+        fail_parts(&ops, batch.parts, &err);
     }
 }
 
@@ -208,7 +206,7 @@ async fn send_batch(
     live: &mut Live<'_>,
     batch: Queued,
     inflight: &Inflight,
-    shared: &Shared,
+    ops: &OpsHandle,
     peer: &str,
     hdrs: &mut Vec<u8>,
     withdrawals: &AtomicU64,
@@ -228,14 +226,14 @@ async fn send_batch(
             return false;
         }
         seen = now;
-        !lock(&shared.ops).is_wanted(token)
+        !lock(&ops.table).is_wanted(token)
     };
     let cancelled = || Error::Cancelled { what: "a TCP part" };
     let mut it = batch.into_iter();
     while let Some(part) = it.next() {
         if withdrawn() {
             // Failed before the flush, whose error would otherwise leave them unresolved.
-            fail_parts(shared, std::iter::once(part).chain(it), &cancelled());
+            fail_parts(ops, std::iter::once(part).chain(it), &cancelled());
             return flush(w, live, hdrs, peer).await;
         }
         let hdr = encode_data_req(part.write, &part.req);
@@ -247,24 +245,24 @@ async fn send_batch(
             if let Err(e) = r {
                 // The parts not yet queued for the reader would never complete otherwise.
                 let e = live.cause(Error::connection_lost(peer, "sending a write part", e));
-                fail_parts(shared, std::iter::once(part).chain(it), &e);
+                fail_parts(ops, std::iter::once(part).chain(it), &e);
                 return Err(e);
             }
             // Its ack may already be in the socket: the reader waits for the push (the
             // queue keeps the order the requests were sent in, as the answers come).
             if let Err(p) = push(inflight, part) {
-                return Err(fail_rest(shared, peer, p, it));
+                return Err(fail_rest(ops, peer, p, it));
             }
         } else {
             if let Err(p) = push(inflight, part) {
-                let e = fail_rest(shared, peer, p, it);
+                let e = fail_rest(ops, peer, p, it);
                 let _ = flush(w, live, hdrs, peer).await;
                 return Err(e);
             }
             hdrs.extend_from_slice(&hdr);
             if hdrs.len() >= READ_REQ_BATCH * DATA_REQ_FRAME {
                 if let Err(e) = flush(w, live, hdrs, peer).await {
-                    fail_parts(shared, it, &e);
+                    fail_parts(ops, it, &e);
                     return Err(e);
                 }
             }
@@ -286,9 +284,9 @@ fn push(inflight: &Inflight, part: Part) -> Result<(), Part> {
     }
 }
 
-fn fail_rest(shared: &Shared, peer: &str, p: Part, rest: impl Iterator<Item = Part>) -> Error {
+fn fail_rest(ops: &OpsHandle, peer: &str, p: Part, rest: impl Iterator<Item = Part>) -> Error {
     let e = lost(peer, "data connection closed");
-    fail_parts(shared, std::iter::once(p).chain(rest), &e);
+    fail_parts(ops, std::iter::once(p).chain(rest), &e);
     e
 }
 
@@ -345,13 +343,13 @@ async fn write_or_dead(
 async fn reader(
     mut r: OwnedReadHalf,
     inflight: Inflight,
-    shared: Arc<Shared>,
+    ops: OpsHandle,
     state: Arc<LinkState>,
     peer: Arc<str>,
 ) {
     // No select on link death here: a read cancelled half-way would lose the part it popped.
     // The writer shuts the socket down on death, which ends any read in progress with an error.
-    if let Err(e) = read_loop(&mut r, &inflight, &shared, &state, &peer).await {
+    if let Err(e) = read_loop(&mut r, &inflight, &ops, &state, &peer).await {
         if !state.is_dead() {
             tracing::warn!(peer = %peer, "data connection failed: {e}");
         }
@@ -359,7 +357,7 @@ async fn reader(
     }
     let parts = lock(&inflight).take().unwrap_or_default();
     let err = state.error().unwrap_or_else(|| lost(&peer, "link closed"));
-    fail_parts(&shared, parts, &err);
+    fail_parts(&ops, parts, &err);
 }
 
 enum Next {
@@ -414,7 +412,7 @@ fn decode_answer(frame: &[u8], peer: &str) -> Result<Message, Error> {
 fn take_acks(
     frames: &[u8],
     inflight: &Inflight,
-    shared: &Shared,
+    ops: &OpsHandle,
     peer: &str,
     done: &mut Vec<Completion>,
 ) -> Result<(), Error> {
@@ -428,7 +426,7 @@ fn take_acks(
                 peer,
                 format!("ack for request {id:#x}, expected {:#x}", p.req.id),
             );
-            fail_parts(shared, [p], &e);
+            fail_parts(ops, [p], &e);
             return Err(e);
         }
         let result = if status == 0 {
@@ -447,7 +445,7 @@ fn take_acks(
 async fn read_loop(
     r: &mut OwnedReadHalf,
     inflight: &Inflight,
-    shared: &Shared,
+    ops: &OpsHandle,
     state: &LinkState,
     peer: &str,
 ) -> Result<(), Error> {
@@ -479,9 +477,9 @@ async fn read_loop(
                 }
                 have += got;
                 let whole = have / ACK_FRAME;
-                let res = take_acks(&buf[..whole * ACK_FRAME], inflight, shared, peer, &mut done);
+                let res = take_acks(&buf[..whole * ACK_FRAME], inflight, ops, peer, &mut done);
                 // Completions already matched are delivered even if a later frame was bad.
-                shared.sink.complete_all(done.drain(..));
+                ops.sink.complete_all(done.drain(..));
                 res?;
                 buf.copy_within(whole * ACK_FRAME..have, 0);
                 have -= whole * ACK_FRAME;
@@ -502,18 +500,18 @@ async fn read_loop(
                         peer,
                         format!("read response for {id:#x}, expected {:#x}", p.req.id),
                     );
-                    fail_parts(shared, [p], &e);
+                    fail_parts(ops, [p], &e);
                     return Err(e);
                 }
                 if status != 0 {
                     if len != 0 {
                         // The part was popped: fail it here, or its op would wait forever.
                         let e = protocol(peer, "refused read carries a payload");
-                        fail_parts(shared, [p], &e);
+                        fail_parts(ops, [p], &e);
                         return Err(e);
                     }
                     let e = refused(peer, &p, status);
-                    shared.sink.complete(Completion {
+                    ops.sink.complete(Completion {
                         token: p.token,
                         result: Err(e),
                     });
@@ -524,7 +522,7 @@ async fn read_loop(
                         peer,
                         format!("read response of {len} bytes, asked {}", p.req.len),
                     );
-                    fail_parts(shared, [p], &e);
+                    fail_parts(ops, [p], &e);
                     return Err(e);
                 }
                 // SAFETY: `p` was popped: only this task completes it, after the receive.
@@ -536,10 +534,10 @@ async fn read_loop(
                     let e = state.error().unwrap_or_else(|| {
                         Error::connection_lost(peer, "receiving a read payload", e)
                     });
-                    fail_parts(shared, [p], &e);
+                    fail_parts(ops, [p], &e);
                     return Err(e);
                 }
-                shared.sink.complete(Completion {
+                ops.sink.complete(Completion {
                     token: p.token,
                     result: Ok(()),
                 });

@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-use crate::context::Shared;
+use crate::context::Regions;
 use crate::memory::Lease;
 use crate::rawio;
 
@@ -21,9 +21,9 @@ use crate::rawio;
 const ACK_FLUSH: usize = 64 * ACK_FRAME;
 
 /// Serves one data connection until the peer closes it or sends something invalid.
-pub(crate) async fn serve(stream: TcpStream, peer: Arc<str>, shared: Arc<Shared>) {
+pub(crate) async fn serve(stream: TcpStream, peer: Arc<str>, regions: Regions) {
     let (mut rd, mut wr) = stream.into_split();
-    match serve_loop(&mut rd, &mut wr, &peer, &shared).await {
+    match serve_loop(&mut rd, &mut wr, &peer, &regions).await {
         Ok(()) => tracing::debug!(peer = %peer, "data connection closed"),
         // A peer that breaks the protocol is worth a warning; one that went away (reset,
         // broken pipe: an initiator disconnecting mid-read, or dying) is not.
@@ -34,8 +34,8 @@ pub(crate) async fn serve(stream: TcpStream, peer: Arc<str>, shared: Arc<Shared>
     }
 }
 
-fn validate(shared: &Shared, req: &DataReq, need: Access) -> Result<Lease, Error> {
-    let regions = crate::sync::lock(&shared.regions);
+fn validate(regions: &Regions, req: &DataReq, need: Access) -> Result<Lease, Error> {
+    let regions = crate::sync::lock(regions);
     let e = regions.check_remote(req.rkey, req.addr, req.len, need)?;
     Ok(Lease::new(&e.data))
 }
@@ -92,7 +92,7 @@ async fn serve_loop(
     rd: &mut OwnedReadHalf,
     wr: &mut OwnedWriteHalf,
     peer: &str,
-    shared: &Shared,
+    regions: &Regions,
 ) -> Result<(), Error> {
     let mut hdr = [0u8; DATA_REQ_FRAME];
     let mut acks: Vec<u8> = Vec::with_capacity(ACK_FLUSH);
@@ -118,7 +118,7 @@ async fn serve_loop(
         }
         match Message::decode_body(h.ty, &hdr[HEADER_LEN..]).map_err(|e| proto(e.to_string()))? {
             Message::WriteReq(req) => {
-                let status = match validate(shared, &req, Access::REMOTE_WRITE) {
+                let status = match validate(regions, &req, Access::REMOTE_WRITE) {
                     Ok(lease) => {
                         // validate checked the bytes lie inside the region, which grants remote
                         // write; the range borrows `lease`, which keeps the region registered
@@ -153,7 +153,7 @@ async fn serve_loop(
                         .map_err(|e| io("writing acks", e))?;
                     acks.clear();
                 }
-                match validate(shared, &req, Access::REMOTE_READ) {
+                match validate(regions, &req, Access::REMOTE_READ) {
                     Ok(lease) => {
                         // As for writes, with remote read granted; the lease holds the region
                         // until the payload is handed to the socket.
