@@ -5,7 +5,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::BytesMut;
 use hixl_core::session::{Event, InitiatorSession};
@@ -13,22 +12,9 @@ use hixl_core::wire::Message;
 use hixl_core::{Error, RemoteRegion, Result};
 use tokio::net::TcpStream;
 
+use crate::clock::{now, sleep_until};
 use crate::frame_io::{read_frame, write_frame};
 use crate::transport::{BoxFuture, ControlExchange};
-
-/// The driver's clock, in the std type the sessions take (tokio's, so that tests on a paused
-/// clock drive it too).
-pub(super) fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
-
-/// Sleeps until `deadline`, or forever without one.
-pub(super) async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
-        None => std::future::pending().await,
-    }
-}
 
 /// A control connection being set up: its session and its socket.
 pub(super) struct Control {

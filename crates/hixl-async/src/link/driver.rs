@@ -19,8 +19,9 @@ use hixl_core::wire::Message;
 use hixl_core::{Error, Result, Token};
 use tokio::sync::{mpsc, oneshot};
 
-use super::control::{now, sleep_until, Control};
+use super::control::Control;
 use super::Link;
+use crate::clock::{now, sleep_until};
 use crate::frame_io::{read_frame, write_frames};
 use crate::transport::sort_table;
 

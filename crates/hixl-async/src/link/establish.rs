@@ -12,8 +12,9 @@ use hixl_core::{Error, Result, Status};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::control::{now, Control};
+use super::control::Control;
 use super::{now_ms, Link, TokenLog};
+use crate::clock::now;
 use crate::context::{EngineConfig, OpsHandle, Regions};
 use crate::frame_io::{read_frame, tune, unexpected, write_frame};
 use crate::link_state::LinkState;

@@ -7,7 +7,6 @@
 //! data connections and the transports' channels of it end too.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::BytesMut;
 use hixl_core::session::{Admission, Config, Event, TargetSession};
@@ -17,19 +16,9 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 
 use super::{Server, HELLO_TIMEOUT};
+use crate::clock::{now, sleep_until};
 use crate::frame_io::{read_frame, write_frames};
 use crate::transport::target::Session;
-
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(t) => tokio::time::sleep_until(tokio::time::Instant::from_std(t)).await,
-        None => std::future::pending().await,
-    }
-}
 
 impl Server {
     /// Serves a control connection whose first frame, `hello`, was a control hello.
