@@ -194,7 +194,12 @@ fn check_remote(t: &RegionTable<()>, model: &[Model], rkey: u64, addr: u64, len:
                 "{need} not granted by {e:?}"
             );
         }
-        (Some(m), Err(Error::OutsideRegion { addr: a, len: l, .. })) => {
+        (
+            Some(m),
+            Err(Error::OutsideRegion {
+                addr: a, len: l, ..
+            }),
+        ) => {
             assert_eq!((a, l), (addr, len));
             assert!(
                 len == 0 || !m.contains(addr, len),

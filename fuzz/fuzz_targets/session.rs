@@ -86,22 +86,38 @@ impl Watch {
             "invariant violated: {who} phase went backwards to {phase:?}"
         );
         self.phase = r;
-        assert_eq!(closed, phase == Phase::Closed, "invariant violated: {who} phase vs is_closed");
+        assert_eq!(
+            closed,
+            phase == Phase::Closed,
+            "invariant violated: {who} phase vs is_closed"
+        );
         if was_closed {
             assert!(
                 frames.is_empty() && events.is_empty(),
                 "invariant violated: {who} produced {frames:?} / {events:?} after it closed"
             );
         } else if closed {
-            let n = events.iter().filter(|e| matches!(e, Event::Closed(_))).count();
-            assert_eq!(n, 1, "invariant violated: {who} closed without one Closed event");
+            let n = events
+                .iter()
+                .filter(|e| matches!(e, Event::Closed(_)))
+                .count();
+            assert_eq!(
+                n, 1,
+                "invariant violated: {who} closed without one Closed event"
+            );
             assert!(
                 matches!(events.last(), Some(Event::Closed(_))),
                 "invariant violated: {who}'s Closed is not its last event"
             );
         }
-        self.closed_events += events.iter().filter(|e| matches!(e, Event::Closed(_))).count();
-        assert!(self.closed_events <= 1, "invariant violated: {who} closed twice");
+        self.closed_events += events
+            .iter()
+            .filter(|e| matches!(e, Event::Closed(_)))
+            .count();
+        assert!(
+            self.closed_events <= 1,
+            "invariant violated: {who} closed twice"
+        );
         for m in frames {
             let mut b = BytesMut::new();
             m.encode(&mut b);
@@ -173,15 +189,39 @@ impl World {
                 break;
             }
         }
-        self.wi.check("initiator", was_closed.0, self.ini.is_closed(), self.ini.phase(), &ti, &ei);
-        self.wt.check("target", was_closed.1, self.tgt.is_closed(), self.tgt.phase(), &tt, &et);
+        self.wi.check(
+            "initiator",
+            was_closed.0,
+            self.ini.is_closed(),
+            self.ini.phase(),
+            &ti,
+            &ei,
+        );
+        self.wt.check(
+            "target",
+            was_closed.1,
+            self.tgt.is_closed(),
+            self.tgt.phase(),
+            &tt,
+            &et,
+        );
         if self.ini.is_closed() {
-            assert!(self.open.is_empty(), "invariant violated: notifies {:?} unresolved after close", self.open);
+            assert!(
+                self.open.is_empty(),
+                "invariant violated: notifies {:?} unresolved after close",
+                self.open
+            );
             assert_eq!(self.ini.pending_notifies(), 0);
-            assert!(self.ini.poll_timeout().is_none(), "invariant violated: closed initiator has a deadline");
+            assert!(
+                self.ini.poll_timeout().is_none(),
+                "invariant violated: closed initiator has a deadline"
+            );
         }
         if self.tgt.is_closed() {
-            assert!(self.tgt.poll_timeout().is_none(), "invariant violated: closed target has a deadline");
+            assert!(
+                self.tgt.poll_timeout().is_none(),
+                "invariant violated: closed target has a deadline"
+            );
         }
         assert!(
             self.tgt.undrained_notifies() <= self.tgt.notify_budget(),
@@ -192,8 +232,15 @@ impl World {
     fn timeouts(&mut self) {
         self.ini.handle_timeout(self.now);
         self.tgt.handle_timeout(self.now);
-        for t in [self.ini.poll_timeout(), self.tgt.poll_timeout()].into_iter().flatten() {
-            assert!(t > self.now, "invariant violated: deadline {t:?} not after the timeout at {:?}", self.now);
+        for t in [self.ini.poll_timeout(), self.tgt.poll_timeout()]
+            .into_iter()
+            .flatten()
+        {
+            assert!(
+                t > self.now,
+                "invariant violated: deadline {t:?} not after the timeout at {:?}",
+                self.now
+            );
         }
     }
 
@@ -211,13 +258,21 @@ impl World {
         match tag & 0x7f {
             // Deliver the next frame one way (the usual case: weighted).
             0..=39 => {
-                let m = if side { self.to_t.pop_front() } else { self.to_i.pop_front() };
+                let m = if side {
+                    self.to_t.pop_front()
+                } else {
+                    self.to_i.pop_front()
+                };
                 if let Some(m) = m {
                     self.frame(side, m);
                 }
             }
             40..=44 => {
-                let _ = if side { self.to_t.pop_front() } else { self.to_i.pop_front() };
+                let _ = if side {
+                    self.to_t.pop_front()
+                } else {
+                    self.to_i.pop_front()
+                };
             }
             45..=46 => {
                 let q = if side { &self.to_t } else { &self.to_i };
@@ -240,7 +295,10 @@ impl World {
                 self.now += Duration::from_millis(u64::from(inp.u16()));
             }
             71..=78 => {
-                let next = [self.ini.poll_timeout(), self.tgt.poll_timeout()].into_iter().flatten().min();
+                let next = [self.ini.poll_timeout(), self.tgt.poll_timeout()]
+                    .into_iter()
+                    .flatten()
+                    .min();
                 if let Some(t) = next {
                     self.now = self.now.max(t);
                 }
@@ -250,20 +308,32 @@ impl World {
                 let n = inp.u8();
                 let len = if n & 0x80 != 0 { 1025 } else { usize::from(n) };
                 if let Ok(seq) = self.ini.notify(self.now, &vec![7; len], b"m") {
-                    assert_eq!(seq, self.last_seq + 1, "invariant violated: notify seqs not 1, 2, 3, ...");
+                    assert_eq!(
+                        seq,
+                        self.last_seq + 1,
+                        "invariant violated: notify seqs not 1, 2, 3, ..."
+                    );
                     self.last_seq = seq;
                     self.open.insert(seq);
                 }
             }
             87..=90 => {
                 let n = inp.u8() % 5;
-                let _ = self.tgt.send_table(self.now, (0..u64::from(n)).map(region).collect());
+                let _ = self
+                    .tgt
+                    .send_table(self.now, (0..u64::from(n)).map(region).collect());
             }
             91..=92 => {
                 let m = if side {
                     Message::VerbsInfo { device: "d".into() }
                 } else {
-                    Message::FabricInfo { boot_id: "b".into(), mnt_ns: 1, pid: 2, uid: 3, socket: "s".into() }
+                    Message::FabricInfo {
+                        boot_id: "b".into(),
+                        mnt_ns: 1,
+                        pid: 2,
+                        uid: 3,
+                        socket: "s".into(),
+                    }
                 };
                 let _ = self.tgt.offer(m);
             }
@@ -275,11 +345,17 @@ impl World {
             }
             99..=102 => {
                 if side {
-                    let _ = self.ini.send_transport(Message::VerbsConnect { endpoint: vec![1; 8] });
+                    let _ = self.ini.send_transport(Message::VerbsConnect {
+                        endpoint: vec![1; 8],
+                    });
                 } else if inp.u8() & 1 == 0 {
                     let _ = self.tgt.send_transport(Message::VerbsKeys(vec![(1, 11)]));
                 } else {
-                    let accept = Message::VerbsAccept { status: 0, endpoint: vec![2; 8], reason: String::new() };
+                    let accept = Message::VerbsAccept {
+                        status: 0,
+                        endpoint: vec![2; 8],
+                        reason: String::new(),
+                    };
                     let _ = self.tgt.send_transport(accept);
                 }
             }
@@ -287,7 +363,10 @@ impl World {
             106..=108 => {
                 let seq = u64::from(inp.u8() % 16);
                 if self.ini.cancel_notify(seq) {
-                    assert!(self.open.remove(&seq), "invariant violated: cancelled an unknown seq {seq}");
+                    assert!(
+                        self.open.remove(&seq),
+                        "invariant violated: cancelled an unknown seq {seq}"
+                    );
                 }
             }
             109..=112 => {
