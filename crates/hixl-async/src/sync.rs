@@ -19,6 +19,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockW
 
 static WARNED: AtomicBool = AtomicBool::new(false);
 
+#[cold]
+#[inline(never)]
 fn recovered<G>(e: PoisonError<G>, what: &'static str) -> G {
     if !WARNED.swap(true, Ordering::Relaxed) {
         tracing::warn!(
@@ -36,16 +38,19 @@ pub(crate) fn recover<G>(e: PoisonError<G>) -> G {
 }
 
 /// Locks `m`, recovering it if a panic poisoned it (see the module's policy).
+#[inline]
 pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| recovered(e, "mutex"))
 }
 
 /// Read-locks `l`, recovering it if a panic poisoned it (see the module's policy).
+#[inline]
 pub(crate) fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|e| recovered(e, "rwlock"))
 }
 
 /// Write-locks `l`, recovering it if a panic poisoned it (see the module's policy).
+#[inline]
 pub(crate) fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| recovered(e, "rwlock"))
 }
