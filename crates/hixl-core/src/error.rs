@@ -69,6 +69,46 @@ pub enum Error {
     /// A transfer call without a descriptor.
     #[error("a transfer needs at least one descriptor")]
     NoDescriptors,
+    /// A sans-io session command given in a phase that does not take it (a driver's
+    /// mistake): `command` is the command, `needs` what it waits for.
+    #[error("{command} is not valid now: {needs}")]
+    SessionOutOfPhase {
+        /// The command, e.g. "a transport offer".
+        command: &'static str,
+        /// What it needs first, e.g. "it goes before the first memory table".
+        needs: &'static str,
+    },
+    /// A session command naming an rkey or notify the session does not wait on.
+    #[error("{what} {id:#x} is not pending")]
+    SessionNotPending {
+        /// "rkey" (a revocation) or "notify" (a notify's answer).
+        what: &'static str,
+        /// The rkey or sequence number.
+        id: u64,
+    },
+    /// A revocation of an rkey the session is revoking already.
+    #[error("rkey {rkey:#x} is already being revoked")]
+    AlreadyRevoking {
+        /// The rkey.
+        rkey: u64,
+    },
+    /// A session command handed a message of a kind it does not take.
+    #[error("{command} does not take {frame}")]
+    SessionWrongMessage {
+        /// The command.
+        command: &'static str,
+        /// The message given (its short form).
+        frame: String,
+    },
+    /// A frame that the wire cannot carry intact (a field over the decoder's limits).
+    #[error("{frame} cannot be sent intact{}", .source.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Unsendable {
+        /// The frame (its short form).
+        frame: String,
+        /// The decoder's objection, when it had one.
+        #[source]
+        source: Option<crate::wire::WireError>,
+    },
     /// An option key that HIXL and hixl do not know.
     #[error("unknown option key {key:?}")]
     UnknownOption {
@@ -481,7 +521,12 @@ impl Error {
             | Error::AlreadyFinished { .. }
             | Error::Device { .. }
             | Error::InvalidParam { .. }
-            | Error::NoDescriptors => Status::ParamInvalid,
+            | Error::NoDescriptors
+            | Error::SessionOutOfPhase { .. }
+            | Error::SessionNotPending { .. }
+            | Error::AlreadyRevoking { .. }
+            | Error::SessionWrongMessage { .. }
+            | Error::Unsendable { .. } => Status::ParamInvalid,
             Error::Unsupported { .. } => Status::Unsupported,
             Error::NotConnected { .. } => Status::NotConnected,
             Error::AlreadyConnected { .. } => Status::AlreadyConnected,

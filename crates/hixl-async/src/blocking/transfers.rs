@@ -28,7 +28,7 @@ impl Hixl {
     /// [`Error::NotInitialized`], [`Error::InvalidTimeout`] for `timeout_ms <= 0`,
     /// [`Error::NotConnected`], descriptor errors ([`Error::NullAddress`],
     /// [`Error::ZeroLength`], [`Error::LocalUnregistered`], [`Error::RemoteOutOfBounds`],
-    /// [`Error::InvalidParam`] for an empty list), [`Error::Timeout`] (the op is abandoned),
+    /// [`Error::NoDescriptors`] for an empty list), [`Error::Timeout`] (the op is abandoned),
     /// the link's failure, or [`Error::InsideRuntime`] from inside a tokio runtime.
     pub fn transfer_sync(
         &self,

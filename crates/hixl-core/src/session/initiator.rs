@@ -396,7 +396,8 @@ impl InitiatorSession {
     /// [`Event::TransportMessage`]).
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] for another message or before the link is established; the
+    /// [`Error::SessionWrongMessage`] for another message, [`Error::SessionOutOfPhase`] before
+    /// the link is established; the
     /// session's cause once closed.
     pub fn send_transport(&mut self, m: Message) -> Result<()> {
         self.core.alive()?;
@@ -407,26 +408,28 @@ impl InitiatorSession {
                 self.core.send(m);
                 Ok(())
             }
-            (State::Established { .. }, _) => Err(self.core.misuse(format!(
-                "{} is not a transport message an initiator sends",
-                describe(&m)
-            ))),
-            _ => Err(self
-                .core
-                .misuse("transport messages wait for the memory table".into())),
+            (State::Established { .. }, _) => Err(Error::SessionWrongMessage {
+                command: "an initiator's transport message",
+                frame: describe(&m),
+            }),
+            _ => Err(Error::SessionOutOfPhase {
+                command: "a transport message",
+                needs: "it waits for the memory table",
+            }),
         }
     }
 
     /// Answers a [`Event::Revoked`]: nothing of ours touches the region any more.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] when the rkey is not being revoked; the cause once closed.
+    /// [`Error::SessionNotPending`] when the rkey is not being revoked; the cause once closed.
     pub fn revoke_ack(&mut self, rkey: u64) -> Result<()> {
         self.core.alive()?;
         if !self.revoked.remove(&rkey) {
-            return Err(self
-                .core
-                .misuse(format!("rkey {rkey:#x} is not being revoked")));
+            return Err(Error::SessionNotPending {
+                what: "rkey",
+                id: rkey,
+            });
         }
         self.core.send(Message::RevokeAck { rkey });
         Ok(())

@@ -335,11 +335,6 @@ impl Core {
             reason,
         }
     }
-
-    /// The error of a command that is not valid in this phase.
-    pub(crate) fn misuse(&self, what: String) -> Error {
-        Error::InvalidParam { what }
-    }
 }
 
 /// A short name of a frame for error messages (never its payload bytes in full).
@@ -377,11 +372,13 @@ pub(crate) fn check_frame(m: &Message) -> Result<(), Error> {
     m.encode(&mut b);
     match Message::decode(&mut b) {
         Ok(Some(back)) if back == *m && b.is_empty() => Ok(()),
-        Ok(_) => Err(Error::InvalidParam {
-            what: format!("{} does not survive encoding", describe(m)),
+        Ok(_) => Err(Error::Unsendable {
+            frame: describe(m),
+            source: None,
         }),
-        Err(e) => Err(Error::InvalidParam {
-            what: format!("{} cannot be sent: {e}", describe(m)),
+        Err(e) => Err(Error::Unsendable {
+            frame: describe(m),
+            source: Some(e),
         }),
     }
 }

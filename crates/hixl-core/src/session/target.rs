@@ -376,32 +376,36 @@ impl TargetSession {
         self.close(e, None);
     }
 
-    fn check_open(&self, what: &str) -> Result<()> {
+    fn check_open(&self, what: &'static str) -> Result<()> {
         self.core.alive()?;
         match self.state {
             State::Welcomed | State::Established => Ok(()),
-            _ => Err(self
-                .core
-                .misuse(format!("{what} before the initiator was welcomed"))),
+            _ => Err(Error::SessionOutOfPhase {
+                command: what,
+                needs: "it waits for the initiator's welcome",
+            }),
         }
     }
 
     /// Offers a transport (`FabricInfo`, `VerbsInfo`) before the first memory table.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] for another message, before the `Welcome` or after the first
+    /// [`Error::SessionWrongMessage`] for another message, [`Error::SessionOutOfPhase`] before
+    /// the `Welcome` or after the first
     /// table; the session's cause once closed.
     pub fn offer(&mut self, m: Message) -> Result<()> {
         self.check_open("a transport offer")?;
         if self.state != State::Welcomed {
-            return Err(self
-                .core
-                .misuse("transport offers go before the first memory table".into()));
+            return Err(Error::SessionOutOfPhase {
+                command: "a transport offer",
+                needs: "offers go before the first memory table",
+            });
         }
         if !matches!(m, Message::FabricInfo { .. } | Message::VerbsInfo { .. }) {
-            return Err(self
-                .core
-                .misuse(format!("{} is not a transport offer", describe(&m))));
+            return Err(Error::SessionWrongMessage {
+                command: "a transport offer",
+                frame: describe(&m),
+            });
         }
         check_frame(&m)?;
         self.core.send(m);
@@ -412,7 +416,7 @@ impl TargetSession {
     /// starting the probes, the first at once), later ones are updates.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] before the `Welcome`; the session's cause once closed.
+    /// [`Error::SessionOutOfPhase`] before the `Welcome`; the session's cause once closed.
     pub fn send_table(&mut self, now: Instant, table: Vec<RemoteRegion>) -> Result<()> {
         self.check_open("a memory table")?;
         self.core.send(Message::MemTable(table));
@@ -428,19 +432,20 @@ impl TargetSession {
     /// `VerbsAccept` answering a `VerbsConnect`.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] for another message, before the `Welcome`, a `VerbsAccept`
-    /// nobody asked for, or a message the wire cannot carry (a field over the decoder's
-    /// limit); the session's cause once closed.
+    /// [`Error::SessionWrongMessage`] for another message or a `VerbsAccept` nobody asked for,
+    /// [`Error::SessionOutOfPhase`] before the `Welcome`, [`Error::Unsendable`] for a message
+    /// the wire cannot carry (a field over the decoder's limit); the session's cause once
+    /// closed.
     pub fn send_transport(&mut self, m: Message) -> Result<()> {
         self.check_open("a transport message")?;
         match m {
             Message::VerbsKeys(_) => {}
             Message::VerbsAccept { .. } if self.verbs_connects > 0 => {}
             m => {
-                return Err(self.core.misuse(format!(
-                    "{} is not a transport message to send now",
-                    describe(&m)
-                )))
+                return Err(Error::SessionWrongMessage {
+                    command: "a target's transport message now",
+                    frame: describe(&m),
+                })
             }
         }
         check_frame(&m)?;
@@ -455,7 +460,7 @@ impl TargetSession {
     /// from a peer that ignored our offers): answers it with `UNSUPPORTED` and `reason`.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] for a message that is not a transport request, or one nobody
+    /// [`Error::SessionWrongMessage`] for a message that is not a transport request, or one nobody
     /// asked; the session's cause once closed.
     pub fn refuse_transport(&mut self, request: &Message, reason: &str) -> Result<()> {
         match request {
@@ -464,9 +469,10 @@ impl TargetSession {
                 endpoint: Vec::new(),
                 reason: clip(reason.to_string()),
             }),
-            m => Err(self
-                .core
-                .misuse(format!("{} is not a transport request", describe(m)))),
+            m => Err(Error::SessionWrongMessage {
+                command: "refusing a transport request",
+                frame: describe(m),
+            }),
         }
     }
 
@@ -474,19 +480,19 @@ impl TargetSession {
     /// [`Event::RevokeAcked`].
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] before the link is established or while this rkey is already
+    /// [`Error::SessionOutOfPhase`] before the link is established, [`Error::AlreadyRevoking`]
+    /// while this rkey is already
     /// being revoked; the session's cause once closed.
     pub fn revoke(&mut self, rkey: u64) -> Result<()> {
         self.core.alive()?;
         if self.state != State::Established {
-            return Err(self
-                .core
-                .misuse("a revocation before the memory table".into()));
+            return Err(Error::SessionOutOfPhase {
+                command: "a revocation",
+                needs: "it waits for the memory table",
+            });
         }
         if !self.revoking.insert(rkey) {
-            return Err(self
-                .core
-                .misuse(format!("rkey {rkey:#x} is already being revoked")));
+            return Err(Error::AlreadyRevoking { rkey });
         }
         self.core.send(Message::Revoke { rkey });
         Ok(())
@@ -496,14 +502,15 @@ impl TargetSession {
     /// `RESOURCE_EXHAUSTED`.
     ///
     /// # Errors
-    /// [`Error::InvalidParam`] for a seq that was not offered or is answered already; the
+    /// [`Error::SessionNotPending`] for a seq that was not offered or is answered already; the
     /// session's cause once closed.
     pub fn ack_notify(&mut self, seq: u64, queued: bool) -> Result<()> {
         self.core.alive()?;
         if !self.offered.remove(&seq) {
-            return Err(self
-                .core
-                .misuse(format!("notify {seq} is not waiting for an answer")));
+            return Err(Error::SessionNotPending {
+                what: "notify",
+                id: seq,
+            });
         }
         let status = if queued {
             Status::Success

@@ -46,7 +46,7 @@ fn revocation_round_trip() {
     let now = p.now;
     p.tgt.revoke(2).expect("revoke");
     assert!(
-        matches!(p.tgt.revoke(2), Err(Error::InvalidParam { .. })),
+        matches!(p.tgt.revoke(2), Err(Error::AlreadyRevoking { rkey: 2 })),
         "already revoking"
     );
     p.run_for(Duration::from_millis(10));
@@ -60,7 +60,10 @@ fn revocation_round_trip() {
         .any(|e| matches!(e.1, Event::RevokeAcked { .. })));
     assert!(matches!(
         p.ini.revoke_ack(3),
-        Err(Error::InvalidParam { .. })
+        Err(Error::SessionNotPending {
+            what: "rkey",
+            id: 3
+        })
     ));
     p.ini.revoke_ack(2).expect("ack");
     assert!(p.ini.revoke_ack(2).is_err(), "once");
@@ -347,7 +350,10 @@ fn messages_the_wire_cannot_carry_are_refused() {
     };
     assert!(matches!(
         p.ini.send_transport(long),
-        Err(Error::InvalidParam { .. })
+        Err(Error::Unsendable {
+            source: Some(_),
+            ..
+        })
     ));
     // A refused accept does not use up the pending connect.
     p.ini

@@ -467,7 +467,7 @@ fn transport_offers_pass_through_before_the_table_only() {
         .collect();
     assert_eq!(offers, vec![fabric.clone(), verbs]);
     assert!(
-        matches!(p.tgt.offer(fabric), Err(Error::InvalidParam { .. })),
+        matches!(p.tgt.offer(fabric), Err(Error::SessionOutOfPhase { .. })),
         "after the table"
     );
     // An offer after the table, forced onto the wire, is a violation at the initiator.

@@ -279,12 +279,18 @@ fn driver_admission_acks_only_once_the_driver_answers() {
     p.tgt.ack_notify(b, false).expect("answer b");
     p.tgt.ack_notify(a, true).expect("answer a");
     assert!(
-        matches!(p.tgt.ack_notify(a, true), Err(Error::InvalidParam { .. })),
+        matches!(
+            p.tgt.ack_notify(a, true),
+            Err(Error::SessionNotPending { what: "notify", .. })
+        ),
         "answered once only"
     );
     assert!(matches!(
         p.tgt.ack_notify(99, true),
-        Err(Error::InvalidParam { .. })
+        Err(Error::SessionNotPending {
+            what: "notify",
+            id: 99
+        })
     ));
     p.run_for(Duration::from_millis(10));
     let got = acks(&p);
