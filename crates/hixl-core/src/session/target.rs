@@ -331,21 +331,16 @@ impl TargetSession {
                 self.core.event(Event::NotifyOffered { seq, notify });
             }
             Message::Notify { seq, name, msg } => {
-                let status = if self.budget.admit() {
+                let queued = self.budget.admit();
+                if queued {
                     self.core.event(Event::NotifyReceived(Notify {
                         from: self.core.peer.clone(),
                         link: self.session,
                         name,
                         msg,
                     }));
-                    Status::Success
-                } else {
-                    Status::ResourceExhausted
-                };
-                self.core.send(Message::NotifyAck {
-                    seq,
-                    status: status.code(),
-                });
+                }
+                self.notify_ack(seq, queued);
             }
             Message::Heartbeat { seq } => {
                 if let Some(a) = self.liveness.answer(seq) {
@@ -512,6 +507,12 @@ impl TargetSession {
                 id: seq,
             });
         }
+        self.notify_ack(seq, queued);
+        Ok(())
+    }
+
+    /// Acks a notify: queued, or `RESOURCE_EXHAUSTED`.
+    fn notify_ack(&mut self, seq: u64, queued: bool) {
         let status = if queued {
             Status::Success
         } else {
@@ -521,7 +522,6 @@ impl TargetSession {
             seq,
             status: status.code(),
         });
-        Ok(())
     }
 
     /// The application drained `n` of this link's notifies: they no longer count against
