@@ -19,6 +19,9 @@ pub enum Bench {
     Comm(CommArgs),
     /// One request's KV cache of a real model between two LLM-DataDist clusters.
     Kv(crate::kv::KvArgs),
+    /// What links cost at scale: N client engines connect at once to one target (connect
+    /// p50/p99, fds and memory per link, idle CPU).
+    Links(crate::links::LinksArgs),
 }
 
 /// Arguments of `hixl bench comm`.
@@ -95,6 +98,7 @@ pub async fn run(b: Bench) -> CliResult {
     match b {
         Bench::Comm(a) => comm(a).await.map(|_| ()),
         Bench::Kv(a) => crate::kv::bench(a).await,
+        Bench::Links(a) => crate::links::run(a).await,
     }
 }
 

@@ -4,6 +4,7 @@ mod bench;
 mod demo;
 mod info;
 mod kv;
+mod links;
 mod serve;
 mod soak;
 

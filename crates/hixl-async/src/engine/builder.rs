@@ -70,11 +70,9 @@ impl EngineBuilder {
             (None, false) => None,
         };
         let listener = match listener {
-            Some(sa) => Some(
-                TcpListener::bind(sa)
-                    .await
-                    .map_err(|e| Error::io(format!("listening on {sa}"), e))?,
-            ),
+            Some(sa) => {
+                Some(listen_on(sa).map_err(|e| Error::io(format!("listening on {sa}"), e))?)
+            }
             None => None,
         };
         let listen = match &listener {
@@ -181,4 +179,21 @@ fn auth_secret(options: &Options) -> Result<Option<hixl_core::auth::Secret>> {
             reason: "not valid UTF-8".into(),
         }),
     }
+}
+
+/// Connections the kernel may queue for the accept loop (capped by `net.core.somaxconn`). Each
+/// link opens a control and `hixl.TcpStreams` data connections at once, so many initiators
+/// connecting together overflow tokio's default of 1024 and their SYNs wait a second to retry.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds and listens on `sa` with [`LISTEN_BACKLOG`] (and `SO_REUSEADDR`, as tokio's `bind`).
+fn listen_on(sa: SocketAddr) -> std::io::Result<TcpListener> {
+    let s = if sa.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    s.set_reuseaddr(true)?;
+    s.bind(sa)?;
+    s.listen(LISTEN_BACKLOG)
 }
