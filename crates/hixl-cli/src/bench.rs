@@ -10,7 +10,7 @@ use hixl::{Engine, HostBuffer, OpDesc, Peer, TransferOp};
 use hixl_cli::child::Target;
 use serde::Serialize;
 
-use crate::util::{human, parse_size, CliError, CliResult, RssSampler};
+use crate::util::{human, parse_size, percentile, CliError, CliResult, RssSampler};
 
 /// `hixl bench ...`
 #[derive(clap::Subcommand, Debug)]
@@ -100,14 +100,6 @@ pub async fn run(b: Bench) -> CliResult {
         Bench::Kv(a) => crate::kv::bench(a).await,
         Bench::Links(a) => crate::links::run(a).await,
     }
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 /// What `hixl bench comm` runs, from valid arguments.

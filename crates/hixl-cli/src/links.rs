@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use hixl::{Engine, HostBuffer, OpDesc};
 use serde::Serialize;
 
-use crate::util::{current_rss, CliError, CliResult};
+use crate::util::{current_rss, percentile, CliError, CliResult};
 
 /// Bytes each link writes, then reads back.
 const BLOCK: u64 = 64 << 10;
@@ -256,14 +256,6 @@ async fn measure(a: &LinksArgs, n: usize) -> CliResult<LinksResult> {
     }
     target.shutdown(Duration::from_millis(100)).await;
     Ok(r)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 /// File descriptors this process has open.

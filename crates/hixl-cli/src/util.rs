@@ -140,6 +140,15 @@ impl RssSampler {
     }
 }
 
+/// The `p` quantile (0..=1) of ascending `sorted`, by nearest rank; 0 for no samples.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
