@@ -62,10 +62,6 @@ pub enum Error {
         /// What failed.
         what: &'static str,
     },
-    /// The op table refused a step of an op's life: a bug in hixl, like
-    /// [`Error::Internal`].
-    #[error("internal error: the op table refused an op: {0} (a bug in hixl; please report it)")]
-    OpTable(#[source] crate::op_table::OpTableError),
     /// A transfer call without a descriptor.
     #[error("a transfer needs at least one descriptor")]
     NoDescriptors,
@@ -492,8 +488,7 @@ impl Error {
             Error::NotInitialized
             | Error::ShutDown { .. }
             | Error::Cancelled { .. }
-            | Error::Internal { .. }
-            | Error::OpTable(_) => Status::Failed,
+            | Error::Internal { .. } => Status::Failed,
             Error::UnknownOption { .. }
             | Error::InvalidOption { .. }
             | Error::InvalidAddress { .. }

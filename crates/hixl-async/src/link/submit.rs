@@ -94,7 +94,12 @@ impl Link {
             let posted = ops.post(token, parts, keeps.drain(), &mut reaped);
             drop(ops);
             drop(reaped);
-            posted.map_err(Error::OpTable)?;
+            if let Err(e) = posted {
+                tracing::error!(peer = %self.name, "posting a staged op: {e}");
+                return Err(Error::Internal {
+                    what: "the op table refused to post a staged op",
+                });
+            }
             self.touch();
             lock(&self.tokens).record(token, &self.ops.table);
             Ok(())

@@ -85,7 +85,7 @@ pub enum Completed<W> {
 }
 
 /// A misuse of the op table by the engine (a bug, reported rather than panicking).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OpTableError {
     /// The token is not live.
     #[error("op token {0:#x} is not live")]
