@@ -36,6 +36,9 @@ pub(crate) struct EngineConfig {
     /// The shared secret connects are authenticated with (`hixl.AuthSecret` or
     /// `HIXL_AUTH_SECRET`), if any.
     pub(crate) auth: Option<hixl_core::auth::Secret>,
+    /// How long awaiting tasks and TCP target connections spin before they park
+    /// (`hixl.SpinUs`).
+    pub(crate) spin: Duration,
 }
 
 impl EngineConfig {

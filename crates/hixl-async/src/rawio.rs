@@ -16,7 +16,7 @@
 use std::future::poll_fn;
 use std::io;
 use std::marker::PhantomData;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -98,6 +98,134 @@ impl<'a> RawRange<'a> {
     }
 }
 
+impl<'a> RawRange<'a> {
+    /// The range from byte `off` on (`off <= len`), for a transfer resumed part-way.
+    pub(crate) fn from(&self, off: usize) -> RawRange<'a> {
+        let off = off.min(self.len);
+        RawRange {
+            ptr: self.at(off),
+            len: self.len - off,
+            _keep: PhantomData,
+        }
+    }
+
+    /// The range's length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+/// One nonblocking `sendmsg(2)` of `head` then the bytes of `payload` (`MSG_DONTWAIT`, and
+/// `MSG_NOSIGNAL`: a peer that went away gives `EPIPE`, never `SIGPIPE`). Returns how many
+/// bytes the kernel took, possibly fewer than offered; [`io::ErrorKind::WouldBlock`] when the
+/// socket buffer is full. `EINTR` is retried.
+///
+/// The run-to-completion data path calls it from whichever thread drives a connection; it
+/// touches no tokio readiness (wrap it in `TcpStream::try_io` where tokio must learn of a
+/// full buffer).
+pub(crate) fn send_now(fd: RawFd, head: &[u8], payload: RawRange<'_>) -> io::Result<usize> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; 2];
+    let mut n_iov = 0;
+    if !head.is_empty() {
+        iov[0] = libc::iovec {
+            // The kernel only reads through an iovec given to sendmsg.
+            iov_base: head.as_ptr().cast_mut().cast(),
+            iov_len: head.len(),
+        };
+        n_iov = 1;
+    }
+    if payload.len > 0 {
+        iov[n_iov] = libc::iovec {
+            iov_base: payload.ptr.cast(),
+            iov_len: payload.len,
+        };
+        n_iov += 1;
+    }
+    if n_iov == 0 {
+        return Ok(0);
+    }
+    loop {
+        // SAFETY: an all-zero msghdr is valid (null name and control, no iovecs); the iovecs
+        // are set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = n_iov as _;
+        // SAFETY: validity: iov[0] (if used) covers the live borrowed `head`; the payload's
+        // iovec covers the range, readable for its life by the contract of RawRange::new;
+        // `msg` and `iov` outlive the call; the caller passes a live socket. Aliasing: the
+        // kernel only reads the iovecs' bytes; no Rust reference to the range exists.
+        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// One nonblocking `recv(2)` into `dst` (`MSG_DONTWAIT`). `Ok(0)` means the peer closed (or
+/// `dst` is empty); [`io::ErrorKind::WouldBlock`] that nothing is there yet. `EINTR` is
+/// retried. Touches no tokio readiness, like [`send_now`].
+pub(crate) fn recv_now(fd: RawFd, dst: RawRange<'_>) -> io::Result<usize> {
+    if dst.len == 0 {
+        return Ok(0);
+    }
+    loop {
+        // SAFETY: validity: the range is writable for its life (contract of RawRange::new) and
+        // the caller passes a live socket. Aliasing: the kernel writes the bytes; no Rust
+        // reference to them exists.
+        let n = unsafe { libc::recv(fd, dst.ptr.cast(), dst.len, libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// [`recv_now`] into a buffer of our own.
+pub(crate) fn recv_now_buf(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is exclusively borrowed for the call, so valid for writes and not aliased.
+    recv_now(fd, unsafe { RawRange::new(buf.as_mut_ptr(), buf.len()) })
+}
+
+/// Longest a task spins without yielding to its runtime: spinning is sliced so that other
+/// tasks of the worker thread (and a current-thread runtime's only one) still run.
+pub(crate) const SPIN_SLICE: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Spins on [`recv_now`] into `buf` for up to `quiet` while nothing arrives: `Some(n)` once
+/// bytes (or the peer's close, `n == 0`) came, `None` when the quiet period passed. The
+/// spinning half of "spin briefly, then park": a peer that answers within `quiet` is served
+/// without a wake-up of this thread.
+pub(crate) fn spin_recv_buf(
+    fd: RawFd,
+    buf: &mut [u8],
+    quiet: std::time::Duration,
+) -> io::Result<Option<usize>> {
+    if quiet.is_zero() || buf.is_empty() {
+        return Ok(None);
+    }
+    let until = std::time::Instant::now() + quiet;
+    loop {
+        match recv_now_buf(fd, buf) {
+            Ok(n) => return Ok(Some(n)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        if std::time::Instant::now() >= until {
+            return Ok(None);
+        }
+        std::hint::spin_loop();
+    }
+}
+
 /// The local bytes of one part of an op, as a transport holds them from post until the part
 /// completes: an address and a length, with no lifetime and no lease of its own.
 ///
@@ -170,10 +298,55 @@ fn syscall_result(
 /// # Errors
 /// [`io::ErrorKind::UnexpectedEof`] when the peer closes before the range is full; socket
 /// errors as they come (`EINTR` is retried).
+#[cfg(test)]
 pub(crate) async fn recv_exact(s: &TcpStream, dst: RawRange<'_>) -> io::Result<()> {
+    recv_exact_spin(s, dst, std::time::Duration::ZERO).await
+}
+
+/// [`recv_exact`], spinning on nonblocking receives for up to `quiet` after the last bytes
+/// came before it waits for tokio's readiness (a payload streaming in on a fast link is then
+/// received without a wake-up per segment).
+pub(crate) async fn recv_exact_spin(
+    s: &TcpStream,
+    dst: RawRange<'_>,
+    quiet: std::time::Duration,
+) -> io::Result<()> {
     let fd = s.as_raw_fd();
     let mut off = 0;
     while off < dst.len {
+        if !quiet.is_zero() {
+            let mut until = std::time::Instant::now() + quiet;
+            let mut slice = std::time::Instant::now() + SPIN_SLICE;
+            while off < dst.len {
+                match recv_now(fd, dst.from(off)) {
+                    Ok(0) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "connection closed inside a payload",
+                        ))
+                    }
+                    Ok(n) => {
+                        off += n;
+                        until = std::time::Instant::now() + quiet;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        let now = std::time::Instant::now();
+                        if now >= until {
+                            break;
+                        }
+                        if now >= slice {
+                            tokio::task::yield_now().await;
+                            slice = std::time::Instant::now() + SPIN_SLICE;
+                        }
+                        std::hint::spin_loop();
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if off == dst.len {
+                break;
+            }
+        }
         // Honours the cooperative budget (as tokio's reads do) before touching the socket.
         poll_fn(|cx| s.poll_read_ready(cx)).await?;
         let want = dst.len - off;
@@ -349,7 +522,11 @@ mod tests {
                 break;
             }
             let n = (*piece).min(len - off);
-            recv_exact(&b, range(&mut dst[off..off + n])).await.unwrap();
+            // Alternately spinning and waiting on readiness.
+            let spin = std::time::Duration::from_micros(if n % 2 == 1 { 50 } else { 0 });
+            recv_exact_spin(&b, range(&mut dst[off..off + n]), spin)
+                .await
+                .unwrap();
             off += n;
         }
         let a = t.await.unwrap();

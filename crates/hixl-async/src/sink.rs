@@ -31,9 +31,10 @@ impl Completions {
         }
     }
 
-    /// [`Completions::complete_all`] for one completion.
-    pub(crate) fn complete(&self, c: Completion) {
-        self.complete_all(std::iter::once(c));
+    /// Drains the engine's completion queues inline unless a drain is running (for a task
+    /// spinning on its transfer); how many completions it applied.
+    pub(crate) fn drain(&self) -> usize {
+        self.reactor.poll_inline().unwrap_or(0)
     }
 
     /// Fails every part of `tokens` (one completion each) with `e` (the fabric's copy engine

@@ -10,6 +10,7 @@ use hixl_core::{Error, Result, Token, TransferStatus};
 use tokio::time::Sleep;
 
 use crate::keep::SharedOps;
+use crate::rawio::SPIN_SLICE;
 use crate::sync::lock;
 use crate::transport::Withdraw;
 
@@ -28,6 +29,8 @@ pub struct Transfer {
     deadline: Option<(Pin<Box<Sleep>>, Duration)>,
     /// The peer's name, unless `link` names it (one reference count less per transfer).
     peer: Option<Arc<str>>,
+    /// When the transfer's spin last saw progress (see [`spin`]).
+    spun: Option<std::time::Instant>,
 }
 
 enum State {
@@ -55,6 +58,7 @@ impl Transfer {
             state: State::Posted(token),
             deadline: None,
             peer: None,
+            spun: None,
         }
     }
 
@@ -74,6 +78,7 @@ impl Transfer {
             state: State::Failed(Some(e)),
             deadline: None,
             peer: Some(peer),
+            spun: None,
         }
     }
 
@@ -89,6 +94,7 @@ impl Transfer {
             state: State::Connecting(task),
             deadline: None,
             peer: Some(peer),
+            spun: None,
         }
     }
 
@@ -160,7 +166,12 @@ impl Future for Transfer {
                 }))
             }
         };
-        let r = lock(&this.ops).poll_result(token, cx.waker().clone());
+        let mut r = lock(&this.ops).poll_result(token, cx.waker().clone());
+        if r.is_none() {
+            if let Some(link) = this.link.as_deref() {
+                r = spin(&this.ops, link, token, &mut this.spun, cx);
+            }
+        }
         if let Some(r) = r {
             // A device error (a copy engine's syscall) is the link's failure: name the peer.
             let r = r.map_err(|e| match e {
@@ -195,6 +206,55 @@ impl Drop for Transfer {
         if let State::Posted(t) = self.state {
             abandon(&self.ops, self.link.as_deref(), t);
         }
+    }
+}
+
+/// Spins on the link while the op is in flight: drives the link's channels (sending, and
+/// receiving answers, on this thread) and drains the engine's completion queue, until the op
+/// is done or nothing moved for the link's spin period. An op that finishes meanwhile reaches
+/// its owner without any thread being woken; one that does not is left to the transports'
+/// tasks and the reactor, which wake the owner (its waker is registered already).
+///
+/// The spin is adaptive in the sense that matters: it lasts while work moves (a large op keeps
+/// spinning as long as bytes flow) and stops after a quiet period about as long as parking
+/// and waking costs, so an idle engine is quiet shortly after its last op.
+///
+/// It spins in slices of [`SPIN_SLICE`]: past one, it yields to the runtime (waking itself)
+/// and goes on when polled next, so other tasks of its thread still run. `last` carries the
+/// time of the last progress across those polls.
+fn spin(
+    ops: &SharedOps,
+    link: &dyn Withdraw,
+    token: Token,
+    last: &mut Option<std::time::Instant>,
+    cx: &mut Context<'_>,
+) -> Option<Result<()>> {
+    let quiet = link.spin();
+    if quiet.is_zero() {
+        return None;
+    }
+    let start = std::time::Instant::now();
+    let since = last.get_or_insert(start);
+    if start.duration_since(*since) >= quiet {
+        // Parked already: woken by the op's completion, or polled for another reason.
+        return None;
+    }
+    loop {
+        let moved = link.progress();
+        if lock(ops).phase(token) == Some(hixl_core::Phase::Done) {
+            return lock(ops).poll_result(token, cx.waker().clone());
+        }
+        let now = std::time::Instant::now();
+        if moved {
+            *since = now;
+        } else if now.duration_since(*since) >= quiet {
+            return None;
+        }
+        if now.duration_since(start) >= SPIN_SLICE {
+            cx.waker().wake_by_ref();
+            return None;
+        }
+        std::hint::spin_loop();
     }
 }
 

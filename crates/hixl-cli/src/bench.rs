@@ -54,6 +54,11 @@ pub struct CommArgs {
     /// With `--transport fabric`: copy streams spin this long (µs) for work before sleeping.
     #[arg(long, default_value_t = 0)]
     pub busy_poll: u64,
+    /// `hixl.SpinUs` of both engines: how long (µs) a waiting transfer and a TCP target
+    /// connection spin after their last progress before they park (engine default if unset;
+    /// a large value is the busy-poll mode).
+    #[arg(long)]
+    pub spin_us: Option<u64>,
     /// An existing target (`ip:port`) instead of starting one; no baseline then.
     #[arg(long)]
     pub target: Option<String>,
@@ -161,19 +166,24 @@ fn per_call(a: &CommArgs, block: u64) -> u64 {
 /// Starts the target with a `mem`-byte region, unless `--target` names one.
 fn spawn_target(a: &CommArgs, plan: &Plan, mem: u64) -> CliResult<Option<Target>> {
     let exe: PathBuf = std::env::current_exe()?;
+    let spin = a.spin_us.map(|us| format!("hixl.SpinUs={us}"));
+    let mut args = vec!["--baseline"];
+    if let Some(s) = &spin {
+        args.extend(["--option", s]);
+    }
     Ok(match &a.target {
         Some(_) => None,
         None if plan.fabric && !a.heap => {
-            Some(Target::spawn(&exe, mem, &["--baseline", "--pool"])?)
+            args.push("--pool");
+            Some(Target::spawn(&exe, mem, &args)?)
         }
         // The target must serve verbs too (the two processes share a host, where `auto`
         // would pick the fabric).
-        None if plan.verbs => Some(Target::spawn(
-            &exe,
-            mem,
-            &["--baseline", "--option", "hixl.Transport=verbs"],
-        )?),
-        None => Some(Target::spawn(&exe, mem, &["--baseline"])?),
+        None if plan.verbs => {
+            args.extend(["--option", "hixl.Transport=verbs"]);
+            Some(Target::spawn(&exe, mem, &args)?)
+        }
+        None => Some(Target::spawn(&exe, mem, &args)?),
     })
 }
 
@@ -195,6 +205,9 @@ async fn initiator(a: &CommArgs, fabric: bool) -> CliResult<Engine> {
     }
     if let Some(c) = a.chunk {
         builder = builder.option("hixl.TcpChunkBytes", c.to_string());
+    }
+    if let Some(us) = a.spin_us {
+        builder = builder.option("hixl.SpinUs", us.to_string());
     }
     Ok(builder.build().await?)
 }

@@ -105,6 +105,7 @@ impl EngineBuilder {
                     miss_limit: options.heartbeat_miss_limit,
                 },
                 auth,
+                spin: Duration::from_micros(options.spin_us),
             }),
             ops: OpsHandle {
                 table: ops,

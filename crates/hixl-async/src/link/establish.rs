@@ -140,6 +140,7 @@ impl Link {
             incarnation,
             ops: lcx.ops.clone(),
             regions: lcx.regions.clone(),
+            spin: lcx.config.spin,
         });
         unbuilt.0 = None;
         link.state

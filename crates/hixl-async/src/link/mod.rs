@@ -76,6 +76,8 @@ pub(crate) struct Link {
     /// The engine's op table and completion sink, and its regions (local ranges of ops).
     ops: crate::context::OpsHandle,
     regions: crate::context::Regions,
+    /// How long a transfer of this link spins before it parks (`hixl.SpinUs`).
+    spin: std::time::Duration,
 }
 
 impl Link {
@@ -163,5 +165,19 @@ impl Withdraw for Link {
         for ch in &self.channels {
             ch.withdraw(token, &e);
         }
+    }
+
+    fn progress(&self) -> bool {
+        let mut moved = false;
+        for ch in &self.channels {
+            moved |= ch.progress();
+        }
+        // Completions other threads posted (a copy stream's, a CQ's) are drained here rather
+        // than by a reactor woken for them.
+        moved | (self.ops.sink.drain() > 0)
+    }
+
+    fn spin(&self) -> std::time::Duration {
+        self.spin
     }
 }

@@ -204,9 +204,10 @@ impl Server {
                 }
                 // A task of the session's: it ends with the session, whose driver joins it.
                 let (st, regions) = (sess.state.clone(), self.cx.regions.clone());
+                let spin = self.config.spin;
                 st.spawn(async move {
                     tokio::select! {
-                        _ = crate::tcp::target::serve(s, sess.peer.clone(), regions) => {}
+                        _ = crate::tcp::target::serve(s, sess.peer.clone(), regions, spin) => {}
                         _ = sess.state.dead() => {}
                     }
                 });

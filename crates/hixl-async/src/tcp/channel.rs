@@ -97,6 +97,15 @@ impl PeerChannel for TcpChannel {
     /// Nothing to do here: the connections' tasks see the link's death themselves (the
     /// writers fail what they have not sent, the readers what awaits an answer).
     fn close(&self, _cause: &Error, _tokens: &HashSet<Token>) {}
+
+    /// Pumps every data connection once (see [`DataConn::progress`]).
+    fn progress(&self) -> bool {
+        let mut moved = false;
+        for c in &self.conns {
+            moved |= c.progress();
+        }
+        moved
+    }
 }
 
 /// One call's TCP parts, per connection. Allocates only once a descriptor comes its way.

@@ -1,8 +1,26 @@
-//! Initiator side of one TCP data connection: a writer task posts parts (request headers, and
-//! for WRITE the payload straight from registered memory) and a reader task matches answers in
-//! FIFO order, landing READ payloads straight into registered memory.
+//! Initiator side of one TCP data connection, run to completion.
+//!
+//! A connection has two halves, each a nonblocking state machine under its own lock:
+//! - [`Tx`]: the parts not yet (wholly) sent: request headers, and for WRITE the payload
+//!   straight from registered memory;
+//! - [`Rx`]: the parts sent and awaiting their answer, in the order they were sent, matched
+//!   as answers come (READ payloads land straight in registered memory).
+//!
+//! Whoever gets there first drives them, with nonblocking syscalls:
+//! - the submitting task sends its op's parts itself when the connection is free (nothing
+//!   queued before them): no hand-off to another task for a small op;
+//! - the task awaiting a transfer pumps both halves while it spins ([`DataConn::progress`],
+//!   called from `Transfer::poll` for a bounded quiet period);
+//! - the connection's two tasks take over only when the socket blocks: the writer when the
+//!   send buffer is full, the reader when answers are awaited and nobody spins. They wait on
+//!   tokio's readiness, so an idle connection costs nothing.
+//!
+//! Lock order: `tx` before `rx` (a part moves from one to the other under both, so the answer
+//! queue keeps the order requests went out in). Completions are delivered after the locks
+//! are released.
 
 use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -11,10 +29,9 @@ use hixl_core::wire::{
     READ_RESP_FRAME,
 };
 use hixl_core::{Error, Status, Token};
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::Notify;
 
 use crate::completion::Completion;
 use crate::context::OpsHandle;
@@ -35,34 +52,18 @@ pub(crate) struct Part {
     pub(crate) req: DataReq,
 }
 
-/// Parts whose answer has not arrived, in the order they were sent; `None` once the reader
-/// has stopped (then pushing fails the part instead). `pushed` wakes an idle reader.
-///
-/// A part in the queue belongs to the reader, which completes it; a write part is queued only
-/// once its payload is sent, so that nobody completes it (and lets its op be reaped) while
-/// the socket still reads its memory.
-#[derive(Debug)]
-struct Queue {
-    parts: Mutex<Option<VecDeque<Part>>>,
-    pushed: tokio::sync::Notify,
-}
-
-type Inflight = Arc<Queue>;
-
-impl std::ops::Deref for Queue {
-    type Target = Mutex<Option<VecDeque<Part>>>;
-    fn deref(&self) -> &Self::Target {
-        &self.parts
-    }
-}
-
 /// Acks read per syscall at most.
 const ACK_BATCH: usize = 64;
-/// Read headers coalesced into one write.
-const READ_REQ_BATCH: usize = 64;
+/// Request headers coalesced into one send at most.
+const HEAD_BATCH: usize = 64;
+/// Bytes a submitter sends itself at most; the rest of a large op goes to the writer task,
+/// so that submitting to several peers overlaps their sends.
+const SUBMIT_SEND_BYTES: usize = 256 << 10;
+/// Bytes a spinning waiter sends per progress call at most (it calls again while it spins).
+const SPIN_SEND_BYTES: usize = 1 << 20;
 
 /// One op's parts for one connection, and the link's count of withdrawals when they were
-/// submitted (see [`send_batch`]).
+/// submitted (see [`wanted`]).
 #[derive(Debug)]
 pub(crate) struct Queued {
     pub(crate) parts: Vec<Part>,
@@ -72,41 +73,541 @@ pub(crate) struct Queued {
 /// Handle to a running data connection.
 #[derive(Debug, Clone)]
 pub(crate) struct DataConn {
-    tx: mpsc::UnboundedSender<Queued>,
+    conn: Arc<Conn>,
+}
+
+#[derive(Debug)]
+struct Conn {
+    sock: TcpStream,
+    peer: Arc<str>,
+    ops: OpsHandle,
+    state: Arc<LinkState>,
+    /// The link's count of withdrawn ops (`TcpChannel::withdraw`).
+    withdrawals: Arc<AtomicU64>,
+    tx: Mutex<Tx>,
+    rx: Mutex<Rx>,
+    /// Wakes the writer task: the socket refused part of the backlog.
+    tx_blocked: Notify,
+    /// Wakes the reader task when it idles and a part is queued for an answer.
+    rx_pushed: Notify,
+}
+
+/// A part waiting to be sent, with the withdrawal count of its batch.
+#[derive(Debug)]
+struct Pending {
+    part: Part,
+    seen: u64,
+}
+
+/// The sending half.
+#[derive(Debug, Default)]
+struct Tx {
+    backlog: VecDeque<Pending>,
+    /// Bytes that go out before the front part's payload: coalesced read headers, then the
+    /// header of the front part when it is a write that has started.
+    head: Vec<u8>,
+    head_sent: usize,
+    /// Whether the front part (a write) has started: its header is in `head`, and from now on
+    /// it is sent to the end whatever becomes of its op (the stream must stay in frame).
+    started: bool,
+    /// Payload bytes of the front part already sent.
+    sent: usize,
+    /// The last withdrawal check: the op, the count it was made at, and whether the op was
+    /// still wanted.
+    checked: Option<(Token, u64, bool)>,
+    /// Set once the connection is closed: nothing is sent any more.
+    closed: bool,
+}
+
+/// The receiving half.
+#[derive(Debug)]
+struct Rx {
+    /// Parts awaiting their answer, oldest first; `None` once closed (then pushing fails the
+    /// part instead). A write part is queued only once its payload is sent, so that nobody
+    /// completes it (and lets its op be reaped) while the socket still reads its memory.
+    inflight: Option<VecDeque<Part>>,
+    /// Answer bytes received but not yet a whole frame.
+    buf: [u8; ACK_FRAME * ACK_BATCH],
+    have: usize,
+    /// `Some(n)` while the front part's read payload is coming: `n` bytes are in.
+    payload: Option<usize>,
+    /// The reader task waits for [`Conn::rx_pushed`].
+    reader_idle: bool,
+}
+
+/// Where a half stands after a pump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pumped {
+    /// Nothing left to do.
+    Idle,
+    /// The socket would block with work left.
+    Blocked,
+}
+
+/// How a pump reaches the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// Through `TcpStream::try_io`: a full or empty socket clears tokio's readiness, so the
+    /// connection's task then waits for the next edge (the tasks' mode).
+    Tokio,
+    /// Plain nonblocking syscalls, leaving tokio's readiness as it is (the submitter's and the
+    /// spinner's mode: a would-block here must not hide readiness from the tasks).
+    Direct,
+}
+
+impl Conn {
+    fn fd(&self) -> RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    fn io<T>(
+        &self,
+        via: Via,
+        interest: Interest,
+        f: impl FnMut() -> std::io::Result<T>,
+    ) -> std::io::Result<T> {
+        match via {
+            Via::Tokio => self.sock.try_io(interest, f),
+            Via::Direct => {
+                let mut f = f;
+                f()
+            }
+        }
+    }
+
+    /// `e`, unless the link is already down: then the link's cause (an op cut off by our own
+    /// disconnect reports NOT_CONNECTED like the others, not the socket error it caused).
+    fn cause(&self, e: Error) -> Error {
+        self.state.error().unwrap_or(e)
+    }
+
+    /// The connection failed with `e`: the link dies, and every part it holds fails.
+    fn fail(&self, e: Error) {
+        if !self.state.is_dead() {
+            tracing::warn!(peer = %self.peer, "data connection failed: {e}");
+        }
+        self.state.kill(e.clone());
+        self.close(&self.cause(e));
+    }
+
+    /// Closes both halves, failing every part they hold with `cause`, and shuts the socket
+    /// down. Idempotent.
+    fn close(&self, cause: &Error) {
+        let unsent: Vec<Part> = {
+            let mut tx = lock(&self.tx);
+            tx.closed = true;
+            tx.head.clear();
+            tx.head_sent = 0;
+            tx.started = false;
+            tx.sent = 0;
+            tx.backlog.drain(..).map(|p| p.part).collect()
+        };
+        let unanswered = lock(&self.rx).inflight.take().unwrap_or_default();
+        shutdown_both(&self.sock);
+        fail_with(&self.ops.sink, unsent.into_iter().chain(unanswered), cause);
+    }
+
+    /// Pumps the sending half, then delivers what it finished. A pump that leaves work behind
+    /// (the socket is full) hands it to the writer task, unless that task is the caller.
+    fn pump_tx(
+        &self,
+        tx: &mut Tx,
+        via: Via,
+        budget: usize,
+        done: &mut Vec<Completion>,
+    ) -> Result<Pumped, Error> {
+        let r = tx.pump(self, via, budget, done);
+        if matches!(r, Ok(Pumped::Blocked)) && via == Via::Direct {
+            self.tx_blocked.notify_one();
+        }
+        r
+    }
+
+    /// Queues `part` for its answer; gives it back if the connection is closed.
+    fn push_rx(&self, part: Part) -> Result<(), Part> {
+        let mut rx = lock(&self.rx);
+        let idle = std::mem::replace(&mut rx.reader_idle, false);
+        match rx.inflight.as_mut() {
+            Some(q) => {
+                q.push_back(part);
+                drop(rx);
+                if idle {
+                    self.rx_pushed.notify_one();
+                }
+                Ok(())
+            }
+            None => Err(part),
+        }
+    }
+
+    fn deliver(&self, done: &mut Vec<Completion>) {
+        if !done.is_empty() {
+            self.ops.sink.complete_all(done.drain(..));
+        }
+    }
+}
+
+impl Tx {
+    fn is_free(&self) -> bool {
+        self.backlog.is_empty() && self.head.is_empty() && !self.started
+    }
+
+    /// Sends what the socket takes. Parts of withdrawn ops not yet started complete as
+    /// cancelled (into `done`); a read part is queued for its answer before its header goes
+    /// out, a write part once its payload is all out.
+    ///
+    /// Sends at most about `budget` bytes: past it, work left is reported as blocked (for the
+    /// writer task to finish), so a submitter is not held by a large op.
+    ///
+    /// Returns an error only when the connection is unusable; the caller then fails it.
+    fn pump(
+        &mut self,
+        conn: &Conn,
+        via: Via,
+        budget: usize,
+        done: &mut Vec<Completion>,
+    ) -> Result<Pumped, Error> {
+        if self.closed {
+            return Ok(Pumped::Idle);
+        }
+        let mut moved = 0usize;
+        loop {
+            // Gather: read headers (their parts queued for the answer first), up to the next
+            // write part, whose header goes last.
+            while !self.started && self.head.len() < HEAD_BATCH * DATA_REQ_FRAME {
+                let Some(front) = self.backlog.front() else {
+                    break;
+                };
+                let (token, seen, write) = (front.part.token, front.seen, front.part.write);
+                if !wanted(&mut self.checked, conn, token, seen) {
+                    if let Some(p) = self.backlog.pop_front() {
+                        done.push(Completion {
+                            token: p.part.token,
+                            result: Err(Error::Cancelled { what: "a TCP part" }),
+                        });
+                    }
+                    continue;
+                }
+                self.head
+                    .extend_from_slice(&encode_data_req(write, &front.part.req));
+                if write {
+                    self.started = true;
+                    self.sent = 0;
+                } else if let Some(p) = self.backlog.pop_front() {
+                    if let Err(p) = conn.push_rx(p.part) {
+                        done.push(Completion {
+                            token: p.token,
+                            result: Err(lost(&conn.peer, "data connection closed")),
+                        });
+                        return Err(lost(&conn.peer, "data connection closed"));
+                    }
+                }
+            }
+            let payload = match (self.started, self.backlog.front()) {
+                // SAFETY: the front part has not been completed: it is completed only after
+                // it leaves the backlog, and this half (whose lock we hold) removes it only
+                // once its payload is out.
+                (true, Some(p)) => unsafe { p.part.local.raw() }.from(self.sent),
+                _ => RawRange::empty(),
+            };
+            let head = &self.head[self.head_sent..];
+            if head.is_empty() && payload.len() == 0 {
+                if self.started {
+                    self.finish_write(conn, done)?;
+                    continue;
+                }
+                return Ok(Pumped::Idle);
+            }
+            let fd = conn.fd();
+            let n = match conn.io(via, Interest::WRITABLE, || {
+                rawio::send_now(fd, head, payload)
+            }) {
+                Ok(0) => {
+                    return Err(conn.cause(Error::connection_lost(
+                        &conn.peer,
+                        "sending a part",
+                        std::io::ErrorKind::WriteZero.into(),
+                    )))
+                }
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Pumped::Blocked),
+                Err(e) => {
+                    return Err(conn.cause(Error::connection_lost(&conn.peer, "sending a part", e)))
+                }
+            };
+            moved += n;
+            let h = n.min(head.len());
+            self.head_sent += h;
+            self.sent += n - h;
+            if self.head_sent == self.head.len() {
+                self.head.clear();
+                self.head_sent = 0;
+            }
+            if self.started && self.head.is_empty() {
+                let len = self.backlog.front().map_or(0, |p| p.part.local_len());
+                if self.sent >= len {
+                    self.finish_write(conn, done)?;
+                }
+            }
+            if moved >= budget && !self.is_free() {
+                return Ok(Pumped::Blocked);
+            }
+        }
+    }
+
+    /// The front write part is all out: it now awaits its ack.
+    fn finish_write(&mut self, conn: &Conn, done: &mut Vec<Completion>) -> Result<(), Error> {
+        self.started = false;
+        self.sent = 0;
+        if let Some(p) = self.backlog.pop_front() {
+            // Its ack may already be in the socket: the reader matches it once it is queued.
+            if let Err(p) = conn.push_rx(p.part) {
+                done.push(Completion {
+                    token: p.token,
+                    result: Err(lost(&conn.peer, "data connection closed")),
+                });
+                return Err(lost(&conn.peer, "data connection closed"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether op `token` (of a batch submitted at withdrawal count `seen`) is still wanted. The
+/// op table is locked only after the link's withdrawal count moved since the batch was
+/// submitted (the count was taken before its op could be abandoned): the abandon, made under
+/// that lock before the count was bumped, is then seen. Without withdrawals a part costs one
+/// atomic load and no lock; `checked` caches the last answer.
+fn wanted(checked: &mut Option<(Token, u64, bool)>, conn: &Conn, token: Token, seen: u64) -> bool {
+    let now = conn.withdrawals.load(Ordering::Acquire);
+    if now == seen {
+        return true;
+    }
+    if let Some((t, at, wanted)) = *checked {
+        if t == token && at == now {
+            return wanted;
+        }
+    }
+    let wanted = lock(&conn.ops.table).is_wanted(token);
+    *checked = Some((token, now, wanted));
+    wanted
+}
+
+impl Part {
+    fn local_len(&self) -> usize {
+        self.req.len as usize
+    }
+}
+
+impl Rx {
+    fn new() -> Rx {
+        Rx {
+            inflight: Some(VecDeque::new()),
+            buf: [0; ACK_FRAME * ACK_BATCH],
+            have: 0,
+            payload: None,
+            reader_idle: false,
+        }
+    }
+
+    fn awaiting(&self) -> bool {
+        self.inflight.as_ref().is_some_and(|q| !q.is_empty())
+    }
+
+    /// Receives what the socket holds and completes the parts it answers (into `done`).
+    /// Returns an error when the connection is unusable (the caller fails it, and with it
+    /// every part still queued: a part leaves the queue only completed).
+    fn pump(&mut self, conn: &Conn, via: Via, done: &mut Vec<Completion>) -> Result<Pumped, Error> {
+        let peer = &*conn.peer;
+        let fd = conn.fd();
+        loop {
+            let Some(q) = self.inflight.as_mut() else {
+                return Ok(Pumped::Idle);
+            };
+            let Some(front) = q.front() else {
+                return Ok(Pumped::Idle);
+            };
+            if let Some(got) = self.payload {
+                // SAFETY: the front part has not been completed: only this half, whose lock
+                // we hold, pops and completes it, after its payload is in.
+                let dst = unsafe { front.local.raw() }.from(got);
+                let n = match conn.io(via, Interest::READABLE, || rawio::recv_now(fd, dst)) {
+                    Ok(0) => return Err(lost(peer, "connection closed inside a read payload")),
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        return Ok(Pumped::Blocked)
+                    }
+                    Err(e) => {
+                        return Err(conn.cause(Error::connection_lost(
+                            peer,
+                            "receiving a read payload",
+                            e,
+                        )))
+                    }
+                };
+                let got = got + n;
+                if got < front.local_len() {
+                    self.payload = Some(got);
+                    continue;
+                }
+                self.payload = None;
+                if let Some(p) = q.pop_front() {
+                    done.push(Completion {
+                        token: p.token,
+                        result: Ok(()),
+                    });
+                }
+                continue;
+            }
+            let want = if front.write {
+                q.iter().take(ACK_BATCH).take_while(|p| p.write).count() * ACK_FRAME
+            } else {
+                READ_RESP_FRAME
+            };
+            let have = self.have;
+            let buf = &mut self.buf[have..want.max(have)];
+            let n = match conn.io(via, Interest::READABLE, || rawio::recv_now_buf(fd, buf)) {
+                Ok(0) => return Err(lost(peer, "connection closed by peer")),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Pumped::Blocked),
+                Err(e) => {
+                    return Err(conn.cause(Error::connection_lost(peer, "reading answers", e)))
+                }
+            };
+            self.have += n;
+            if front.write {
+                let whole = self.have / ACK_FRAME;
+                take_acks(&self.buf[..whole * ACK_FRAME], q, peer, done)?;
+                self.buf.copy_within(whole * ACK_FRAME..self.have, 0);
+                self.have -= whole * ACK_FRAME;
+                continue;
+            }
+            if self.have < READ_RESP_FRAME {
+                continue;
+            }
+            self.have = 0;
+            let Message::ReadResp { id, status, len } =
+                decode_answer(&self.buf[..READ_RESP_FRAME], peer)?
+            else {
+                return Err(protocol(peer, "expected a read response"));
+            };
+            if id != front.req.id || front.write {
+                let e = protocol(
+                    peer,
+                    format!("read response for {id:#x}, expected {:#x}", front.req.id),
+                );
+                return Err(e);
+            }
+            if status != 0 {
+                if len != 0 {
+                    return Err(protocol(peer, "refused read carries a payload"));
+                }
+                let e = refused(peer, front, status);
+                if let Some(p) = q.pop_front() {
+                    done.push(Completion {
+                        token: p.token,
+                        result: Err(e),
+                    });
+                }
+                continue;
+            }
+            if len != front.req.len {
+                return Err(protocol(
+                    peer,
+                    format!("read response of {len} bytes, asked {}", front.req.len),
+                ));
+            }
+            self.payload = Some(0);
+        }
+    }
 }
 
 impl DataConn {
     /// Starts the writer and reader tasks of an established data connection. `withdrawals`
     /// counts the link's withdrawn ops (`TcpChannel::withdraw`).
     pub(crate) fn spawn(
-        stream: TcpStream,
+        sock: TcpStream,
         peer: Arc<str>,
         ops: OpsHandle,
         state: Arc<LinkState>,
         withdrawals: Arc<AtomicU64>,
     ) -> DataConn {
-        let (r, w) = stream.into_split();
-        let (tx, rx) = mpsc::unbounded_channel();
-        let inflight: Inflight = Arc::new(Queue {
-            parts: Mutex::new(Some(VecDeque::new())),
-            pushed: tokio::sync::Notify::new(),
-        });
-        state.spawn(writer(
-            w,
-            rx,
-            inflight.clone(),
-            ops.clone(),
-            state.clone(),
-            peer.clone(),
+        let conn = Arc::new(Conn {
+            sock,
+            peer,
+            ops,
+            state: state.clone(),
             withdrawals,
-        ));
-        state.clone().spawn(reader(r, inflight, ops, state, peer));
-        DataConn { tx }
+            tx: Mutex::new(Tx::default()),
+            rx: Mutex::new(Rx::new()),
+            tx_blocked: Notify::new(),
+            rx_pushed: Notify::new(),
+        });
+        state.spawn(writer(conn.clone()));
+        state.spawn(reader(conn.clone()));
+        DataConn { conn }
     }
 
-    /// Queues parts of one op. On a dead connection they come back to be failed.
+    /// Sends the parts of one op, at once when the connection is free (the rest, if the
+    /// socket fills, goes to the writer task). On a closed connection they come back to be
+    /// failed.
     pub(crate) fn submit(&self, q: Queued) -> Result<(), Vec<Part>> {
-        self.tx.send(q).map_err(|e| e.0.parts)
+        let c = &*self.conn;
+        let mut done = Vec::new();
+        let r = {
+            let mut tx = lock(&c.tx);
+            if tx.closed {
+                return Err(q.parts);
+            }
+            let free = tx.is_free();
+            tx.backlog.extend(q.parts.into_iter().map(|part| Pending {
+                part,
+                seen: q.withdrawals,
+            }));
+            // A busy connection has its writer on it (or a spinner): the parts wait their turn.
+            if free {
+                c.pump_tx(&mut tx, Via::Direct, SUBMIT_SEND_BYTES, &mut done)
+            } else {
+                Ok(Pumped::Blocked)
+            }
+        };
+        c.deliver(&mut done);
+        if let Err(e) = r {
+            c.fail(e);
+        }
+        Ok(())
+    }
+
+    /// Drives both halves once without waiting, if nobody else is: sends what the socket
+    /// takes, completes what has been answered. Returns whether anything moved. For a task
+    /// that spins while awaiting a transfer.
+    pub(crate) fn progress(&self) -> bool {
+        let c = &*self.conn;
+        let mut done = Vec::new();
+        let mut failed = None;
+        if let Ok(mut tx) = c.tx.try_lock() {
+            if !tx.is_free() && !tx.closed {
+                if let Err(e) = c.pump_tx(&mut tx, Via::Direct, SPIN_SEND_BYTES, &mut done) {
+                    failed = Some(e);
+                }
+            }
+        }
+        if failed.is_none() {
+            if let Ok(mut rx) = c.rx.try_lock() {
+                if rx.awaiting() {
+                    if let Err(e) = rx.pump(c, Via::Direct, &mut done) {
+                        failed = Some(e);
+                    }
+                }
+            }
+        }
+        let moved = !done.is_empty();
+        c.deliver(&mut done);
+        if let Some(e) = failed {
+            c.fail(e);
+            return true;
+        }
+        moved
     }
 }
 
@@ -118,10 +619,6 @@ pub(crate) fn fail_with(sink: &Completions, parts: impl IntoIterator<Item = Part
     }));
 }
 
-fn fail_parts(ops: &OpsHandle, parts: impl IntoIterator<Item = Part>, err: &Error) {
-    fail_with(&ops.sink, parts, err);
-}
-
 fn lost(peer: &str, cause: &'static str) -> Error {
     Error::PeerLost {
         peer: peer.to_string(),
@@ -129,255 +626,99 @@ fn lost(peer: &str, cause: &'static str) -> Error {
     }
 }
 
-async fn writer(
-    mut w: OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Queued>,
-    inflight: Inflight,
-    ops: OpsHandle,
-    state: Arc<LinkState>,
-    peer: Arc<str>,
-    withdrawals: Arc<AtomicU64>,
-) {
-    let mut live = Live {
-        dead: state.subscribe(),
-        state: &state,
-    };
-    let mut hdrs: Vec<u8> = Vec::with_capacity(READ_REQ_BATCH * DATA_REQ_FRAME);
-    loop {
-        let batch = tokio::select! {
-            biased;
-            _ = live.dead.changed() => break,
-            b = rx.recv() => match b { Some(b) => b, None => break },
-        };
-        let sent = send_batch(
-            &mut w,
-            &mut live,
-            batch,
-            &inflight,
-            &ops,
-            &peer,
-            &mut hdrs,
-            &withdrawals,
-        );
-        if let Err(e) = sent.await {
-            state.kill(e);
+/// Sends what the submitters and spinners left when the socket was full, waiting on tokio's
+/// write readiness. Every wait races the link's death: a peer that stopped reading (frozen, or
+/// the network cut) must not keep parts unresolved after the link was closed.
+async fn writer(conn: Arc<Conn>) {
+    let mut dead = conn.state.subscribe();
+    let mut done = Vec::new();
+    'run: loop {
+        if *dead.borrow() {
             break;
         }
-    }
-    shutdown_both(w.as_ref());
-    rx.close();
-    let err = state.error().unwrap_or_else(|| lost(&peer, "link closed"));
-    while let Ok(batch) = rx.try_recv() {
-        fail_parts(&ops, batch.parts, &err);
-    }
-}
-
-/// The writer's view of its link's liveness.
-struct Live<'a> {
-    dead: watch::Receiver<bool>,
-    state: &'a LinkState,
-}
-
-impl Live<'_> {
-    /// `e`, unless the link is already down: then the link's cause (an op cut off by our own
-    /// disconnect reports NOT_CONNECTED like the others, not the socket error it caused).
-    fn cause(&self, e: Error) -> Error {
-        self.state.error().unwrap_or(e)
-    }
-}
-
-/// Sends one op's parts. Returns an error only when the connection is unusable; parts not
-/// yet handed to the reader's queue are failed here.
-///
-/// Every socket write races the link's death: a peer that stopped reading (frozen, or the
-/// network cut) must not keep this task blocked in a full socket buffer after the link was
-/// closed, or the link's in-flight parts would never fail and their ops never be reaped.
-///
-/// A dropped or timed-out transfer moves no further bytes. Its withdrawal takes the one path
-/// of every transport (the op table abandons the op, then the link's channels withdraw it):
-/// the TCP channel counts it in `withdrawals`. Before each part this task compares the count
-/// with the one it last saw (the batch's, taken when it was submitted, before its op could
-/// be abandoned) and only when it moved asks the op table whether the op is still wanted. So
-/// without withdrawals a part costs one atomic load and no lock; an unwanted op's unsent parts
-/// complete as cancelled, and the op can be reaped.
-#[allow(clippy::too_many_arguments)]
-async fn send_batch(
-    w: &mut OwnedWriteHalf,
-    live: &mut Live<'_>,
-    batch: Queued,
-    inflight: &Inflight,
-    ops: &OpsHandle,
-    peer: &str,
-    hdrs: &mut Vec<u8>,
-    withdrawals: &AtomicU64,
-) -> Result<(), Error> {
-    let Queued {
-        parts: batch,
-        withdrawals: mut seen,
-    } = batch;
-    let Some(token) = batch.first().map(|p| p.token) else {
-        return Ok(());
-    };
-    // The op table is locked only after the count moved: the abandon, made under that lock
-    // before the count was bumped, is then seen.
-    let mut withdrawn = || {
-        let now = withdrawals.load(Ordering::Acquire);
-        if now == seen {
-            return false;
+        tokio::select! {
+            biased;
+            r = dead.changed() => { let _ = r; break }
+            _ = conn.tx_blocked.notified() => {}
         }
-        seen = now;
-        !lock(&ops.table).is_wanted(token)
-    };
-    let cancelled = || Error::Cancelled { what: "a TCP part" };
-    let mut it = batch.into_iter();
-    while let Some(part) = it.next() {
-        if withdrawn() {
-            // Failed before the flush, whose error would otherwise leave them unresolved.
-            fail_parts(ops, std::iter::once(part).chain(it), &cancelled());
-            return flush(w, live, hdrs, peer).await;
-        }
-        let hdr = encode_data_req(part.write, &part.req);
-        if part.write {
-            // SAFETY: the part is not completed while the socket reads it: it is queued for
-            // the reader (which completes it) only after the send, and fails here otherwise.
-            let payload = unsafe { part.local.raw() };
-            let r = send_part(w, live, hdrs, &hdr, payload).await;
-            if let Err(e) = r {
-                // The parts not yet queued for the reader would never complete otherwise.
-                let e = live.cause(Error::connection_lost(peer, "sending a write part", e));
-                fail_parts(ops, std::iter::once(part).chain(it), &e);
-                return Err(e);
+        loop {
+            tokio::select! {
+                biased;
+                r = dead.changed() => { let _ = r; break 'run }
+                r = conn.sock.writable() => if let Err(e) = r {
+                    conn.fail(conn.cause(Error::connection_lost(&conn.peer, "waiting to send", e)));
+                    break 'run;
+                },
             }
-            // Its ack may already be in the socket: the reader waits for the push (the
-            // queue keeps the order the requests were sent in, as the answers come).
-            if let Err(p) = push(inflight, part) {
-                return Err(fail_rest(ops, peer, p, it));
-            }
-        } else {
-            if let Err(p) = push(inflight, part) {
-                let e = fail_rest(ops, peer, p, it);
-                let _ = flush(w, live, hdrs, peer).await;
-                return Err(e);
-            }
-            hdrs.extend_from_slice(&hdr);
-            if hdrs.len() >= READ_REQ_BATCH * DATA_REQ_FRAME {
-                if let Err(e) = flush(w, live, hdrs, peer).await {
-                    fail_parts(ops, it, &e);
-                    return Err(e);
+            let r = conn.pump_tx(&mut lock(&conn.tx), Via::Tokio, usize::MAX, &mut done);
+            conn.deliver(&mut done);
+            match r {
+                Ok(Pumped::Idle) => break,
+                Ok(Pumped::Blocked) => {}
+                Err(e) => {
+                    conn.fail(e);
+                    break 'run;
                 }
             }
         }
     }
-    flush(w, live, hdrs, peer).await
+    let cause = conn
+        .state
+        .error()
+        .unwrap_or_else(|| lost(&conn.peer, "link closed"));
+    conn.close(&cause);
 }
 
-fn push(inflight: &Inflight, part: Part) -> Result<(), Part> {
-    let mut g = lock(inflight);
-    match g.as_mut() {
-        Some(q) => {
-            q.push_back(part);
-            drop(g);
-            inflight.pushed.notify_one();
-            Ok(())
+/// Receives answers when nobody spins, waiting on tokio's read readiness while answers are
+/// awaited, and for a pushed part while none is.
+async fn reader(conn: Arc<Conn>) {
+    let mut dead = conn.state.subscribe();
+    let mut done = Vec::new();
+    loop {
+        if *dead.borrow() {
+            break;
         }
-        None => Err(part),
-    }
-}
-
-fn fail_rest(ops: &OpsHandle, peer: &str, p: Part, rest: impl Iterator<Item = Part>) -> Error {
-    let e = lost(peer, "data connection closed");
-    fail_parts(ops, std::iter::once(p).chain(rest), &e);
-    e
-}
-
-async fn flush(
-    w: &mut OwnedWriteHalf,
-    live: &mut Live<'_>,
-    hdrs: &mut Vec<u8>,
-    peer: &str,
-) -> Result<(), Error> {
-    if hdrs.is_empty() {
-        return Ok(());
-    }
-    let r = write_or_dead(w, &mut live.dead, hdrs, RawRange::empty()).await;
-    hdrs.clear();
-    r.map_err(|e| live.cause(Error::connection_lost(peer, "sending part headers", e)))
-}
-
-/// Sends a write part's header (after the read headers waiting in `hdrs`, which it empties)
-/// and its payload, racing the link's death.
-async fn send_part(
-    w: &mut OwnedWriteHalf,
-    live: &mut Live<'_>,
-    hdrs: &mut Vec<u8>,
-    hdr: &[u8],
-    payload: RawRange<'_>,
-) -> std::io::Result<()> {
-    if hdrs.is_empty() {
-        write_or_dead(w, &mut live.dead, hdr, payload).await
-    } else {
-        hdrs.extend_from_slice(hdr);
-        let r = write_or_dead(w, &mut live.dead, hdrs, payload).await;
-        hdrs.clear();
-        r
-    }
-}
-
-/// [`rawio::send_all`] of `head` then `payload`, abandoned when the link dies (the socket is
-/// shut down after that anyway).
-async fn write_or_dead(
-    w: &mut OwnedWriteHalf,
-    dead: &mut watch::Receiver<bool>,
-    head: &[u8],
-    payload: RawRange<'_>,
-) -> std::io::Result<()> {
-    if *dead.borrow() {
-        return Err(std::io::Error::other("link closed"));
-    }
-    tokio::select! {
-        r = rawio::send_all(w.as_ref(), head, payload) => r,
-        _ = dead.changed() => Err(std::io::Error::other("link closed while sending")),
-    }
-}
-
-async fn reader(
-    mut r: OwnedReadHalf,
-    inflight: Inflight,
-    ops: OpsHandle,
-    state: Arc<LinkState>,
-    peer: Arc<str>,
-) {
-    // No select on link death here: a read cancelled half-way would lose the part it popped.
-    // The writer shuts the socket down on death, which ends any read in progress with an error.
-    if let Err(e) = read_loop(&mut r, &inflight, &ops, &state, &peer).await {
-        if !state.is_dead() {
-            tracing::warn!(peer = %peer, "data connection failed: {e}");
+        let idle = {
+            let mut rx = lock(&conn.rx);
+            if rx.inflight.is_none() {
+                break;
+            }
+            let idle = !rx.awaiting();
+            rx.reader_idle = idle;
+            idle
+        };
+        if idle {
+            // Answers only follow requests, and a part is queued before (read) or right
+            // after (write) its request is sent: with nothing queued, wait for a push (no
+            // socket syscall). A peer that closes meanwhile is seen by the control channel
+            // (which kills the link) or by the next read.
+            tokio::select! {
+                biased;
+                r = dead.changed() => { let _ = r; break }
+                _ = conn.rx_pushed.notified() => {}
+            }
+            continue;
         }
-        state.kill(e);
+        tokio::select! {
+            biased;
+            r = dead.changed() => { let _ = r; break }
+            r = conn.sock.readable() => if let Err(e) = r {
+                conn.fail(conn.cause(Error::connection_lost(&conn.peer, "waiting for answers", e)));
+                break;
+            },
+        }
+        let r = lock(&conn.rx).pump(&conn, Via::Tokio, &mut done);
+        conn.deliver(&mut done);
+        if let Err(e) = r {
+            conn.fail(e);
+            break;
+        }
     }
-    let parts = lock(&inflight).take().unwrap_or_default();
-    let err = state.error().unwrap_or_else(|| lost(&peer, "link closed"));
-    fail_parts(&ops, parts, &err);
-}
-
-enum Next {
-    Idle,
-    Acks(usize),
-    ReadResp,
-}
-
-fn next_expected(inflight: &Inflight) -> Option<Next> {
-    let g = lock(inflight);
-    let q = g.as_ref()?;
-    Some(match q.front() {
-        None => Next::Idle,
-        Some(p) if p.write => Next::Acks(q.iter().take(ACK_BATCH).take_while(|p| p.write).count()),
-        Some(_) => Next::ReadResp,
-    })
-}
-
-fn pop(inflight: &Inflight) -> Option<Part> {
-    lock(inflight).as_mut()?.pop_front()
+    let cause = conn
+        .state
+        .error()
+        .unwrap_or_else(|| lost(&conn.peer, "link closed"));
+    conn.close(&cause);
 }
 
 fn protocol(peer: &str, reason: impl Into<String>) -> Error {
@@ -409,10 +750,11 @@ fn decode_answer(frame: &[u8], peer: &str) -> Result<Message, Error> {
     Message::decode_body(h.ty, body).map_err(|e| protocol(peer, e.to_string()))
 }
 
+/// Matches whole ack frames with the write parts at the front of `q`, completing them into
+/// `done`. A bad frame is an error (the parts stay queued, to be failed with the connection).
 fn take_acks(
     frames: &[u8],
-    inflight: &Inflight,
-    ops: &OpsHandle,
+    q: &mut VecDeque<Part>,
     peer: &str,
     done: &mut Vec<Completion>,
 ) -> Result<(), Error> {
@@ -420,128 +762,26 @@ fn take_acks(
         let Message::Ack { id, status } = decode_answer(frame, peer)? else {
             return Err(protocol(peer, "expected an ack for a write"));
         };
-        let p = pop(inflight).ok_or_else(|| protocol(peer, "ack with no write outstanding"))?;
+        let p = q
+            .front()
+            .ok_or_else(|| protocol(peer, "ack with no write outstanding"))?;
         if id != p.req.id || !p.write {
-            let e = protocol(
+            return Err(protocol(
                 peer,
                 format!("ack for request {id:#x}, expected {:#x}", p.req.id),
-            );
-            fail_parts(ops, [p], &e);
-            return Err(e);
+            ));
         }
         let result = if status == 0 {
             Ok(())
         } else {
-            Err(refused(peer, &p, status))
+            Err(refused(peer, p, status))
         };
-        done.push(Completion {
-            token: p.token,
-            result,
-        });
-    }
-    Ok(())
-}
-
-async fn read_loop(
-    r: &mut OwnedReadHalf,
-    inflight: &Inflight,
-    ops: &OpsHandle,
-    state: &LinkState,
-    peer: &str,
-) -> Result<(), Error> {
-    let mut dead = state.subscribe();
-    let mut buf = [0u8; ACK_FRAME * ACK_BATCH];
-    let mut have = 0usize;
-    let mut done: Vec<Completion> = Vec::with_capacity(ACK_BATCH);
-    loop {
-        match next_expected(inflight) {
-            None => return Ok(()),
-            Some(Next::Idle) => {
-                // Answers only follow requests, and a request is queued before the next one is
-                // sent: with nothing queued, wait for the writer (no socket syscall). A peer
-                // that closes meanwhile is seen by the control channel (which kills the link)
-                // or by the next read; bytes it sends unasked fail the next answer's checks.
-                tokio::select! {
-                    _ = inflight.pushed.notified() => {}
-                    _ = dead.changed() => return Ok(()),
-                }
-            }
-            Some(Next::Acks(n)) => {
-                let want = n * ACK_FRAME;
-                let got = r
-                    .read(&mut buf[have..want])
-                    .await
-                    .map_err(|e| Error::connection_lost(peer, "reading write acks", e))?;
-                if got == 0 {
-                    return Err(lost(peer, "connection closed by peer"));
-                }
-                have += got;
-                let whole = have / ACK_FRAME;
-                let res = take_acks(&buf[..whole * ACK_FRAME], inflight, ops, peer, &mut done);
-                // Completions already matched are delivered even if a later frame was bad.
-                ops.sink.complete_all(done.drain(..));
-                res?;
-                buf.copy_within(whole * ACK_FRAME..have, 0);
-                have -= whole * ACK_FRAME;
-            }
-            Some(Next::ReadResp) => {
-                let mut frame = [0u8; READ_RESP_FRAME];
-                r.read_exact(&mut frame)
-                    .await
-                    .map_err(|e| Error::connection_lost(peer, "reading a read response", e))?;
-                let m = decode_answer(&frame, peer)?;
-                let Message::ReadResp { id, status, len } = m else {
-                    return Err(protocol(peer, "expected a read response"));
-                };
-                let p = pop(inflight)
-                    .ok_or_else(|| protocol(peer, "read response with no read outstanding"))?;
-                if id != p.req.id || p.write {
-                    let e = protocol(
-                        peer,
-                        format!("read response for {id:#x}, expected {:#x}", p.req.id),
-                    );
-                    fail_parts(ops, [p], &e);
-                    return Err(e);
-                }
-                if status != 0 {
-                    if len != 0 {
-                        // The part was popped: fail it here, or its op would wait forever.
-                        let e = protocol(peer, "refused read carries a payload");
-                        fail_parts(ops, [p], &e);
-                        return Err(e);
-                    }
-                    let e = refused(peer, &p, status);
-                    ops.sink.complete(Completion {
-                        token: p.token,
-                        result: Err(e),
-                    });
-                    continue;
-                }
-                if len != p.req.len {
-                    let e = protocol(
-                        peer,
-                        format!("read response of {len} bytes, asked {}", p.req.len),
-                    );
-                    fail_parts(ops, [p], &e);
-                    return Err(e);
-                }
-                // SAFETY: `p` was popped: only this task completes it, after the receive.
-                let dst = unsafe { p.local.raw() };
-                let got = rawio::recv_exact(r.as_ref(), dst).await;
-                if let Err(e) = got {
-                    // If the link was closed (our own disconnect shuts the socket down), the
-                    // part fails with the link's cause like every other part of the link.
-                    let e = state.error().unwrap_or_else(|| {
-                        Error::connection_lost(peer, "receiving a read payload", e)
-                    });
-                    fail_parts(ops, [p], &e);
-                    return Err(e);
-                }
-                ops.sink.complete(Completion {
-                    token: p.token,
-                    result: Ok(()),
-                });
-            }
+        if let Some(p) = q.pop_front() {
+            done.push(Completion {
+                token: p.token,
+                result,
+            });
         }
     }
+    Ok(())
 }

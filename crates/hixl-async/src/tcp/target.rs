@@ -2,7 +2,9 @@
 //! (rkey, bounds, access) before a byte moves, then moves bytes directly between the socket
 //! and registered memory.
 
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hixl_core::wire::{
     encode_ack, encode_read_resp, DataReq, FrameHeader, Message, ACK_FRAME, DATA_REQ_FRAME,
@@ -21,9 +23,13 @@ use crate::rawio;
 const ACK_FLUSH: usize = 64 * ACK_FRAME;
 
 /// Serves one data connection until the peer closes it or sends something invalid.
-pub(crate) async fn serve(stream: TcpStream, peer: Arc<str>, regions: Regions) {
+///
+/// Between requests, and while a write's payload streams in, it spins on nonblocking receives
+/// for `spin` (`hixl.SpinUs`) after the last bytes came before it parks: an initiator that
+/// sends its next request within that time is served without a wake-up of this thread.
+pub(crate) async fn serve(stream: TcpStream, peer: Arc<str>, regions: Regions, spin: Duration) {
     let (mut rd, mut wr) = stream.into_split();
-    match serve_loop(&mut rd, &mut wr, &peer, &regions).await {
+    match serve_loop(&mut rd, &mut wr, &peer, &regions, spin).await {
         Ok(()) => tracing::debug!(peer = %peer, "data connection closed"),
         // A peer that breaks the protocol is worth a warning; one that went away (reset,
         // broken pipe: an initiator disconnecting mid-read, or dying) is not.
@@ -47,6 +53,7 @@ async fn read_request(
     wr: &mut OwnedWriteHalf,
     acks: &mut Vec<u8>,
     hdr: &mut [u8; DATA_REQ_FRAME],
+    spin: Duration,
 ) -> std::io::Result<Option<()>> {
     let mut have = 0;
     while have < DATA_REQ_FRAME {
@@ -63,6 +70,29 @@ async fn read_request(
                 }
                 Err(e) => return Err(e),
             }
+        }
+        // Acks are out (the initiator waits for them): spin for the next request a while,
+        // in slices between which other tasks run.
+        let until = std::time::Instant::now() + spin;
+        let got = loop {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            let got = rawio::spin_recv_buf(
+                rd.as_ref().as_raw_fd(),
+                &mut hdr[have..],
+                left.min(rawio::SPIN_SLICE),
+            )?;
+            if got.is_some() || left <= rawio::SPIN_SLICE {
+                break got;
+            }
+            tokio::task::yield_now().await;
+        };
+        match got {
+            Some(0) => return closed(have),
+            Some(n) => {
+                have += n;
+                continue;
+            }
+            None => {}
         }
         let n = rd.read(&mut hdr[have..]).await?;
         if n == 0 {
@@ -93,12 +123,13 @@ async fn serve_loop(
     wr: &mut OwnedWriteHalf,
     peer: &str,
     regions: &Regions,
+    spin: Duration,
 ) -> Result<(), Error> {
     let mut hdr = [0u8; DATA_REQ_FRAME];
     let mut acks: Vec<u8> = Vec::with_capacity(ACK_FLUSH);
     let mut scratch: Vec<u8> = Vec::new();
     loop {
-        if read_request(rd, wr, &mut acks, &mut hdr)
+        if read_request(rd, wr, &mut acks, &mut hdr, spin)
             .await
             .map_err(|e| io("reading request", e))?
             .is_none()
@@ -124,7 +155,7 @@ async fn serve_loop(
                         // write; the range borrows `lease`, which keeps the region registered
                         // (and its memory alive) until the payload is in.
                         let dst = lease.range(req.addr, req.len)?;
-                        rawio::recv_exact(rd.as_ref(), dst)
+                        rawio::recv_exact_spin(rd.as_ref(), dst, spin)
                             .await
                             .map_err(|e| io("reading write payload", e))?;
                         drop(lease);

@@ -236,6 +236,13 @@ pub(crate) trait PeerChannel: Send + Sync + std::fmt::Debug {
     /// The link died with `cause`: work of `tokens` not yet started is failed with it, and
     /// what the device still holds is flushed (and so completed).
     fn close(&self, cause: &Error, tokens: &HashSet<Token>);
+
+    /// Drives the channel's device once without waiting, for a task that spins while it
+    /// awaits a transfer: sends what can be sent, completes what has finished. Returns
+    /// whether anything moved. The default: nothing to drive (the device completes on its own).
+    fn progress(&self) -> bool {
+        false
+    }
 }
 
 /// The part of one call that one channel takes, built descriptor by descriptor and posted
@@ -265,12 +272,20 @@ pub(crate) trait Batch {
     fn post(self: Box<Self>, sink: &Completions);
 }
 
-/// What a dropped or timed-out transfer tells its link: withdraw the op's work that no
-/// transport has started yet.
+/// What a transfer asks of the link that posted it: progress while it spins, and, when it is
+/// dropped or times out, the withdrawal of the op's work that no transport has started yet.
 pub(crate) trait Withdraw: Send + Sync {
     /// The peer's name.
     fn peer(&self) -> &str;
 
     /// Withdraws the unstarted work of `token` (failing it), on every channel of the link.
     fn withdraw(&self, token: Token);
+
+    /// Drives the link's channels and the engine's completion queue once without waiting;
+    /// whether anything moved ([`PeerChannel::progress`]).
+    fn progress(&self) -> bool;
+
+    /// How long an awaiting transfer keeps spinning after the last progress before it parks
+    /// (`hixl.SpinUs`; zero: it parks at once).
+    fn spin(&self) -> std::time::Duration;
 }

@@ -39,6 +39,8 @@ const UINT_KEYS: &[UintKey] = &[
         empty: None, store: |o, v| o.heartbeat_miss_limit = v as u32 },
     UintKey { key: "hixl.FabricBusyPollUs", min: 0, max: 10_000, multiple_of: 1, size: false,
         empty: None, store: |o, v| o.fabric_busy_poll_us = v },
+    UintKey { key: "hixl.SpinUs", min: 0, max: 1_000_000, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.spin_us = v },
     UintKey { key: "hixl.VerbsPort", min: 1, max: 255, multiple_of: 1, size: false,
         empty: None, store: |o, v| o.verbs_port = v as u8 },
     UintKey { key: "hixl.VerbsTimeout", min: 1, max: 31, multiple_of: 1, size: false,
@@ -74,7 +76,7 @@ impl Options {
         "GlobalResourceConfig", "AutoConnect", "LocalCommRes",
         "adxl.BufferPool", "adxl.RdmaTrafficClass", "adxl.RdmaServiceLevel", "adxl.LocalCommRes",
         "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.HeartbeatIntervalMs",
-        "hixl.HeartbeatMissLimit", "hixl.FabricBusyPollUs", "hixl.VerbsDevice", "hixl.VerbsPort",
+        "hixl.HeartbeatMissLimit", "hixl.FabricBusyPollUs", "hixl.SpinUs", "hixl.VerbsDevice", "hixl.VerbsPort",
         "hixl.VerbsGidIndex", "hixl.VerbsTimeout", "hixl.VerbsRetryCount", "hixl.AuthSecret",
     ];
 
