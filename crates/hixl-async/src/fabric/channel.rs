@@ -213,8 +213,21 @@ impl<'a> FabricBatch<'a> {
             return;
         }
         let copy = &self.ch.backend.copy;
-        let small = copies.len() <= INLINE_OPS
-            && copies.iter().map(|c| c.kind.len()).sum::<u64>() <= INLINE_BYTES;
+        let (ib, io) = {
+            static T: std::sync::OnceLock<(u64, usize)> = std::sync::OnceLock::new();
+            *T.get_or_init(|| {
+                let b = std::env::var("XB")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(INLINE_BYTES);
+                let o = std::env::var("XO")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(INLINE_OPS);
+                (b, o)
+            })
+        };
+        let small = copies.len() <= io && copies.iter().map(|c| c.kind.len()).sum::<u64>() <= ib;
         let submitted = if small {
             // SAFETY: as below (the op is posted, so the op table holds its keep-alive); the
             // copies run before this call returns, and complete after it.

@@ -19,7 +19,33 @@ use crate::context::{EngineConfig, OpsHandle, Regions};
 use crate::frame_io::{read_frame, tune, unexpected, write_frame};
 use crate::link_state::LinkState;
 use crate::tcp::channel::TcpChannel;
+use crate::tcp::initiator::DataOpener;
 use crate::transport::{select, LinkHooks, Negotiation, PeerChannel, Transport};
+
+/// Opens one data connection of a link's session: connect, `Hello` on the data channel,
+/// the peer's `Welcome`.
+async fn open_data(addr: SocketAddr, local: &str, session: u64, remote: &str) -> Result<TcpStream> {
+    let mut d = TcpStream::connect(addr)
+        .await
+        .map_err(|e| Error::io(format!("opening data connection to {remote}"), e))?;
+    tune(&d);
+    let hello = Message::Hello {
+        engine: local.to_string(),
+        channel: Channel::Data,
+        session,
+    };
+    write_frame(&mut d, &hello, remote).await?;
+    let mut b = BytesMut::new();
+    match read_frame(&mut d, &mut b, remote).await? {
+        Message::Welcome { .. } if b.is_empty() => Ok(d),
+        Message::Refuse { status, reason } => Err(Error::Remote {
+            peer: remote.to_string(),
+            status: Status::from_code(status).unwrap_or(Status::Failed),
+            message: reason,
+        }),
+        m => Err(unexpected(remote, &m, "welcome on a data connection")),
+    }
+}
 
 /// Kills a half-built link's state when dropped (unless disarmed by taking the state).
 struct KillOnDrop(Option<Arc<LinkState>>);
@@ -76,38 +102,20 @@ impl Link {
         let welcomed = control.handshake().await?;
         let (session, offers, table) = (welcomed.session, welcomed.offers, welcomed.table);
         let incarnation = welcomed.incarnation;
-        let mut data = Vec::with_capacity(p.streams);
-        for _ in 0..p.streams.max(1) {
-            let mut d = TcpStream::connect(p.addr)
-                .await
-                .map_err(|e| Error::io(format!("opening data connection to {remote}"), e))?;
-            tune(&d);
-            let hello = Message::Hello {
-                engine: p.local_name.to_string(),
-                channel: Channel::Data,
-                session,
-            };
-            write_frame(&mut d, &hello, remote).await?;
-            let mut b = BytesMut::new();
-            match read_frame(&mut d, &mut b, remote).await? {
-                Message::Welcome { .. } if b.is_empty() => {}
-                Message::Refuse { status, reason } => {
-                    return Err(Error::Remote {
-                        peer: remote.to_string(),
-                        status: Status::from_code(status).unwrap_or(Status::Failed),
-                        message: reason,
-                    })
-                }
-                m => return Err(unexpected(remote, &m, "welcome on a data connection")),
-            }
-            data.push(d);
-        }
         let state = Arc::new(LinkState::new());
         // Until the link is built, an error or a dropped connect future must end the data
         // connections' tasks (and close their sockets): nothing else would.
         let mut unbuilt = KillOnDrop(Some(state.clone()));
+        // Data connections are opened when a transfer first needs them (an idle link holds
+        // only its control connection, and the transport's channel if it has one).
+        let (addr, local, peer) = (p.addr, Arc::<str>::from(p.local_name), name.clone());
+        let open: DataOpener = Arc::new(move || {
+            let (local, peer) = (local.clone(), peer.clone());
+            Box::pin(async move { open_data(addr, &local, session, &peer).await })
+        });
         let tcp: Arc<dyn PeerChannel> = Arc::new(TcpChannel::spawn(
-            data,
+            p.streams.max(1),
+            open,
             name.clone(),
             lcx.ops.clone(),
             state.clone(),

@@ -2,19 +2,21 @@
 //! peer. The transport policy ([`crate::transport::select`]) puts it after the channel it
 //! chose, so it takes every descriptor the others do not.
 //!
-//! A descriptor becomes parts of at most `hixl.TcpChunkBytes`, spread round-robin over the
-//! data connections; each connection's writer task sends them straight from registered memory
-//! and its reader task completes them as the answers come ([`super::initiator`]).
+//! A descriptor becomes parts of at most `hixl.TcpChunkBytes`. A link's ops of one part each
+//! use its first data connection only, until an op of several parts comes: from then on
+//! parts are spread round-robin over all `hixl.TcpStreams` connections. Connections open when
+//! their first part comes, so an idle link, or one that only moves small ops, holds one data
+//! socket at most. Each connection sends parts straight from registered memory and completes
+//! them as the answers come ([`super::initiator`]).
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use hixl_core::wire::DataReq;
 use hixl_core::{Error, OpDesc, Result, Token, TransferOp};
-use tokio::net::TcpStream;
 
-use super::initiator::{fail_with, DataConn, Part, Queued};
+use super::initiator::{fail_with, DataConn, DataOpener, Part, Queued};
 use crate::context::OpsHandle;
 use crate::keep::Keeps;
 use crate::link_state::LinkState;
@@ -29,6 +31,8 @@ pub(crate) struct TcpChannel {
     conns: Vec<DataConn>,
     /// Round-robin start of the next op's parts.
     next: AtomicUsize,
+    /// Set by the first op of several parts: parts then spread over every connection.
+    wide: AtomicBool,
     /// Largest single part (`hixl.TcpChunkBytes`).
     chunk: u64,
     peer: Arc<str>,
@@ -38,20 +42,20 @@ pub(crate) struct TcpChannel {
 }
 
 impl TcpChannel {
-    /// Starts the writer and reader tasks of the link's established data connections.
+    /// The link's `streams` data connections, each opened by `open` when first used.
     pub(crate) fn spawn(
-        streams: Vec<TcpStream>,
+        streams: usize,
+        open: DataOpener,
         peer: Arc<str>,
         ops: OpsHandle,
         state: Arc<LinkState>,
         chunk: u64,
     ) -> TcpChannel {
         let withdrawals = Arc::new(AtomicU64::new(0));
-        let conns = streams
-            .into_iter()
-            .map(|s| {
+        let conns = (0..streams)
+            .map(|_| {
                 DataConn::spawn(
-                    s,
+                    open.clone(),
                     peer.clone(),
                     ops.clone(),
                     state.clone(),
@@ -62,6 +66,7 @@ impl TcpChannel {
         TcpChannel {
             conns,
             next: AtomicUsize::new(0),
+            wide: AtomicBool::new(false),
             chunk: chunk.max(1),
             peer,
             state,
@@ -116,6 +121,8 @@ struct TcpBatch<'a> {
     per: Vec<Vec<Part>>,
     /// The connection of the next part.
     k: usize,
+    /// Parts so far.
+    parts: usize,
     /// The channel's withdrawal count before the op could be abandoned.
     withdrawals: u64,
 }
@@ -128,6 +135,7 @@ impl<'a> TcpBatch<'a> {
             write: op == TransferOp::Write,
             per: Vec::new(),
             k: 0,
+            parts: 0,
             withdrawals: ch.withdrawals.load(Ordering::Acquire),
         }
     }
@@ -170,7 +178,11 @@ impl Batch for TcpBatch<'_> {
         }
         if self.per.is_empty() {
             self.per = (0..n).map(|_| Vec::new()).collect();
-            self.k = self.ch.next.fetch_add(1, Ordering::Relaxed);
+            self.k = if self.ch.wide.load(Ordering::Relaxed) {
+                self.ch.next.fetch_add(1, Ordering::Relaxed)
+            } else {
+                0
+            };
         }
         let parts =
             u32::try_from(d.len.div_ceil(self.ch.chunk)).map_err(|_| Error::ResourceExhausted {
@@ -178,6 +190,10 @@ impl Batch for TcpBatch<'_> {
             })?;
         let mut off = 0;
         while off < d.len {
+            if self.parts > 0 && !self.ch.wide.load(Ordering::Relaxed) {
+                self.ch.wide.store(true, Ordering::Relaxed);
+            }
+            self.parts += 1;
             let len = self.ch.chunk.min(d.len - off);
             self.per[self.k % n].push(Part {
                 token: self.token,

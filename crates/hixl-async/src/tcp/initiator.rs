@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use hixl_core::wire::{
     encode_data_req, DataReq, FrameHeader, Message, ACK_FRAME, DATA_REQ_FRAME, HEADER_LEN,
@@ -70,15 +70,21 @@ pub(crate) struct Queued {
     pub(crate) withdrawals: u64,
 }
 
-/// Handle to a running data connection.
+/// Opens a data connection of a link (connect and the data channel's handshake).
+pub(crate) type DataOpener =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<TcpStream, Error>> + Send + Sync>;
+
+/// Handle to a data connection.
 #[derive(Debug, Clone)]
 pub(crate) struct DataConn {
     conn: Arc<Conn>,
 }
 
-#[derive(Debug)]
 struct Conn {
-    sock: TcpStream,
+    /// The socket, once the writer task opened it for the first parts (an unused connection
+    /// holds no descriptor).
+    sock: OnceLock<TcpStream>,
+    open: DataOpener,
     peer: Arc<str>,
     ops: OpsHandle,
     state: Arc<LinkState>,
@@ -155,9 +161,19 @@ enum Via {
     Direct,
 }
 
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("peer", &self.peer)
+            .field("open", &self.sock.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Conn {
-    fn fd(&self) -> RawFd {
-        self.sock.as_raw_fd()
+    /// The socket's descriptor; `None` until it is opened.
+    fn fd(&self) -> Option<RawFd> {
+        self.sock.get().map(|s| s.as_raw_fd())
     }
 
     fn io<T>(
@@ -166,9 +182,10 @@ impl Conn {
         interest: Interest,
         f: impl FnMut() -> std::io::Result<T>,
     ) -> std::io::Result<T> {
-        match via {
-            Via::Tokio => self.sock.try_io(interest, f),
-            Via::Direct => {
+        match (via, self.sock.get()) {
+            (Via::Tokio, Some(s)) => s.try_io(interest, f),
+            (Via::Tokio, None) => Err(std::io::ErrorKind::WouldBlock.into()),
+            (Via::Direct, _) => {
                 let mut f = f;
                 f()
             }
@@ -203,7 +220,9 @@ impl Conn {
             tx.backlog.drain(..).map(|p| p.part).collect()
         };
         let unanswered = lock(&self.rx).inflight.take().unwrap_or_default();
-        shutdown_both(&self.sock);
+        if let Some(s) = self.sock.get() {
+            shutdown_both(s);
+        }
         fail_with(&self.ops.sink, unsent.into_iter().chain(unanswered), cause);
     }
 
@@ -270,6 +289,10 @@ impl Tx {
         if self.closed {
             return Ok(Pumped::Idle);
         }
+        // Not opened yet: the writer task opens it (a direct pump reporting this wakes it).
+        let Some(fd) = conn.fd() else {
+            return Ok(Pumped::Blocked);
+        };
         let mut moved = 0usize;
         loop {
             // Gather: read headers (their parts queued for the answer first), up to the next
@@ -318,7 +341,6 @@ impl Tx {
                 }
                 return Ok(Pumped::Idle);
             }
-            let fd = conn.fd();
             let n = match conn.io(via, Interest::WRITABLE, || {
                 rawio::send_now(fd, head, payload)
             }) {
@@ -419,7 +441,10 @@ impl Rx {
     /// every part still queued: a part leaves the queue only completed).
     fn pump(&mut self, conn: &Conn, via: Via, done: &mut Vec<Completion>) -> Result<Pumped, Error> {
         let peer = &*conn.peer;
-        let fd = conn.fd();
+        // Nothing is awaited before the first send, which needs the socket.
+        let Some(fd) = conn.fd() else {
+            return Ok(Pumped::Idle);
+        };
         loop {
             let Some(q) = self.inflight.as_mut() else {
                 return Ok(Pumped::Idle);
@@ -523,17 +548,19 @@ impl Rx {
 }
 
 impl DataConn {
-    /// Starts the writer and reader tasks of an established data connection. `withdrawals`
-    /// counts the link's withdrawn ops (`TcpChannel::withdraw`).
+    /// A data connection whose socket `open` opens when parts first come; starts its
+    /// writer and reader tasks (idle until then). `withdrawals` counts the link's withdrawn
+    /// ops (`TcpChannel::withdraw`).
     pub(crate) fn spawn(
-        sock: TcpStream,
+        open: DataOpener,
         peer: Arc<str>,
         ops: OpsHandle,
         state: Arc<LinkState>,
         withdrawals: Arc<AtomicU64>,
     ) -> DataConn {
         let conn = Arc::new(Conn {
-            sock,
+            sock: OnceLock::new(),
+            open,
             peer,
             ops,
             state: state.clone(),
@@ -641,11 +668,28 @@ async fn writer(conn: Arc<Conn>) {
             r = dead.changed() => { let _ = r; break }
             _ = conn.tx_blocked.notified() => {}
         }
+        if conn.sock.get().is_none() {
+            let opened = tokio::select! {
+                biased;
+                r = dead.changed() => { let _ = r; break }
+                r = (conn.open)() => r,
+            };
+            match opened {
+                Ok(s) => {
+                    let _ = conn.sock.set(s);
+                }
+                Err(e) => {
+                    conn.fail(conn.cause(e));
+                    break;
+                }
+            }
+        }
+        let Some(sock) = conn.sock.get() else { break };
         loop {
             tokio::select! {
                 biased;
                 r = dead.changed() => { let _ = r; break 'run }
-                r = conn.sock.writable() => if let Err(e) = r {
+                r = sock.writable() => if let Err(e) = r {
                     conn.fail(conn.cause(Error::connection_lost(&conn.peer, "waiting to send", e)));
                     break 'run;
                 },
@@ -683,7 +727,7 @@ async fn reader(conn: Arc<Conn>) {
             if rx.inflight.is_none() {
                 break;
             }
-            let idle = !rx.awaiting();
+            let idle = !rx.awaiting() || conn.sock.get().is_none();
             rx.reader_idle = idle;
             idle
         };
@@ -699,10 +743,14 @@ async fn reader(conn: Arc<Conn>) {
             }
             continue;
         }
+        // Something is awaited, so its request went out on the opened socket.
+        let Some(sock) = conn.sock.get() else {
+            continue;
+        };
         tokio::select! {
             biased;
             r = dead.changed() => { let _ = r; break }
-            r = conn.sock.readable() => if let Err(e) = r {
+            r = sock.readable() => if let Err(e) = r {
                 conn.fail(conn.cause(Error::connection_lost(&conn.peer, "waiting for answers", e)));
                 break;
             },
