@@ -48,6 +48,9 @@ impl EngineConfig {
             secret: self.auth.clone(),
             heartbeat_interval: self.heartbeat.interval,
             heartbeat_miss_limit: self.heartbeat.miss_limit,
+            // Every link of the process probes on the same grid: one timer wake-up per
+            // interval serves them all.
+            probe_grid: Some(crate::clock::epoch()),
             ..Config::new(self.name.clone(), incarnation)
         }
     }

@@ -25,6 +25,10 @@ pub struct LinksArgs {
     /// Seconds the open links stay idle while the process's CPU time is measured.
     #[arg(long, default_value_t = 5.0)]
     pub idle: f64,
+    /// `hixl.HeartbeatIntervalMs` of every engine (the engines' default when unset): what
+    /// an idle link costs is mostly its heartbeats.
+    #[arg(long)]
+    pub heartbeat_interval_ms: Option<u64>,
     /// Connect timeout of each link, in seconds.
     #[arg(long, default_value_t = 30.0)]
     pub timeout: f64,
@@ -127,10 +131,18 @@ pub async fn run(a: LinksArgs) -> CliResult {
     Ok(())
 }
 
+/// An engine builder with the transport and heartbeat settings of the run.
+fn builder(a: &LinksArgs) -> hixl::EngineBuilder {
+    let b = Engine::builder("127.0.0.1").option("hixl.Transport", &a.transport);
+    match a.heartbeat_interval_ms {
+        Some(ms) => b.option("hixl.HeartbeatIntervalMs", ms.to_string()),
+        None => b,
+    }
+}
+
 async fn measure(a: &LinksArgs, n: usize) -> CliResult<LinksResult> {
     let err = |what: &str, e: hixl::Error| CliError(format!("{what}: {e}"));
-    let target = Engine::builder("127.0.0.1")
-        .option("hixl.Transport", &a.transport)
+    let target = builder(a)
         .ephemeral_port()
         .build()
         .await
@@ -142,8 +154,7 @@ async fn measure(a: &LinksArgs, n: usize) -> CliResult<LinksResult> {
         .map_err(|e| err("registering the target's memory", e))?;
     let mut clients = Vec::with_capacity(n);
     for i in 0..n {
-        let c = Engine::builder("127.0.0.1")
-            .option("hixl.Transport", &a.transport)
+        let c = builder(a)
             .build()
             .await
             .map_err(|e| err("client engine", e))?;

@@ -86,6 +86,7 @@ impl InitiatorSession {
                 config.heartbeat_miss_limit,
                 now,
                 false,
+                config.probe_grid,
             ),
             ledger: Ledger::new(config.notify_budget),
             config,

@@ -23,8 +23,8 @@
 //!          ◀─── FabricInfo / VerbsInfo ...        (transport offers, opaque here)
 //!          ◀─── MemTable                          (the link is established)
 //!   Notify{seq} ───▶  ◀─── NotifyAck{seq, status}
-//!   Heartbeat{seq} ───▶ ◀─── Heartbeat{seq}       (the initiator's probes, answered)
-//!          ◀─── Heartbeat{seq | FROM_TARGET} ───▶ (the target's probes, answered)
+//!   Heartbeat{seq} ───▶ ◀─── Heartbeat{seq}       (the initiator's probes, every interval)
+//!          ◀─── Heartbeat{seq | FROM_TARGET} ───▶ (the target's, after silence only)
 //!          ◀─── MemTable / VerbsKeys              (updates, any time)
 //!          ◀─── Revoke{rkey}   RevokeAck{rkey} ───▶
 //!   VerbsConnect ───▶  ◀─── VerbsKeys, VerbsAccept
@@ -42,12 +42,18 @@
 //!
 //! # Liveness
 //!
-//! Once established, each end probes every `heartbeat_interval` (the first probe at once) and
-//! answers the other end's probes, never an answer (the target's probes carry
-//! [`HEARTBEAT_FROM_TARGET`](crate::wire::HEARTBEAT_FROM_TARGET)). Any frame received counts
-//! as hearing the peer. A session that has heard nothing for exactly
+//! Once established, each end sends a first probe at once and answers the other end's
+//! probes, never an answer (the target's probes carry
+//! [`HEARTBEAT_FROM_TARGET`](crate::wire::HEARTBEAT_FROM_TARGET)). The initiator then probes
+//! every `heartbeat_interval` (on the [`Config::probe_grid`] when it has one); the target
+//! probes only a link it has heard nothing on for one and a half intervals, then every
+//! interval while the silence lasts. An idle link thus carries one probe and one answer per
+//! interval, and the target arms no timer that fires while its initiator probes. Any frame
+//! received counts as hearing the peer. A session that has heard nothing for exactly
 //! `heartbeat_interval × heartbeat_miss_limit` dies at that instant with
-//! [`Error::HeartbeatLost`] (how long it was silent, the probes and their interval).
+//! [`Error::HeartbeatLost`] (how long it was silent, the probes and their interval). Both
+//! rules hold against a peer that probes every interval (an older engine): it is answered,
+//! and its probes keep our silence short.
 //!
 //! # Notifies
 //!
@@ -133,6 +139,12 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     /// Probes that may go unanswered (`hixl.HeartbeatMissLimit`); at least 1 is used.
     pub heartbeat_miss_limit: u32,
+    /// Initiator: the instant its probes are aligned to: each probe after the first falls on
+    /// `probe_grid + k × heartbeat_interval` (never more than an interval after the one
+    /// before), so that the sessions of a process that share it probe together and one timer
+    /// wake-up serves them all. `None`: an interval after the previous probe. The target
+    /// ignores it.
+    pub probe_grid: Option<Instant>,
     /// Target: undrained notifies this link may queue. Initiator: notifies it may have
     /// waiting for an ack.
     pub notify_budget: usize,
@@ -153,6 +165,7 @@ impl Config {
             secret: None,
             heartbeat_interval: Duration::from_millis(1000),
             heartbeat_miss_limit: 5,
+            probe_grid: None,
             notify_budget: NOTIFY_MAX_PENDING,
             notify_admission: Admission::Session,
             handshake_timeout: Some(DEFAULT_HANDSHAKE_TIMEOUT),

@@ -87,6 +87,7 @@ impl TargetSession {
                 config.heartbeat_miss_limit,
                 now,
                 true,
+                config.probe_grid,
             ),
             budget: Budget::new(config.notify_budget),
             config,

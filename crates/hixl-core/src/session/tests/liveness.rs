@@ -1,6 +1,6 @@
 //! Heartbeats on both ends and death after interval × misses of silence.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::*;
 
@@ -95,11 +95,130 @@ fn idle_link_with_answered_probes_stays_alive() {
     assert_eq!(p.tgt.phase(), Phase::Established);
     let from_i = heartbeats(&p, Dir::ToTarget);
     let from_t = heartbeats(&p, Dir::ToInitiator);
-    // Each side probes once a second and answers each probe of the other once.
+    // The initiator probes once a second and the target answers each probe once; the
+    // target, hearing those probes, sends only its first probe: one probe and one answer
+    // per interval.
     let probes_i = from_i.iter().filter(|s| !target_bit(**s)).count();
     let probes_t = from_t.iter().filter(|s| target_bit(**s)).count();
+    let answers_t = from_t.iter().filter(|s| !target_bit(**s)).count();
     assert!((600..=602).contains(&probes_i), "{probes_i}");
-    assert!((600..=602).contains(&probes_t), "{probes_t}");
+    assert_eq!(probes_t, 1, "the target probed a link it hears");
+    assert!(
+        probes_i - answers_t <= 1,
+        "{probes_i} probes, {answers_t} answers"
+    );
+    assert!(from_i.len() + from_t.len() <= 2 * 602 + 1);
+}
+
+#[test]
+fn target_probes_only_a_link_it_does_not_hear() {
+    // The initiator's probes are lost, but its notifies every 700 ms reach the target: the
+    // target hears it and stays quiet. Then the notifies stop too: the target probes after
+    // 1.5 s of silence, and again 1.5 s after each answer: the answers keep the link up.
+    let mut p = Pair::new().connect();
+    p.filter = Box::new(|d, m| match (d, m) {
+        (Dir::ToTarget, Message::Heartbeat { seq }) if !target_bit(*seq) => Fate::Drop,
+        _ => Fate::Deliver,
+    });
+    let start = p.now;
+    for _ in 0..40 {
+        p.run_for(Duration::from_millis(700));
+        let now = p.now;
+        p.ini.notify(now, b"n", b"m").expect("notify");
+    }
+    let quiet_until = p.now;
+    let probes = |p: &Pair, from: Instant, to: Instant| -> Vec<Instant> {
+        p.sent
+            .iter()
+            .filter(|s| s.0 > from && s.0 <= to && s.1 == Dir::ToInitiator)
+            .filter(|s| matches!(s.2, Message::Heartbeat { seq } if target_bit(seq)))
+            .map(|s| s.0)
+            .collect()
+    };
+    assert!(
+        probes(&p, start, quiet_until).is_empty(),
+        "the target probed a link it hears"
+    );
+    p.run_for(Duration::from_secs(30));
+    assert!(
+        !p.ini.is_closed() && !p.tgt.is_closed(),
+        "{:?}",
+        p.tgt.error()
+    );
+    let late = probes(&p, quiet_until, p.now);
+    // The last notify arrives one latency after it was sent.
+    assert_eq!(late[0], quiet_until + p.latency + 1500 * MS);
+    let rtt = 2 * p.latency;
+    assert!(
+        late.windows(2).all(|w| w[1] - w[0] == 1500 * MS + rtt),
+        "{late:?}"
+    );
+    assert!((19..=20).contains(&late.len()), "{}", late.len());
+}
+
+#[test]
+fn probes_of_sessions_on_one_grid_leave_together() {
+    let t0 = Instant::now();
+    let grid = t0 + 123 * MS;
+    let ini = |n| Config {
+        probe_grid: Some(grid),
+        ..config("10.0.0.1", n)
+    };
+    // Two pairs established at different moments, with different latencies.
+    let mut a = Pair::with(ini(1), config("t", 2));
+    a.now = t0 + 10 * MS;
+    let mut a = a.connect();
+    let mut b = Pair::with(ini(3), config("t", 4));
+    b.now = t0 + 610 * MS;
+    b.latency = 9 * MS;
+    let mut b = b.connect();
+    a.run_for(Duration::from_secs(20));
+    b.run_for(Duration::from_secs(20));
+    let probes = |p: &Pair| -> Vec<Instant> {
+        p.sent
+            .iter()
+            .filter(|s| s.1 == Dir::ToTarget)
+            .filter(|s| matches!(s.2, Message::Heartbeat { seq } if !target_bit(seq)))
+            .map(|s| s.0)
+            .skip(1) // the first goes at once
+            .collect()
+    };
+    let (pa, pb) = (probes(&a), probes(&b));
+    for t in pa.iter().chain(&pb) {
+        assert_eq!((*t - grid).as_nanos() % SEC.as_nanos(), 0, "off the grid");
+    }
+    let common = pa.iter().filter(|t| pb.contains(t)).count();
+    assert!(common >= 18, "{common} of {} probes together", pa.len());
+}
+
+#[test]
+fn death_is_exact_on_a_grid() {
+    // Probes on a grid do not move the death: it comes at the bound after the last frame.
+    let t0 = Instant::now();
+    let mut ini = config("i", 1);
+    ini.probe_grid = Some(t0 + 333 * MS);
+    let mut p = Pair::with(ini, config("t", 2));
+    p.latency = 7 * MS;
+    let mut p = p.connect();
+    p.run_for(Duration::from_millis(4321));
+    let cut = p.now;
+    p.filter = Box::new(|d, _| {
+        if d == Dir::ToInitiator {
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    p.run_for(Duration::from_secs(20));
+    let heard = p
+        .sent
+        .iter()
+        .filter(|s| s.1 == Dir::ToInitiator && s.0 <= cut)
+        .map(|s| s.0 + p.latency)
+        .max()
+        .expect("heard");
+    let (t, _) = p.ini_closed().expect("closed");
+    assert_eq!(t, heard + 5 * SEC);
 }
 
 #[test]
