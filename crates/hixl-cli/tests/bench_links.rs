@@ -44,9 +44,11 @@ fn bench_links_reports_every_link() {
         let p99 = row["connect_p99_ms"].as_f64().expect("p99");
         let max = row["connect_max_ms"].as_f64().expect("max");
         assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{row}");
-        // A TCP link holds a control and at least one data connection on each end.
+        // Measured right after connect: a TCP link holds its control connection on each end,
+        // and at most one more descriptor a side (data connections open with the first
+        // transfer that needs them).
         let fds = row["fds_per_link"].as_f64().expect("fds");
-        assert!(fds >= 4.0, "{row}");
+        assert!((2.0..=4.0).contains(&fds), "{row}");
         assert!(row["idle_cpu_percent"].as_f64().expect("cpu") >= 0.0);
     }
 }

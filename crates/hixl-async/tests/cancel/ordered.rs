@@ -9,9 +9,11 @@ use crate::rig::{wait_idle, Mode, Rig};
 use crate::rng::{fill, seed, Rng};
 use crate::{DEREG, GRACE, HANG, LATE};
 
-/// Memory for the ordered-op tests: a long op `A` and, queued behind it, a short op `B`.
+/// Memory for the ordered-op tests: a long op `A` and, queued behind it, a shorter op `B`.
+/// `B` is larger than what the fabric copies on the submitting thread (4 MiB per call), so it
+/// too goes to the copy stream, behind `A`; a smaller one would run at once.
 pub(crate) const A_LEN: usize = 32 << 20;
-pub(crate) const B_LEN: usize = 1 << 20;
+pub(crate) const B_LEN: usize = 8 << 20;
 
 /// Engines of `mode` with `A_LEN + B_LEN` bytes on each side, guard-filled, connected (over
 /// tcp by one data connection, so that `B` is queued behind all of `A`).
