@@ -13,6 +13,8 @@ fn bench_links_reports_every_link() {
             "1,8",
             "--idle",
             "0.2",
+            "--settle",
+            "0.2",
             "--timeout",
             "20",
             "--json",
@@ -44,10 +46,12 @@ fn bench_links_reports_every_link() {
         let p99 = row["connect_p99_ms"].as_f64().expect("p99");
         let max = row["connect_max_ms"].as_f64().expect("max");
         assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{row}");
-        // A TCP link holds a control and at least one data connection on each end.
+        // Counted before the transfers: a TCP link holds its control connection on each end
+        // (data connections open when a transfer first needs them).
         let fds = row["fds_per_link"].as_f64().expect("fds");
-        assert!(fds >= 4.0, "{row}");
+        assert!(fds >= 2.0, "{row}");
         assert!(row["idle_cpu_percent"].as_f64().expect("cpu") >= 0.0);
+        assert!(row["hold_cpu_percent"].as_f64().expect("cpu") >= 0.0);
     }
 }
 
