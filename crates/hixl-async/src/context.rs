@@ -31,7 +31,8 @@ pub(crate) struct OpsHandle {
 pub(crate) struct EngineConfig {
     /// The engine's name (`ip` or `ip:port`).
     pub(crate) name: String,
-    /// Liveness of control connections (`hixl.HeartbeatIntervalMs`, `hixl.HeartbeatMissLimit`).
+    /// Liveness of control connections (`hixl.HeartbeatIntervalMs`, `hixl.HeartbeatMissLimit`,
+    /// `hixl.HeartbeatIdleMs`).
     pub(crate) heartbeat: Heartbeat,
     /// The shared secret connects are authenticated with (`hixl.AuthSecret` or
     /// `HIXL_AUTH_SECRET`), if any.
@@ -48,6 +49,7 @@ impl EngineConfig {
             secret: self.auth.clone(),
             heartbeat_interval: self.heartbeat.interval,
             heartbeat_miss_limit: self.heartbeat.miss_limit,
+            heartbeat_idle: self.heartbeat.idle,
             // Every link of the process probes on the same grid: one timer wake-up per
             // interval serves them all.
             probe_grid: Some(crate::clock::epoch()),
@@ -73,6 +75,8 @@ impl EngineConfig {
 pub(crate) struct Heartbeat {
     pub(crate) interval: Duration,
     pub(crate) miss_limit: u32,
+    /// The probing period of a link with nothing in flight (`None`: like a busy link).
+    pub(crate) idle: Option<Duration>,
 }
 
 /// A random u64 from the OS CSPRNG.

@@ -69,6 +69,35 @@ pub(crate) fn tune(s: &tokio::net::TcpStream) {
     let _ = sock.set_keepalive(true);
 }
 
+/// Lets the kernel watch a control connection whose link is silent for long (an idle link
+/// probes only every `hixl.HeartbeatIdleMs`): after `interval × miss_limit` without a segment
+/// from the peer it sends keepalives every interval, and after `miss_limit` unanswered ones,
+/// or when data it sent stays unacknowledged as long (`TCP_USER_TIMEOUT`), it fails the
+/// socket, which kills the link. This catches a dead host or a cut network without user
+/// space waking; a frozen process still answers keepalives, and only the probes see it. The
+/// kernel counts whole seconds: at least one is used.
+pub(crate) fn keep_alive(s: &tokio::net::TcpStream, hb: &crate::context::Heartbeat) {
+    use std::time::Duration;
+    let secs = |d: Duration| Duration::from_secs(d.as_secs().clamp(1, 32_767));
+    let idle = secs(hb.interval.saturating_mul(hb.miss_limit));
+    let every = secs(hb.interval);
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(idle)
+        .with_interval(every)
+        .with_retries(hb.miss_limit.max(1));
+    let sock = socket2::SockRef::from(s);
+    if let Err(e) = sock.set_tcp_keepalive(&ka) {
+        tracing::debug!(
+            "TCP keepalive of a control connection ({idle:?}, then {every:?} x {}): {e}",
+            hb.miss_limit
+        );
+    }
+    let give_up = idle.saturating_add(every.saturating_mul(hb.miss_limit.max(1)));
+    if let Err(e) = sock.set_tcp_user_timeout(Some(give_up)) {
+        tracing::debug!("TCP_USER_TIMEOUT of a control connection ({give_up:?}): {e}");
+    }
+}
+
 /// Shuts both directions of a socket down, so a task blocked reading it wakes with EOF.
 pub(crate) fn shutdown_both(s: &tokio::net::TcpStream) {
     let _ = socket2::SockRef::from(s).shutdown(std::net::Shutdown::Both);

@@ -25,6 +25,11 @@ pub struct LinksArgs {
     /// Seconds the open links stay idle while the process's CPU time is measured.
     #[arg(long, default_value_t = 5.0)]
     pub idle: f64,
+    /// Seconds between the last transfer and the idle window, measured as `hold cpu`: a
+    /// link probes as a busy one for interval × miss limit after its last op. Default: that
+    /// hold (the engines' 5 misses) plus one interval, so that every link has turned idle.
+    #[arg(long)]
+    pub settle: Option<f64>,
     /// `hixl.HeartbeatIntervalMs` of every engine (the engines' default when unset): what
     /// an idle link costs is mostly its heartbeats.
     #[arg(long)]
@@ -55,6 +60,10 @@ struct LinksResult {
     fds_per_link: f64,
     /// Resident memory the connected links added, per link (both ends), KiB.
     rss_kib_per_link: f64,
+    /// CPU time of the whole process between the last transfer and the idle window (the
+    /// links' hold), in % of one core.
+    hold_cpu_percent: f64,
+    hold_seconds: f64,
     /// CPU time of the whole process while every link was idle, in % of one core.
     idle_cpu_percent: f64,
     idle_seconds: f64,
@@ -82,6 +91,12 @@ pub async fn run(a: LinksArgs) -> CliResult {
             a.transport
         )));
     }
+    if a.settle.is_some_and(|s| !(s.is_finite() && s >= 0.0)) {
+        return Err(CliError(format!(
+            "--settle {:?}: need settle >= 0 seconds",
+            a.settle
+        )));
+    }
     if !(a.idle.is_finite() && a.idle >= 0.0 && a.timeout.is_finite() && a.timeout > 0.0) {
         return Err(CliError(format!(
             "--idle {} / --timeout {}: need idle >= 0 and timeout > 0 seconds",
@@ -91,7 +106,7 @@ pub async fn run(a: LinksArgs) -> CliResult {
     raise_fd_limit();
     if !a.json {
         println!(
-            "{:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>6}",
+            "{:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>9} {:>9} {:>6}",
             "peers",
             "connected",
             "p50 ms",
@@ -99,6 +114,7 @@ pub async fn run(a: LinksArgs) -> CliResult {
             "max ms",
             "fds/link",
             "KiB/link",
+            "hold cpu",
             "idle cpu",
             "ok"
         );
@@ -112,7 +128,7 @@ pub async fn run(a: LinksArgs) -> CliResult {
             );
         } else {
             println!(
-                "{:>6} {:>9} {:>9.2} {:>9.2} {:>9.2} {:>8.1} {:>9.1} {:>8.2}% {:>6}",
+                "{:>6} {:>9} {:>9.2} {:>9.2} {:>9.2} {:>8.1} {:>9.1} {:>8.2}% {:>8.2}% {:>6}",
                 r.peers,
                 r.connected,
                 r.connect_p50_ms,
@@ -120,6 +136,7 @@ pub async fn run(a: LinksArgs) -> CliResult {
                 r.connect_max_ms,
                 r.fds_per_link,
                 r.rss_kib_per_link,
+                r.hold_cpu_percent,
                 r.idle_cpu_percent,
                 r.transfers_ok
             );
@@ -228,11 +245,24 @@ async fn measure(a: &LinksArgs, n: usize) -> CliResult<LinksResult> {
             }
         }
     }
+    // The hold: nothing in flight, the links still probe as busy ones.
+    let interval_s = a.heartbeat_interval_ms.unwrap_or(1000) as f64 / 1000.0;
+    let settle = Duration::from_secs_f64(a.settle.unwrap_or(interval_s * 6.0));
+    let (cpu0, wall0) = (cpu_time(), Instant::now());
+    tokio::time::sleep(settle).await;
+    let (hold_cpu, hold_wall) = (cpu_time() - cpu0, wall0.elapsed());
     // Idle: every link open, nothing in flight.
     let idle = Duration::from_secs_f64(a.idle);
     let (cpu0, wall0) = (cpu_time(), Instant::now());
     tokio::time::sleep(idle).await;
     let (cpu, wall) = (cpu_time() - cpu0, wall0.elapsed());
+    let percent = |cpu: Duration, wall: Duration| {
+        if wall.is_zero() {
+            0.0
+        } else {
+            100.0 * cpu.as_secs_f64() / wall.as_secs_f64()
+        }
+    };
     let connected = peers.len();
     let per = |x: f64| {
         if connected == 0 {
@@ -254,11 +284,9 @@ async fn measure(a: &LinksArgs, n: usize) -> CliResult<LinksResult> {
         transfers_ok,
         fds_per_link: per(fds1 as f64 - fds0 as f64),
         rss_kib_per_link: per((rss1 as f64 - rss0 as f64) / 1024.0),
-        idle_cpu_percent: if wall.is_zero() {
-            0.0
-        } else {
-            100.0 * cpu.as_secs_f64() / wall.as_secs_f64()
-        },
+        hold_cpu_percent: percent(hold_cpu, hold_wall),
+        hold_seconds: hold_wall.as_secs_f64(),
+        idle_cpu_percent: percent(cpu, wall),
         idle_seconds: wall.as_secs_f64(),
     };
     drop(peers);

@@ -13,6 +13,8 @@ fn bench_links_reports_every_link() {
             "1,8",
             "--idle",
             "0.2",
+            "--settle",
+            "0.2",
             "--timeout",
             "20",
             "--json",
@@ -50,6 +52,7 @@ fn bench_links_reports_every_link() {
         let fds = row["fds_per_link"].as_f64().expect("fds");
         assert!((2.0..=4.0).contains(&fds), "{row}");
         assert!(row["idle_cpu_percent"].as_f64().expect("cpu") >= 0.0);
+        assert!(row["hold_cpu_percent"].as_f64().expect("cpu") >= 0.0);
     }
 }
 

@@ -347,7 +347,8 @@ pub enum Error {
         silent_ms: u64,
         /// Probes missed.
         probes: u32,
-        /// The heartbeat interval, in milliseconds.
+        /// The probing period in force, in milliseconds: the interval, or the idle period of
+        /// a link with nothing in flight.
         interval_ms: u64,
     },
     /// The channel pool closed an idle link to make room.

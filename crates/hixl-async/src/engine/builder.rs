@@ -103,6 +103,8 @@ impl EngineBuilder {
                 heartbeat: Heartbeat {
                     interval: Duration::from_millis(options.heartbeat_interval_ms),
                     miss_limit: options.heartbeat_miss_limit,
+                    idle: Some(Duration::from_millis(options.heartbeat_idle_ms))
+                        .filter(|d| !d.is_zero()),
                 },
                 auth,
                 spin: Duration::from_micros(options.spin_us),

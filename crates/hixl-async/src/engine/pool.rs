@@ -44,18 +44,18 @@ impl Engine {
     }
 
     fn evict_down_to(&self, links: &mut HashMap<String, LinkSlot>, keep: &str, target: usize) {
-        let ops = crate::sync::lock(&self.inner.lcx.ops.table);
-        // Dead links go first, then idle ones by age.
+        // Dead links go first, then idle ones by age. Each link's check takes its token log
+        // and then the op table, the order recording an op takes them in (holding the op table
+        // across the scan would invert it).
         let mut idle: Vec<(bool, u64, String)> = links
             .iter()
             .filter_map(|(k, v)| match v {
-                LinkSlot::Up(l) if k != keep && (l.state.is_dead() || !l.busy(&ops)) => {
+                LinkSlot::Up(l) if k != keep && (l.state.is_dead() || !l.in_flight()) => {
                     Some((!l.state.is_dead(), l.last_used(), k.clone()))
                 }
                 _ => None,
             })
             .collect();
-        drop(ops);
         idle.sort();
         for (_, _, k) in idle {
             if links.len() <= target {

@@ -33,6 +33,8 @@ pub(super) enum Command {
         msg: Vec<u8>,
         reply: oneshot::Sender<Result<()>>,
     },
+    /// The first op was submitted on an idle link (see `Link::working`).
+    Working,
     /// A notify sent over a transport's channel was acked there.
     Acked { seq: u64, status: u32 },
     /// Orderly close: tell the peer why, then end the link (its cause is already fixed).
@@ -94,6 +96,7 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
                         }
                     }
                 }
+                Some(Command::Working) => session.work_in_flight(now()),
                 Some(Command::Acked { seq, status }) => {
                     let _ = session.handle_frame(now(), Message::NotifyAck { seq, status });
                 }
@@ -106,7 +109,16 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
                 }
                 Err(e) => session.connection_lost(e),
             },
-            _ = sleep_until(deadline) => session.handle_timeout(now()),
+            _ = sleep_until(deadline) => {
+                let now = now();
+                // Before the link goes idle (probing every hixl.HeartbeatIdleMs), the op
+                // table says whether ops are still in flight; once per active spell, not per
+                // op.
+                if session.turns_idle(now) && link.still_working() {
+                    session.work_in_flight(now);
+                }
+                session.handle_timeout(now);
+            }
         }
     }
     // The session's last frame (a Disconnect) reaches the writer before the death does.

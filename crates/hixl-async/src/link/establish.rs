@@ -2,7 +2,7 @@
 //! table, the data connections and the transports' channels.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::BytesMut;
@@ -16,7 +16,7 @@ use super::control::Control;
 use super::{now_ms, Link, TokenLog};
 use crate::clock::now;
 use crate::context::{EngineConfig, OpsHandle, Regions};
-use crate::frame_io::{read_frame, tune, unexpected, write_frame};
+use crate::frame_io::{keep_alive, read_frame, tune, unexpected, write_frame};
 use crate::link_state::LinkState;
 use crate::tcp::channel::TcpChannel;
 use crate::tcp::initiator::DataOpener;
@@ -86,6 +86,7 @@ impl Link {
             .await
             .map_err(|e| Error::io(format!("connecting to {remote}"), e))?;
         tune(&s);
+        keep_alive(&s, &lcx.config.heartbeat);
         let name: Arc<str> = Arc::from(remote);
         let config = Config {
             engine: p.local_name.to_string(),
@@ -141,6 +142,7 @@ impl Link {
             table: RwLock::new(table),
             driver: tx,
             notifies_waiting: AtomicUsize::new(0),
+            work_seen: AtomicBool::new(false),
             channels,
             tokens: Mutex::new(TokenLog::default()),
             last_used: AtomicU64::new(now_ms()),

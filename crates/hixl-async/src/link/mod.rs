@@ -8,7 +8,7 @@ mod notify;
 mod peer;
 mod submit;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use hixl_core::{Error, RemoteRegion, Token};
@@ -60,11 +60,15 @@ pub(crate) struct Link {
     driver: mpsc::UnboundedSender<driver::Command>,
     /// Notifies waiting for their ack.
     notifies_waiting: AtomicUsize,
+    /// Whether the driver knows that work may be in flight: set by the first submit on an
+    /// idle link (which then tells the driver, see [`Link::working`]), cleared by the driver
+    /// when the link turns idle. One command per idle-to-active transition, none per op.
+    work_seen: AtomicBool,
     /// The transports' channels to the peer, in the order the transport policy chose (the
     /// chosen transport's, then TCP's, which reaches everything); a descriptor goes to the
     /// first that reaches it.
     channels: Vec<Arc<dyn PeerChannel>>,
-    /// Every op of the link: for [`Link::busy`], and so that the link's death can cancel its
+    /// Every op of the link: for [`Link::in_flight`], and so that the link's death can cancel its
     /// copies still queued on the copy engine.
     tokens: Mutex<TokenLog>,
     /// When the link was last used for a transfer or notify (`now_ms`).
@@ -92,19 +96,46 @@ impl Link {
     }
 
     /// Whether an op of this link may still touch memory or wait for an answer (posted,
-    /// waited on or abandoned with parts outstanding): such a link is never evicted.
-    pub(crate) fn busy(&self, ops: &crate::keep::Ops) -> bool {
-        use hixl_core::Phase;
+    /// waited on or abandoned with parts outstanding): such a link is never evicted. Takes the
+    /// token log, then the op table, the order [`TokenLog::record`] takes them in: the caller
+    /// holds neither.
+    pub(crate) fn in_flight(&self) -> bool {
         if self.notifies_waiting.load(Ordering::Relaxed) > 0 {
             return true;
         }
         let t = crate::sync::lock(&self.tokens);
+        let ops = crate::sync::lock(&self.ops.table);
+        Self::any_in_flight(&t, &ops)
+    }
+
+    fn any_in_flight(t: &TokenLog, ops: &crate::keep::Ops) -> bool {
+        use hixl_core::Phase;
         t.tokens.iter().any(|&t| {
             matches!(
                 ops.phase(t),
                 Some(Phase::Staged | Phase::Posted | Phase::Waiting | Phase::Abandoned)
             )
         })
+    }
+
+    /// An op was posted and recorded: on an idle link, tells the driver at once (its session
+    /// probes and arms the active bound); otherwise one load.
+    fn working(&self) {
+        if !self.work_seen.load(Ordering::Relaxed) && !self.work_seen.swap(true, Ordering::AcqRel) {
+            let _ = self.driver.send(driver::Command::Working);
+        }
+    }
+
+    /// The driver's side of [`Link::working`], when the session is about to turn the link
+    /// idle: whether work is still in flight. The flag is cleared before looking, so that a
+    /// submit the look misses finds it clear and sends [`driver::Command::Working`].
+    fn still_working(&self) -> bool {
+        self.work_seen.swap(false, Ordering::AcqRel);
+        let busy = self.in_flight();
+        if busy {
+            self.work_seen.store(true, Ordering::Release);
+        }
+        busy
     }
 
     /// Which transport serves this peer, and why.

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use super::driver::Command;
 use super::Link;
 
-/// Counts a waiting notify for [`Link::busy`] while it lives.
+/// Counts a waiting notify for [`Link::in_flight`] while it lives.
 struct Waiting<'a>(&'a Link);
 
 impl Drop for Waiting<'_> {

@@ -102,6 +102,7 @@ impl Link {
             }
             self.touch();
             lock(&self.tokens).record(token, &self.ops.table);
+            self.working();
             Ok(())
         };
         // The channels' batches are posted once the op is. A link has its chosen channel and

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{Server, HELLO_TIMEOUT};
 use crate::clock::{now, sleep_until};
-use crate::frame_io::{read_frame, write_frames};
+use crate::frame_io::{keep_alive, read_frame, write_frames};
 use crate::transport::target::Session;
 
 impl Server {
@@ -50,6 +50,7 @@ impl Server {
                 return;
             }
         };
+        keep_alive(&s, &self.config.heartbeat);
         let mut session = TargetSession::new(config, now(), from.as_str(), id, nonce);
         let _ = session.handle_frame(now(), hello);
         let peer: Arc<str> = Arc::from(session.peer());

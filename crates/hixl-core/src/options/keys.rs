@@ -37,6 +37,8 @@ const UINT_KEYS: &[UintKey] = &[
         empty: None, store: |o, v| o.heartbeat_interval_ms = v },
     UintKey { key: "hixl.HeartbeatMissLimit", min: 1, max: 100, multiple_of: 1, size: false,
         empty: None, store: |o, v| o.heartbeat_miss_limit = v as u32 },
+    UintKey { key: "hixl.HeartbeatIdleMs", min: 0, max: 3_600_000, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.heartbeat_idle_ms = v },
     UintKey { key: "hixl.FabricBusyPollUs", min: 0, max: 10_000, multiple_of: 1, size: false,
         empty: None, store: |o, v| o.fabric_busy_poll_us = v },
     UintKey { key: "hixl.SpinUs", min: 0, max: 1_000_000, multiple_of: 1, size: false,
@@ -76,7 +78,7 @@ impl Options {
         "GlobalResourceConfig", "AutoConnect", "LocalCommRes",
         "adxl.BufferPool", "adxl.RdmaTrafficClass", "adxl.RdmaServiceLevel", "adxl.LocalCommRes",
         "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.HeartbeatIntervalMs",
-        "hixl.HeartbeatMissLimit", "hixl.FabricBusyPollUs", "hixl.SpinUs", "hixl.VerbsDevice", "hixl.VerbsPort",
+        "hixl.HeartbeatMissLimit", "hixl.HeartbeatIdleMs", "hixl.FabricBusyPollUs", "hixl.SpinUs", "hixl.VerbsDevice", "hixl.VerbsPort",
         "hixl.VerbsGidIndex", "hixl.VerbsTimeout", "hixl.VerbsRetryCount", "hixl.AuthSecret",
     ];
 
@@ -285,12 +287,20 @@ mod tests {
         #[rustfmt::skip]
         let o = opts(&[("RdmaTrafficClass", " 0 "), ("RdmaServiceLevel", "7"),
             ("hixl.TcpStreams", "16"), ("hixl.HeartbeatIntervalMs", "10"),
-            ("hixl.HeartbeatMissLimit", "100"), ("hixl.TcpChunkBytes", "512K")]).unwrap();
+            ("hixl.HeartbeatMissLimit", "100"), ("hixl.HeartbeatIdleMs", "0"),
+            ("hixl.TcpChunkBytes", "512K")]).unwrap();
         assert_eq!(
             (o.rdma_traffic_class, o.rdma_service_level, o.tcp_streams),
             (0, 7, 16)
         );
         assert_eq!((o.heartbeat_interval_ms, o.heartbeat_miss_limit), (10, 100));
+        assert_eq!(o.heartbeat_idle_ms, 0);
+        assert_eq!(
+            opts(&[("hixl.HeartbeatIdleMs", "3600000")])
+                .unwrap()
+                .heartbeat_idle_ms,
+            3_600_000
+        );
         assert_eq!(o.tcp_chunk_bytes, 512 << 10);
         assert_eq!(
             opts(&[("RdmaTrafficClass", "252")])
@@ -316,6 +326,7 @@ mod tests {
             ("hixl.TcpStreams", "", "integer"), ("hixl.HeartbeatIntervalMs", "9", "out of range"),
             ("hixl.HeartbeatIntervalMs", "600001", "range"), ("hixl.HeartbeatMissLimit", "101", "range"),
             ("hixl.HeartbeatMissLimit", "99999999999999999999999", "integer"),
+            ("hixl.HeartbeatIdleMs", "3600001", "range"), ("hixl.HeartbeatIdleMs", "-1", "integer"),
             ("hixl.TcpChunkBytes", "4095", "range"), ("hixl.TcpChunkBytes", "2G", "range"),
             ("hixl.TcpChunkBytes", "2X", "size"),
         ];

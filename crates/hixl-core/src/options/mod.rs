@@ -70,6 +70,10 @@ pub struct Options {
     /// `hixl.HeartbeatMissLimit` (hixl extension): missed heartbeats before a peer is declared
     /// dead, 1–100, default 5.
     pub heartbeat_miss_limit: u32,
+    /// `hixl.HeartbeatIdleMs` (hixl extension): how often a link with nothing in flight
+    /// probes its peer, 0–3600000 ms, default 30000; 0, or not above the interval: like a
+    /// busy link. A target holds an idle initiator to the period it announces, up to this.
+    pub heartbeat_idle_ms: u64,
     /// `hixl.FabricBusyPollUs` (hixl extension): how long an idle fabric copy stream spins
     /// before sleeping, 0–10000 µs, default 0 (an idle engine uses no CPU).
     pub fabric_busy_poll_us: u64,
@@ -116,6 +120,7 @@ impl Default for Options {
             tcp_chunk_bytes: 4 * MIB,
             heartbeat_interval_ms: 1000,
             heartbeat_miss_limit: 5,
+            heartbeat_idle_ms: 30_000,
             fabric_busy_poll_us: 0,
             spin_us: DEFAULT_SPIN_US,
             verbs_device: None,
@@ -185,6 +190,7 @@ pub(super) mod tests {
         );
         assert_eq!((o.tcp_streams, o.tcp_chunk_bytes), (4, 4 * MIB));
         assert_eq!((o.heartbeat_interval_ms, o.heartbeat_miss_limit), (1000, 5));
+        assert_eq!(o.heartbeat_idle_ms, 30_000);
         assert_eq!(o.global, GlobalResourceConfig::default());
         assert_eq!(opts(&[]).unwrap(), o);
     }

@@ -2,42 +2,75 @@
 //!
 //! Stopped until [`Liveness::start`] (when the link is established), which sends a first
 //! probe at once. Every frame received resets the silence; when the silence reaches
-//! `interval × miss_limit` exactly, [`Liveness::on_timeout`] reports the link dead.
+//! `period × miss_limit` exactly, [`Liveness::on_timeout`] reports the link dead.
 //!
 //! The two ends probe differently, so that an idle link carries one probe and its answer per
-//! interval, not two of each:
+//! period, not two of each:
 //!
-//! - The initiator probes every interval, whatever it hears (its probes are what keep the
-//!   target's silence short). With a `grid`, each probe after the first falls on
-//!   `grid + k × interval`, the latest such instant no later than an interval after the
-//!   previous probe: probes are never further apart than an interval, and the links of a
-//!   process that share a grid probe in the same instant, so that one timer wake-up of the
-//!   runtime serves them all. Without one, the next probe is due an interval after the moment
-//!   the previous one was sent (a late timeout delays the schedule rather than bursting).
+//! - The initiator probes every period, whatever it hears (its probes are what keep the
+//!   target's silence short). Its period is the interval while the link is *active* (work in
+//!   flight, reported with [`Liveness::work`], and for `interval × miss_limit` after the last
+//!   report), and the idle period otherwise (when it has one longer than the interval). The
+//!   first report on an idle link probes at once and counts the silence from that instant,
+//!   so that work in flight always sees the active bound. Each probe carries the period
+//!   until the next one ([`HEARTBEAT_PERIOD_SHIFT`]); turning idle sends one, so that the
+//!   target learns the longer period before the silence starts. With a `grid`, each probe
+//!   after the first falls on `grid + k × period`, the latest such instant no later than a
+//!   period after the previous probe: probes are never further apart than a period, and the
+//!   links of a process that share a grid probe in the same instant, so that one timer
+//!   wake-up of the runtime serves them all. Without one, the next probe is due a period
+//!   after the moment the previous one was sent (a late timeout delays the schedule rather
+//!   than bursting).
 //! - The target answers probes and probes only a silent link: once it has heard nothing for
-//!   one and a half intervals, then every interval while the silence lasts. An initiator that
-//!   probes keeps it quiet; its probes only matter against a peer that does not.
+//!   one and a half periods, then every period while the silence lasts. Its period is the
+//!   one its initiator last announced, never below its own interval nor above its own idle
+//!   period (so that a peer cannot make it wait forever); its interval until one is
+//!   announced (an older initiator). An initiator that probes keeps it quiet; its probes
+//!   only matter against a peer that does not.
 
 use std::time::{Duration, Instant};
 
 use crate::error::Error;
-use crate::wire::{Message, HEARTBEAT_FROM_TARGET};
+use crate::wire::{
+    Message, HEARTBEAT_FROM_TARGET, HEARTBEAT_PERIOD_MAX_MS, HEARTBEAT_PERIOD_SHIFT,
+};
 
-/// Silence, in halves of an interval, after which the target probes: one and a half
-/// intervals, so that an initiator's probe delayed by up to half an interval (a busy
-/// scheduler, a slow network) does not draw one.
+/// Silence, in halves of a period, after which the target probes: one and a half periods,
+/// so that an initiator's probe delayed by up to half a period (a busy scheduler, a slow
+/// network) does not draw one.
 const QUIET_HALVES: u32 = 3;
+
+/// The low bits of a heartbeat's sequence number, which count.
+const SEQ_MASK: u64 = (1 << HEARTBEAT_PERIOD_SHIFT) - 1;
+
+/// The period an initiator's heartbeat announces, if any.
+pub(crate) fn announced(seq: u64) -> Option<Duration> {
+    if seq & HEARTBEAT_FROM_TARGET != 0 {
+        return None;
+    }
+    let ms = (seq >> HEARTBEAT_PERIOD_SHIFT) & HEARTBEAT_PERIOD_MAX_MS;
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
 
 /// One end's probe schedule and silence bound.
 #[derive(Debug)]
 pub(crate) struct Liveness {
     interval: Duration,
     miss_limit: u32,
-    /// `interval × miss_limit`, `None` when it overflows (never dies).
-    bound: Option<Duration>,
-    /// The target's silence before it probes, `None` when it overflows (never probes).
-    quiet: Option<Duration>,
+    /// Initiator: the period of an idle link, `None` when idle links probe like active ones.
+    /// Target: the longest announced period it honours (its interval when `None`).
+    idle: Option<Duration>,
+    /// The period in force: the initiator's (interval while active, idle period otherwise),
+    /// or the one the target's initiator announced (clamped).
+    period: Duration,
+    /// Initiator: whether the link is active (always, without an idle period).
+    active: bool,
+    /// Initiator: when an active link turns idle unless more work is reported (`None`: never).
+    hold_until: Option<Instant>,
     last_heard: Instant,
+    /// The silence is counted from the later of `last_heard` and this: the instant an idle
+    /// link turned active.
+    armed: Instant,
     started: bool,
     /// When the last probe went (only once started).
     last_probe: Option<Instant>,
@@ -52,25 +85,32 @@ pub(crate) struct Liveness {
 
 impl Liveness {
     /// A stopped timer; `target` says which end we are, `grid` what an initiator aligns its
-    /// probes to (ignored on the target).
+    /// probes to (ignored on the target), `idle` the initiator's idle period or the longest
+    /// period a target honours (`None`, or not above the interval: none).
     pub(crate) fn new(
         interval: Duration,
         miss_limit: u32,
+        idle: Option<Duration>,
         now: Instant,
         target: bool,
         grid: Option<Instant>,
     ) -> Self {
         let interval = interval.max(Duration::from_millis(1));
         let miss_limit = miss_limit.max(1);
+        let idle = idle.filter(|&d| d > interval);
         Liveness {
             interval,
             miss_limit,
-            bound: interval.checked_mul(miss_limit),
-            quiet: interval
-                .checked_mul(QUIET_HALVES)
-                .map(|d| d / 2)
-                .filter(|_| target),
+            idle,
+            // An initiator's link starts idle: nothing is in flight before it is established.
+            period: match idle {
+                Some(d) if !target => d,
+                _ => interval,
+            },
+            active: idle.is_none() || target,
+            hold_until: None,
             last_heard: now,
+            armed: now,
             started: false,
             last_probe: None,
             next_probe: None,
@@ -92,24 +132,52 @@ impl Liveness {
         self.probe(now)
     }
 
+    /// Initiator: work is in flight now. The link is active until `interval × miss_limit`
+    /// after the last call; an idle link turns active at once and returns the probe to send
+    /// now (once started), its silence counted from `now`.
+    pub(crate) fn work(&mut self, now: Instant) -> Option<Message> {
+        if self.target || self.idle.is_none() {
+            return None;
+        }
+        self.hold_until = self
+            .interval
+            .checked_mul(self.miss_limit)
+            .and_then(|d| now.checked_add(d));
+        if self.active {
+            return None;
+        }
+        self.active = true;
+        self.period = self.interval;
+        self.armed = self.armed.max(now);
+        self.started.then(|| self.probe(now))
+    }
+
+    /// Initiator: whether the link is active and turns idle at `now` unless work is reported.
+    pub(crate) fn turns_idle(&self, now: Instant) -> bool {
+        self.active && self.idle.is_some() && self.hold_until.is_some_and(|t| now >= t)
+    }
+
     fn probe(&mut self, now: Instant) -> Message {
         self.last_probe = Some(now);
-        if !self.target {
-            self.next_probe = now.checked_add(self.interval).map(|t| self.align(t, now));
+        if self.target {
+            self.seq = self.seq.wrapping_add(1) | HEARTBEAT_FROM_TARGET;
+            return Message::Heartbeat { seq: self.seq };
         }
-        self.seq = if self.target {
-            self.seq.wrapping_add(1) | HEARTBEAT_FROM_TARGET
-        } else {
-            self.seq.wrapping_add(1) & !HEARTBEAT_FROM_TARGET
-        };
-        Message::Heartbeat { seq: self.seq }
+        self.next_probe = now.checked_add(self.period).map(|t| self.align(t, now));
+        self.seq = self.seq.wrapping_add(1) & SEQ_MASK;
+        let ms = u64::try_from(self.period.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(HEARTBEAT_PERIOD_MAX_MS);
+        Message::Heartbeat {
+            seq: self.seq | ms << HEARTBEAT_PERIOD_SHIFT,
+        }
     }
 
     /// The latest grid instant at or before `due` (the initiator's next probe), if it is
     /// after `sent`; `due` itself without a grid.
     fn align(&self, due: Instant, sent: Instant) -> Instant {
         let Some(grid) = self.grid else { return due };
-        let step = self.interval.as_nanos();
+        let step = self.period.as_nanos();
         // How far `due` is past the grid instant before it.
         let past = match due.checked_duration_since(grid) {
             Some(d) => d.as_nanos() % step,
@@ -132,9 +200,10 @@ impl Liveness {
         if !self.target {
             return self.next_probe;
         }
-        // The target: after `quiet` of silence, then every interval while it lasts.
-        let after_silence = self.last_heard.checked_add(self.quiet?)?;
-        let after_last = self.last_probe.and_then(|p| p.checked_add(self.interval));
+        // The target: after `quiet` of silence, then every period while it lasts.
+        let quiet = self.period.checked_mul(QUIET_HALVES)? / 2;
+        let after_silence = self.last_heard.checked_add(quiet)?;
+        let after_last = self.last_probe.and_then(|p| p.checked_add(self.period));
         Some(after_last.map_or(after_silence, |t| t.max(after_silence)))
     }
 
@@ -143,20 +212,30 @@ impl Liveness {
         if !self.started {
             return None;
         }
-        self.last_heard.checked_add(self.bound?)
+        let bound = self.period.checked_mul(self.miss_limit)?;
+        self.last_heard.max(self.armed).checked_add(bound)
     }
 
     /// The next instant [`Liveness::on_timeout`] has something to do.
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        super::earliest(self.probe_due(), self.death())
+        let idle_at = self
+            .hold_until
+            .filter(|_| self.started && self.active && self.idle.is_some());
+        super::earliest(super::earliest(self.probe_due(), self.death()), idle_at)
     }
 
-    /// Time passed: `Err(silence)` when the link is dead, else the probe due, if any.
+    /// Time passed: `Err(silence)` when the link is dead, else the probe due, if any (an
+    /// initiator turning idle probes, to announce its idle period).
     pub(crate) fn on_timeout(&mut self, now: Instant) -> Result<Option<Message>, Duration> {
         if let Some(d) = self.death() {
             if now >= d {
-                return Err(now.saturating_duration_since(self.last_heard));
+                return Err(now.saturating_duration_since(self.last_heard.max(self.armed)));
             }
+        }
+        if let (true, Some(idle)) = (self.started && self.turns_idle(now), self.idle) {
+            self.active = false;
+            self.period = idle;
+            return Ok(Some(self.probe(now)));
         }
         match self.probe_due() {
             Some(t) if now >= t => Ok(Some(self.probe(now))),
@@ -164,10 +243,14 @@ impl Liveness {
         }
     }
 
-    /// The answer to a received heartbeat: the peer's probes are echoed, answers to ours are
-    /// not answered again.
-    pub(crate) fn answer(&self, seq: u64) -> Option<Message> {
+    /// A heartbeat received: the answer to send, if it is the peer's probe (answers to ours
+    /// are not answered again). The target takes the period its initiator announces.
+    pub(crate) fn on_heartbeat(&mut self, seq: u64) -> Option<Message> {
         let from_target = seq & HEARTBEAT_FROM_TARGET != 0;
+        if self.target && !from_target {
+            let longest = self.idle.unwrap_or(self.interval);
+            self.period = announced(seq).map_or(self.interval, |p| p.clamp(self.interval, longest));
+        }
         (from_target != self.target).then_some(Message::Heartbeat { seq })
     }
 
@@ -177,7 +260,7 @@ impl Liveness {
             peer: peer.to_string(),
             silent_ms: silence.as_millis() as u64,
             probes: self.miss_limit,
-            interval_ms: self.interval.as_millis() as u64,
+            interval_ms: self.period.as_millis() as u64,
         }
     }
 }
@@ -191,19 +274,15 @@ mod tests {
     #[test]
     fn probes_then_dies_exactly_at_the_bound() {
         let t0 = Instant::now();
-        let mut l = Liveness::new(100 * MS, 3, t0, false, None);
+        let mut l = Liveness::new(100 * MS, 3, None, t0, false, None);
         assert_eq!(l.poll_timeout(), None, "stopped");
-        assert_eq!(l.start(t0), Message::Heartbeat { seq: 1 });
+        // Each probe announces its period (100 ms) above the count.
+        let hb = |n: u64| Message::Heartbeat { seq: n | 100 << 32 };
+        assert_eq!(l.start(t0), hb(1));
         assert_eq!(l.poll_timeout(), Some(t0 + 100 * MS));
-        assert_eq!(
-            l.on_timeout(t0 + 100 * MS),
-            Ok(Some(Message::Heartbeat { seq: 2 }))
-        );
+        assert_eq!(l.on_timeout(t0 + 100 * MS), Ok(Some(hb(2))));
         assert_eq!(l.on_timeout(t0 + 150 * MS), Ok(None));
-        assert_eq!(
-            l.on_timeout(t0 + 200 * MS),
-            Ok(Some(Message::Heartbeat { seq: 3 }))
-        );
+        assert_eq!(l.on_timeout(t0 + 200 * MS), Ok(Some(hb(3))));
         assert_eq!(l.death(), Some(t0 + 300 * MS));
         assert!(l
             .on_timeout(t0 + 300 * MS - Duration::from_nanos(1))
@@ -214,26 +293,26 @@ mod tests {
     #[test]
     fn target_probes_carry_the_bit_and_answers_are_not_answered() {
         let t0 = Instant::now();
-        let mut t = Liveness::new(MS, 1, t0, true, None);
-        let i = Liveness::new(MS, 1, t0, false, None);
+        let mut t = Liveness::new(MS, 1, None, t0, true, None);
+        let mut i = Liveness::new(MS, 1, None, t0, false, None);
         let Message::Heartbeat { seq } = t.start(t0) else {
             panic!("not a heartbeat")
         };
         assert_eq!(seq, 1 | HEARTBEAT_FROM_TARGET);
-        assert_eq!(i.answer(seq), Some(Message::Heartbeat { seq }));
+        assert_eq!(i.on_heartbeat(seq), Some(Message::Heartbeat { seq }));
         assert_eq!(
-            t.answer(seq),
+            t.on_heartbeat(seq),
             None,
             "the target does not answer its own probe"
         );
-        assert_eq!(t.answer(7), Some(Message::Heartbeat { seq: 7 }));
-        assert_eq!(i.answer(7), None);
+        assert_eq!(t.on_heartbeat(7), Some(Message::Heartbeat { seq: 7 }));
+        assert_eq!(i.on_heartbeat(7), None);
     }
 
     #[test]
     fn the_target_probes_only_after_silence() {
         let t0 = Instant::now();
-        let mut t = Liveness::new(100 * MS, 5, t0, true, Some(t0));
+        let mut t = Liveness::new(100 * MS, 5, None, t0, true, Some(t0));
         let Message::Heartbeat { seq } = t.start(t0) else {
             panic!("not a heartbeat")
         };
@@ -267,7 +346,7 @@ mod tests {
         let t0 = Instant::now();
         // Grids before and after the start, a start off the grid, late timeouts.
         for grid in [t0, t0 + 37 * MS, t0 + 10_000 * MS, t0 + 3 * MS] {
-            let mut l = Liveness::new(100 * MS, 5, t0 + 50 * MS, false, Some(grid));
+            let mut l = Liveness::new(100 * MS, 5, None, t0 + 50 * MS, false, Some(grid));
             let start = t0 + 64 * MS;
             l.start(start);
             let mut last = start;
@@ -289,7 +368,7 @@ mod tests {
             }
         }
         // Without a grid: an interval after each probe.
-        let mut l = Liveness::new(100 * MS, 5, t0, false, None);
+        let mut l = Liveness::new(100 * MS, 5, None, t0, false, None);
         l.start(t0 + 64 * MS);
         assert_eq!(l.poll_timeout(), Some(t0 + 164 * MS));
     }
@@ -297,10 +376,10 @@ mod tests {
     #[test]
     fn degenerate_settings_are_clamped() {
         let t0 = Instant::now();
-        let mut l = Liveness::new(Duration::ZERO, 0, t0, false, None);
+        let mut l = Liveness::new(Duration::ZERO, 0, None, t0, false, None);
         l.start(t0);
         assert_eq!(l.poll_timeout(), Some(t0 + MS));
-        let mut far = Liveness::new(Duration::MAX, u32::MAX, t0, false, None);
+        let mut far = Liveness::new(Duration::MAX, u32::MAX, None, t0, false, None);
         far.start(t0);
         assert_eq!(far.death(), None);
     }

@@ -84,6 +84,7 @@ impl InitiatorSession {
             liveness: Liveness::new(
                 config.heartbeat_interval,
                 config.heartbeat_miss_limit,
+                config.heartbeat_idle,
                 now,
                 false,
                 config.probe_grid,
@@ -175,6 +176,10 @@ impl InitiatorSession {
                 };
                 return self.close(e, None);
             }
+        }
+        // A notify waiting for its ack is work in flight.
+        if self.ledger.pending() > 0 && self.liveness.turns_idle(now) {
+            self.work_in_flight(now);
         }
         match self.liveness.on_timeout(now) {
             Ok(Some(probe)) => self.core.send(probe),
@@ -323,7 +328,7 @@ impl InitiatorSession {
                 self.core.event(Event::TransportMessage(m));
             }
             Message::Heartbeat { seq } => {
-                if let Some(a) = self.liveness.answer(seq) {
+                if let Some(a) = self.liveness.on_heartbeat(seq) {
                     self.core.send(a);
                 }
             }
@@ -364,7 +369,6 @@ impl InitiatorSession {
     /// before the link is established; [`Error::NotifyQueueFull`] when `notify_budget`
     /// notifies already wait for acks; the session's cause once closed.
     pub fn notify(&mut self, now: Instant, name: &[u8], msg: &[u8]) -> Result<u64> {
-        let _ = now;
         check_lengths(name, msg)?;
         self.core.alive()?;
         if !matches!(self.state, State::Established { .. }) {
@@ -379,12 +383,38 @@ impl InitiatorSession {
                 peer: self.core.peer.clone(),
                 limit: self.ledger.limit(),
             })?;
+        self.work_in_flight(now);
         self.core.send(Message::Notify {
             seq,
             name: name.to_vec(),
             msg: msg.to_vec(),
         });
         Ok(seq)
+    }
+
+    /// The link has work in flight now (ops the driver tracks; notifies the session counts
+    /// itself). The link stays active, probing every interval, until
+    /// `heartbeat_interval × heartbeat_miss_limit` after the last report; on an idle link the
+    /// first report queues a probe at once and the silence is counted from `now`, so that
+    /// work in flight fails no later than that bound after it started when the peer is
+    /// silent. Call it when work starts on an idle link, and whenever
+    /// [`InitiatorSession::turns_idle`] says the link is about to go idle while work is
+    /// still in flight. Without a `heartbeat_idle` period it does nothing: every link probes
+    /// as an active one.
+    pub fn work_in_flight(&mut self, now: Instant) {
+        if self.core.is_closed() {
+            return;
+        }
+        if let Some(probe) = self.liveness.work(now) {
+            self.core.send(probe);
+        }
+    }
+
+    /// Whether [`InitiatorSession::handle_timeout`] at `now` turns an active link idle (its
+    /// probes then come every `heartbeat_idle`): a driver with ops still in flight reports
+    /// them with [`InitiatorSession::work_in_flight`] first.
+    pub fn turns_idle(&self, now: Instant) -> bool {
+        !self.core.is_closed() && self.liveness.turns_idle(now)
     }
 
     /// Forgets a pending notify (its waiter timed out); a later ack for it is ignored.

@@ -55,6 +55,15 @@
 //! rules hold against a peer that probes every interval (an older engine): it is answered,
 //! and its probes keep our silence short.
 //!
+//! With a [`Config::heartbeat_idle`] period, the initiator's link is *idle* while nothing is
+//! in flight: it probes every idle period and dies after `heartbeat_idle × miss_limit` of
+//! silence. Work in flight ([`InitiatorSession::work_in_flight`], and pending notifies)
+//! makes it *active* at once (a probe then, the silence counted from then) until
+//! `interval × miss_limit` after the last report, with the rules above. Every initiator probe
+//! announces its period ([`HEARTBEAT_PERIOD_SHIFT`](crate::wire::HEARTBEAT_PERIOD_SHIFT));
+//! the target uses the last one announced, clamped to its interval and its own idle period,
+//! as its period (its interval before one is announced).
+//!
 //! # Notifies
 //!
 //! The initiator numbers notifies 1, 2, 3, ... and keeps each pending until its `NotifyAck`
@@ -139,6 +148,12 @@ pub struct Config {
     pub heartbeat_interval: Duration,
     /// Probes that may go unanswered (`hixl.HeartbeatMissLimit`); at least 1 is used.
     pub heartbeat_miss_limit: u32,
+    /// Initiator: the probing period of an idle link (nothing in flight for
+    /// `heartbeat_interval × heartbeat_miss_limit`; `hixl.HeartbeatIdleMs`), announced to
+    /// the target in its probes. Target: the longest period an initiator may announce (the
+    /// target's own idle period). `None`, or not longer than the interval: idle links probe
+    /// like active ones, and the target holds its initiators to its interval.
+    pub heartbeat_idle: Option<Duration>,
     /// Initiator: the instant its probes are aligned to: each probe after the first falls on
     /// `probe_grid + k × heartbeat_interval` (never more than an interval after the one
     /// before), so that the sessions of a process that share it probe together and one timer
@@ -156,7 +171,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// A configuration with hixl's defaults: no secret, probes every second, five misses,
+    /// A configuration with hixl's defaults: no secret, probes every second, five misses, no
+    /// idle period (an engine's options give one, see [`Config::from_options`]),
     /// [`NOTIFY_MAX_PENDING`] notifies, [`DEFAULT_HANDSHAKE_TIMEOUT`].
     pub fn new(engine: impl Into<String>, incarnation: u64) -> Config {
         Config {
@@ -165,6 +181,7 @@ impl Config {
             secret: None,
             heartbeat_interval: Duration::from_millis(1000),
             heartbeat_miss_limit: 5,
+            heartbeat_idle: None,
             probe_grid: None,
             notify_budget: NOTIFY_MAX_PENDING,
             notify_admission: Admission::Session,
@@ -182,6 +199,8 @@ impl Config {
             secret: options.auth_secret.clone(),
             heartbeat_interval: Duration::from_millis(options.heartbeat_interval_ms),
             heartbeat_miss_limit: options.heartbeat_miss_limit,
+            heartbeat_idle: Some(Duration::from_millis(options.heartbeat_idle_ms))
+                .filter(|d| !d.is_zero()),
             ..Config::new(engine, incarnation)
         }
     }

@@ -85,6 +85,7 @@ impl TargetSession {
             liveness: Liveness::new(
                 config.heartbeat_interval,
                 config.heartbeat_miss_limit,
+                config.heartbeat_idle,
                 now,
                 true,
                 config.probe_grid,
@@ -344,7 +345,7 @@ impl TargetSession {
                 self.notify_ack(seq, queued);
             }
             Message::Heartbeat { seq } => {
-                if let Some(a) = self.liveness.answer(seq) {
+                if let Some(a) = self.liveness.on_heartbeat(seq) {
                     self.core.send(a);
                 }
             }

@@ -47,6 +47,16 @@ pub const MAX_PAYLOAD: u64 = 1 << 40;
 /// Bit set in the sequence numbers of heartbeats a target originates.
 pub const HEARTBEAT_FROM_TARGET: u64 = 1 << 63;
 
+/// Where an initiator's heartbeat carries its probing period: bits 32 to 62 of the sequence
+/// number hold, in milliseconds (at most [`HEARTBEAT_PERIOD_MAX_MS`]), the longest it will
+/// stay silent before its next probe; the low 32 bits count. 0 (what an older initiator
+/// sends) announces nothing. A heartbeat is answered with its sequence number unchanged, so
+/// a peer that does not read the period still answers correctly: no version change.
+pub const HEARTBEAT_PERIOD_SHIFT: u32 = 32;
+
+/// The longest period a heartbeat can announce (31 bits of milliseconds, about 24 days).
+pub const HEARTBEAT_PERIOD_MAX_MS: u64 = (1 << 31) - 1;
+
 /// Longest nonce or MAC an authentication message may carry.
 pub const MAX_AUTH: usize = 64;
 

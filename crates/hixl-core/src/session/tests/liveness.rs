@@ -295,7 +295,10 @@ fn neither_end_answers_an_answer() {
     let own_t: Vec<u64> = from_t.iter().copied().filter(|s| target_bit(*s)).collect();
     let echoed_by_i: Vec<u64> = from_i.iter().copied().filter(|s| target_bit(*s)).collect();
     let echoed_by_t: Vec<u64> = from_t.iter().copied().filter(|s| !target_bit(*s)).collect();
-    assert_eq!(own_i, (1..=own_i.len() as u64).collect::<Vec<_>>());
+    // (Above the count, each announces the 1 s period.)
+    let count: Vec<u64> = own_i.iter().map(|s| s & 0xffff_ffff).collect();
+    assert_eq!(count, (1..=own_i.len() as u64).collect::<Vec<_>>());
+    assert!(own_i.iter().all(|s| s >> 32 == 1000), "{own_i:?}");
     let delivered_t = own_t.len() - 1; // the last probe may still be in flight
     assert!(echoed_by_i.len() >= delivered_t && echoed_by_i.len() <= own_t.len());
     assert_eq!(echoed_by_i[..], own_t[..echoed_by_i.len()]);

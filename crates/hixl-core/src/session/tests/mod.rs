@@ -11,6 +11,7 @@ use crate::Error;
 
 mod control;
 mod handshake;
+mod idle;
 mod liveness;
 mod notify;
 mod random;
@@ -55,6 +56,9 @@ pub(super) struct Pair {
     pub(super) filter: Filter,
     pub(super) table: Vec<RemoteRegion>,
     pub(super) offers: Vec<Message>,
+    /// Whether the simulated initiator driver has ops in flight: it reports them whenever
+    /// the session is about to turn the link idle, as the engine's driver does.
+    pub(super) ops_in_flight: bool,
     /// Every frame either side sent, with the time it was sent.
     pub(super) sent: Vec<(Instant, Dir, Message)>,
     pub(super) ini_events: Vec<(Instant, Event)>,
@@ -102,6 +106,7 @@ impl Pair {
             filter: Box::new(|_, _| Fate::Deliver),
             table: vec![region(0x2000, 2), region(0x1000, 1)],
             offers: Vec::new(),
+            ops_in_flight: false,
             sent: Vec::new(),
             ini_events: Vec::new(),
             tgt_events: Vec::new(),
@@ -209,6 +214,9 @@ impl Pair {
             self.flush();
         }
         if self.ini.poll_timeout().is_some_and(|t| t <= now) {
+            if self.ops_in_flight && self.ini.turns_idle(now) {
+                self.ini.work_in_flight(now);
+            }
             self.ini.handle_timeout(now);
         }
         if self.tgt.poll_timeout().is_some_and(|t| t <= now) {
