@@ -40,7 +40,14 @@ pub(crate) struct EngineConfig {
     /// How long awaiting tasks and TCP target connections spin before they park
     /// (`hixl.SpinUs`).
     pub(crate) spin: Duration,
+    /// TCP target connections of this engine spinning for their next request now: at most
+    /// [`TARGET_SPINNERS`] do, the others park at once (spinners that outnumber the cores
+    /// only take turns holding them).
+    pub(crate) target_spinners: std::sync::atomic::AtomicUsize,
 }
+
+/// How many TCP target connections of an engine spin at once.
+pub(crate) const TARGET_SPINNERS: usize = 1;
 
 impl EngineConfig {
     /// The configuration of a session of this engine (`incarnation`: the engine's).

@@ -239,6 +239,22 @@ fn spin(
         // Parked already: woken by the op's completion, or polled for another reason.
         return None;
     }
+    link.spinning(true);
+    let r = spin_on(ops, link, token, since, quiet, start, cx);
+    link.spinning(false);
+    r
+}
+
+/// The loop of [`spin`], between the link's `spinning(true)` and `spinning(false)`.
+fn spin_on(
+    ops: &SharedOps,
+    link: &dyn Withdraw,
+    token: Token,
+    since: &mut std::time::Instant,
+    quiet: std::time::Duration,
+    start: std::time::Instant,
+    cx: &mut Context<'_>,
+) -> Option<Result<()>> {
     loop {
         let moved = link.progress();
         if lock(ops).phase(token) == Some(hixl_core::Phase::Done) {

@@ -108,6 +108,7 @@ impl EngineBuilder {
                 },
                 auth,
                 spin: Duration::from_micros(options.spin_us),
+                target_spinners: std::sync::atomic::AtomicUsize::new(0),
             }),
             ops: OpsHandle {
                 table: ops,

@@ -208,6 +208,12 @@ impl Withdraw for Link {
         moved | (self.ops.sink.drain() > 0)
     }
 
+    fn spinning(&self, on: bool) {
+        for ch in &self.channels {
+            ch.spinning(on);
+        }
+    }
+
     fn spin(&self) -> std::time::Duration {
         self.spin
     }

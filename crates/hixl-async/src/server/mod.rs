@@ -204,7 +204,7 @@ impl Server {
                 }
                 // A task of the session's: it ends with the session, whose driver joins it.
                 let (st, regions) = (sess.state.clone(), self.cx.regions.clone());
-                let spin = self.config.spin;
+                let spin = self.config.clone();
                 st.spawn(async move {
                     tokio::select! {
                         _ = crate::tcp::target::serve(s, sess.peer.clone(), regions, spin) => {}

@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hixl_core::wire::{
@@ -29,13 +29,13 @@ use hixl_core::wire::{
     READ_RESP_FRAME,
 };
 use hixl_core::{Error, Status, Token};
+use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::completion::Completion;
 use crate::context::OpsHandle;
-use crate::frame_io::shutdown_both;
 use crate::link_state::LinkState;
 use crate::rawio::{self, PartRange, RawRange};
 use crate::sink::Completions;
@@ -81,9 +81,16 @@ pub(crate) struct DataConn {
 }
 
 struct Conn {
-    /// The socket, once the writer task opened it for the first parts (an unused connection
-    /// holds no descriptor).
-    sock: OnceLock<TcpStream>,
+    /// The socket's registration with tokio while a task waits on it (dropped before `sock`).
+    watch: Mutex<Registration>,
+    /// The socket (nonblocking), once the writer task opened it for the first parts (an
+    /// unused connection holds no descriptor).
+    sock: OnceLock<std::net::TcpStream>,
+    /// Waiters spinning on the connection now (`DataConn::spinning`): while there are, the
+    /// reader task leaves the socket to them, unregistered.
+    spinners: AtomicUsize,
+    /// Rung when the last spinner stops.
+    spin_ended: Notify,
     open: DataOpener,
     peer: Arc<str>,
     ops: OpsHandle,
@@ -150,15 +157,48 @@ enum Pumped {
     Blocked,
 }
 
-/// How a pump reaches the socket.
+/// Who pumps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Via {
-    /// Through `TcpStream::try_io`: a full or empty socket clears tokio's readiness, so the
-    /// connection's task then waits for the next edge (the tasks' mode).
-    Tokio,
-    /// Plain nonblocking syscalls, leaving tokio's readiness as it is (the submitter's and the
-    /// spinner's mode: a would-block here must not hide readiness from the tasks).
+    /// The connection's own task, which waits on the socket's readiness itself.
+    Task,
+    /// A submitter or a spinning waiter: what it leaves behind goes to the tasks.
     Direct,
+}
+
+/// The socket's descriptor as tokio's reactor watches it.
+struct Watched(RawFd);
+
+impl AsRawFd for Watched {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// The socket's registration with tokio's reactor, shared by the connection's two tasks and
+/// held only while one of them waits on the socket. While the submitter and the waiter drive
+/// the connection themselves the socket is not registered, so its traffic wakes no other
+/// thread of the runtime (a parked worker would otherwise be woken by every answer).
+#[derive(Default)]
+struct Registration {
+    fd: Option<Arc<AsyncFd<Watched>>>,
+    users: usize,
+}
+
+/// A task's use of the [`Registration`]; the last one dropped deregisters the socket.
+struct Watch<'a> {
+    conn: &'a Conn,
+    fd: Arc<AsyncFd<Watched>>,
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        let mut r = lock(&self.conn.watch);
+        r.users = r.users.saturating_sub(1);
+        if r.users == 0 {
+            r.fd = None;
+        }
+    }
 }
 
 impl std::fmt::Debug for Conn {
@@ -176,20 +216,36 @@ impl Conn {
         self.sock.get().map(|s| s.as_raw_fd())
     }
 
-    fn io<T>(
-        &self,
-        via: Via,
-        interest: Interest,
-        f: impl FnMut() -> std::io::Result<T>,
-    ) -> std::io::Result<T> {
-        match (via, self.sock.get()) {
-            (Via::Tokio, Some(s)) => s.try_io(interest, f),
-            (Via::Tokio, None) => Err(std::io::ErrorKind::WouldBlock.into()),
-            (Via::Direct, _) => {
-                let mut f = f;
-                f()
+    /// Registers the socket with tokio's reactor (if no other task has) for a task that is
+    /// about to wait on it. A registration reports the socket's current readiness at once, so
+    /// bytes that came while it was unregistered are not missed.
+    fn watch(&self) -> std::io::Result<Watch<'_>> {
+        let fd = self
+            .fd()
+            .ok_or_else(|| std::io::Error::other("data connection not open"))?;
+        let mut r = lock(&self.watch);
+        let afd = match &r.fd {
+            Some(a) => a.clone(),
+            None => {
+                // SAFETY: the descriptor is the connection's socket, which the connection owns
+                // and closes only when it drops; the registration is held by the connection
+                // (its `watch` field, dropped before `sock`) and by `Watch` guards borrowing
+                // it, so it ends while the descriptor is still open.
+                let a = Arc::new(unsafe {
+                    AsyncFd::register_with_interest(
+                        Watched(fd),
+                        Interest::READABLE | Interest::WRITABLE,
+                    )
+                }?);
+                r.fd = Some(a.clone());
+                a
             }
-        }
+        };
+        r.users += 1;
+        Ok(Watch {
+            conn: self,
+            fd: afd,
+        })
     }
 
     /// `e`, unless the link is already down: then the link's cause (an op cut off by our own
@@ -221,7 +277,7 @@ impl Conn {
         };
         let unanswered = lock(&self.rx).inflight.take().unwrap_or_default();
         if let Some(s) = self.sock.get() {
-            shutdown_both(s);
+            let _ = s.shutdown(std::net::Shutdown::Both);
         }
         fail_with(&self.ops.sink, unsent.into_iter().chain(unanswered), cause);
     }
@@ -235,7 +291,7 @@ impl Conn {
         budget: usize,
         done: &mut Vec<Completion>,
     ) -> Result<Pumped, Error> {
-        let r = tx.pump(self, via, budget, done);
+        let r = tx.pump(self, budget, done);
         if matches!(r, Ok(Pumped::Blocked)) && via == Via::Direct {
             self.tx_blocked.notify_one();
         }
@@ -282,7 +338,6 @@ impl Tx {
     fn pump(
         &mut self,
         conn: &Conn,
-        via: Via,
         budget: usize,
         done: &mut Vec<Completion>,
     ) -> Result<Pumped, Error> {
@@ -341,9 +396,7 @@ impl Tx {
                 }
                 return Ok(Pumped::Idle);
             }
-            let n = match conn.io(via, Interest::WRITABLE, || {
-                rawio::send_now(fd, head, payload)
-            }) {
+            let n = match rawio::send_now(fd, head, payload) {
                 Ok(0) => {
                     return Err(conn.cause(Error::connection_lost(
                         &conn.peer,
@@ -439,7 +492,7 @@ impl Rx {
     /// Receives what the socket holds and completes the parts it answers (into `done`).
     /// Returns an error when the connection is unusable (the caller fails it, and with it
     /// every part still queued: a part leaves the queue only completed).
-    fn pump(&mut self, conn: &Conn, via: Via, done: &mut Vec<Completion>) -> Result<Pumped, Error> {
+    fn pump(&mut self, conn: &Conn, done: &mut Vec<Completion>) -> Result<Pumped, Error> {
         let peer = &*conn.peer;
         // Nothing is awaited before the first send, which needs the socket.
         let Some(fd) = conn.fd() else {
@@ -456,7 +509,7 @@ impl Rx {
                 // SAFETY: the front part has not been completed: only this half, whose lock
                 // we hold, pops and completes it, after its payload is in.
                 let dst = unsafe { front.local.raw() }.from(got);
-                let n = match conn.io(via, Interest::READABLE, || rawio::recv_now(fd, dst)) {
+                let n = match rawio::recv_now(fd, dst) {
                     Ok(0) => return Err(lost(peer, "connection closed inside a read payload")),
                     Ok(n) => n,
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -491,7 +544,7 @@ impl Rx {
             };
             let have = self.have;
             let buf = &mut self.buf[have..want.max(have)];
-            let n = match conn.io(via, Interest::READABLE, || rawio::recv_now_buf(fd, buf)) {
+            let n = match rawio::recv_now_buf(fd, buf) {
                 Ok(0) => return Err(lost(peer, "connection closed by peer")),
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Pumped::Blocked),
@@ -559,7 +612,10 @@ impl DataConn {
         withdrawals: Arc<AtomicU64>,
     ) -> DataConn {
         let conn = Arc::new(Conn {
+            watch: Mutex::new(Registration::default()),
             sock: OnceLock::new(),
+            spinners: AtomicUsize::new(0),
+            spin_ended: Notify::new(),
             open,
             peer,
             ops,
@@ -605,6 +661,18 @@ impl DataConn {
         Ok(())
     }
 
+    /// A waiter starts (`true`) or stops (`false`) spinning on this connection. While one
+    /// spins, the reader task leaves the socket to it (unregistered from tokio's reactor, so
+    /// answers wake no other thread); when the last stops, the reader takes over.
+    pub(crate) fn spinning(&self, on: bool) {
+        let c = &*self.conn;
+        if on {
+            c.spinners.fetch_add(1, Ordering::AcqRel);
+        } else if c.spinners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            c.spin_ended.notify_one();
+        }
+    }
+
     /// Drives both halves once without waiting, if nobody else is: sends what the socket
     /// takes, completes what has been answered. Returns whether anything moved. For a task
     /// that spins while awaiting a transfer.
@@ -622,7 +690,7 @@ impl DataConn {
         if failed.is_none() {
             if let Ok(mut rx) = c.rx.try_lock() {
                 if rx.awaiting() {
-                    if let Err(e) = rx.pump(c, Via::Direct, &mut done) {
+                    if let Err(e) = rx.pump(c, &mut done) {
                         failed = Some(e);
                     }
                 }
@@ -653,9 +721,10 @@ fn lost(peer: &str, cause: &'static str) -> Error {
     }
 }
 
-/// Sends what the submitters and spinners left when the socket was full, waiting on tokio's
-/// write readiness. Every wait races the link's death: a peer that stopped reading (frozen, or
-/// the network cut) must not keep parts unresolved after the link was closed.
+/// Sends what the submitters and spinners left when the socket was full (or before it was
+/// open: this task opens it), waiting on the socket's write readiness. Every wait races the
+/// link's death: a peer that stopped reading (frozen, or the network cut) must not keep parts
+/// unresolved after the link was closed.
 async fn writer(conn: Arc<Conn>) {
     let mut dead = conn.state.subscribe();
     let mut done = Vec::new();
@@ -674,6 +743,10 @@ async fn writer(conn: Arc<Conn>) {
                 r = dead.changed() => { let _ = r; break }
                 r = (conn.open)() => r,
             };
+            let opened = opened.and_then(|s| {
+                s.into_std()
+                    .map_err(|e| Error::connection_lost(&conn.peer, "opening a data connection", e))
+            });
             match opened {
                 Ok(s) => {
                     let _ = conn.sock.set(s);
@@ -684,17 +757,10 @@ async fn writer(conn: Arc<Conn>) {
                 }
             }
         }
-        let Some(sock) = conn.sock.get() else { break };
+        // Pump first: the socket has room more often than not.
+        let mut watch = None;
         loop {
-            tokio::select! {
-                biased;
-                r = dead.changed() => { let _ = r; break 'run }
-                r = sock.writable() => if let Err(e) = r {
-                    conn.fail(conn.cause(Error::connection_lost(&conn.peer, "waiting to send", e)));
-                    break 'run;
-                },
-            }
-            let r = conn.pump_tx(&mut lock(&conn.tx), Via::Tokio, usize::MAX, &mut done);
+            let r = conn.pump_tx(&mut lock(&conn.tx), Via::Task, usize::MAX, &mut done);
             conn.deliver(&mut done);
             match r {
                 Ok(Pumped::Idle) => break,
@@ -703,6 +769,30 @@ async fn writer(conn: Arc<Conn>) {
                     conn.fail(e);
                     break 'run;
                 }
+            }
+            let w = match &watch {
+                Some(w) => w,
+                None => match conn.watch() {
+                    Ok(w) => watch.insert(w),
+                    Err(e) => {
+                        let e = Error::connection_lost(&conn.peer, "watching a data connection", e);
+                        conn.fail(conn.cause(e));
+                        break 'run;
+                    }
+                },
+            };
+            tokio::select! {
+                biased;
+                r = dead.changed() => { let _ = r; break 'run }
+                r = w.fd.writable() => match r {
+                    // The pump's last send would block: wait for the next edge.
+                    Ok(mut g) => g.clear_ready(),
+                    Err(e) => {
+                        let e = Error::connection_lost(&conn.peer, "waiting to send", e);
+                        conn.fail(conn.cause(e));
+                        break 'run;
+                    }
+                },
             }
         }
     }
@@ -713,11 +803,13 @@ async fn writer(conn: Arc<Conn>) {
     conn.close(&cause);
 }
 
-/// Receives answers when nobody spins, waiting on tokio's read readiness while answers are
-/// awaited, and for a pushed part while none is.
+/// Receives answers that nobody spinning takes: while answers are awaited and no waiter
+/// spins, it waits on the socket's read readiness (registering the socket with tokio for the
+/// wait); otherwise it waits for a pushed part or the end of the spin.
 async fn reader(conn: Arc<Conn>) {
     let mut dead = conn.state.subscribe();
     let mut done = Vec::new();
+    let mut watch: Option<Watch<'_>> = None;
     loop {
         if *dead.borrow() {
             break;
@@ -734,8 +826,9 @@ async fn reader(conn: Arc<Conn>) {
         if idle {
             // Answers only follow requests, and a part is queued before (read) or right
             // after (write) its request is sent: with nothing queued, wait for a push (no
-            // socket syscall). A peer that closes meanwhile is seen by the control channel
-            // (which kills the link) or by the next read.
+            // socket syscall, and the socket unregistered). A peer that closes meanwhile is
+            // seen by the control channel (which kills the link) or by the next read.
+            watch = None;
             tokio::select! {
                 biased;
                 r = dead.changed() => { let _ = r; break }
@@ -743,25 +836,53 @@ async fn reader(conn: Arc<Conn>) {
             }
             continue;
         }
-        // Something is awaited, so its request went out on the opened socket.
-        let Some(sock) = conn.sock.get() else {
+        if conn.spinners.load(Ordering::Acquire) > 0 {
+            // A waiter drives the connection; it rings when it stops spinning.
+            watch = None;
+            tokio::select! {
+                biased;
+                r = dead.changed() => { let _ = r; break }
+                _ = conn.spin_ended.notified() => {}
+            }
             continue;
+        }
+        let w = match &watch {
+            Some(w) => w,
+            None => match conn.watch() {
+                Ok(w) => watch.insert(w),
+                Err(e) => {
+                    let e = Error::connection_lost(&conn.peer, "watching a data connection", e);
+                    conn.fail(conn.cause(e));
+                    break;
+                }
+            },
         };
-        tokio::select! {
+        let ready = tokio::select! {
             biased;
             r = dead.changed() => { let _ = r; break }
-            r = sock.readable() => if let Err(e) = r {
-                conn.fail(conn.cause(Error::connection_lost(&conn.peer, "waiting for answers", e)));
+            r = w.fd.readable() => r,
+        };
+        let mut g = match ready {
+            Ok(g) => g,
+            Err(e) => {
+                let e = Error::connection_lost(&conn.peer, "waiting for answers", e);
+                conn.fail(conn.cause(e));
                 break;
-            },
-        }
-        let r = lock(&conn.rx).pump(&conn, Via::Tokio, &mut done);
+            }
+        };
+        let r = lock(&conn.rx).pump(&conn, &mut done);
         conn.deliver(&mut done);
-        if let Err(e) = r {
-            conn.fail(e);
-            break;
+        match r {
+            // Drained to a would-block: wait for the next edge.
+            Ok(Pumped::Blocked) => g.clear_ready(),
+            Ok(Pumped::Idle) => {}
+            Err(e) => {
+                conn.fail(e);
+                break;
+            }
         }
     }
+    drop(watch);
     let cause = conn
         .state
         .error()

@@ -4,7 +4,6 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Duration;
 
 use hixl_core::wire::{
     encode_ack, encode_read_resp, DataReq, FrameHeader, Message, ACK_FRAME, DATA_REQ_FRAME,
@@ -15,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
-use crate::context::Regions;
+use crate::context::{EngineConfig, Regions, TARGET_SPINNERS};
 use crate::memory::Lease;
 use crate::rawio;
 
@@ -27,9 +26,15 @@ const ACK_FLUSH: usize = 64 * ACK_FRAME;
 /// Between requests, and while a write's payload streams in, it spins on nonblocking receives
 /// for `spin` (`hixl.SpinUs`) after the last bytes came before it parks: an initiator that
 /// sends its next request within that time is served without a wake-up of this thread.
-pub(crate) async fn serve(stream: TcpStream, peer: Arc<str>, regions: Regions, spin: Duration) {
+/// At most `TARGET_SPINNERS` connections of the engine spin at once; the others park at once.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: Arc<str>,
+    regions: Regions,
+    config: Arc<EngineConfig>,
+) {
     let (mut rd, mut wr) = stream.into_split();
-    match serve_loop(&mut rd, &mut wr, &peer, &regions, spin).await {
+    match serve_loop(&mut rd, &mut wr, &peer, &regions, &config).await {
         Ok(()) => tracing::debug!(peer = %peer, "data connection closed"),
         // A peer that breaks the protocol is worth a warning; one that went away (reset,
         // broken pipe: an initiator disconnecting mid-read, or dying) is not.
@@ -53,7 +58,7 @@ async fn read_request(
     wr: &mut OwnedWriteHalf,
     acks: &mut Vec<u8>,
     hdr: &mut [u8; DATA_REQ_FRAME],
-    spin: Duration,
+    config: &EngineConfig,
 ) -> std::io::Result<Option<()>> {
     let mut have = 0;
     while have < DATA_REQ_FRAME {
@@ -72,8 +77,16 @@ async fn read_request(
             }
         }
         // Acks are out (the initiator waits for them): spin for the next request a while,
-        // in slices between which other tasks run.
-        let until = std::time::Instant::now() + spin;
+        // in slices between which other tasks run, unless enough connections spin already.
+        let Some(_spinning) = SpinSlot::take(config) else {
+            let n = rd.read(&mut hdr[have..]).await?;
+            if n == 0 {
+                return closed(have);
+            }
+            have += n;
+            continue;
+        };
+        let until = std::time::Instant::now() + config.spin;
         let got = loop {
             let left = until.saturating_duration_since(std::time::Instant::now());
             let got = rawio::spin_recv_buf(
@@ -103,6 +116,30 @@ async fn read_request(
     Ok(Some(()))
 }
 
+/// One of the engine's [`TARGET_SPINNERS`] spinning slots, given back when dropped.
+struct SpinSlot<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> SpinSlot<'a> {
+    fn take(config: &'a EngineConfig) -> Option<SpinSlot<'a>> {
+        use std::sync::atomic::Ordering;
+        if config.spin.is_zero() {
+            return None;
+        }
+        let n = &config.target_spinners;
+        if n.fetch_add(1, Ordering::AcqRel) >= TARGET_SPINNERS {
+            n.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(SpinSlot(n))
+    }
+}
+
+impl Drop for SpinSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
 fn closed(have: usize) -> std::io::Result<Option<()>> {
     if have == 0 {
         Ok(None)
@@ -123,13 +160,13 @@ async fn serve_loop(
     wr: &mut OwnedWriteHalf,
     peer: &str,
     regions: &Regions,
-    spin: Duration,
+    config: &EngineConfig,
 ) -> Result<(), Error> {
     let mut hdr = [0u8; DATA_REQ_FRAME];
     let mut acks: Vec<u8> = Vec::with_capacity(ACK_FLUSH);
     let mut scratch: Vec<u8> = Vec::new();
     loop {
-        if read_request(rd, wr, &mut acks, &mut hdr, spin)
+        if read_request(rd, wr, &mut acks, &mut hdr, config)
             .await
             .map_err(|e| io("reading request", e))?
             .is_none()
@@ -155,7 +192,7 @@ async fn serve_loop(
                         // write; the range borrows `lease`, which keeps the region registered
                         // (and its memory alive) until the payload is in.
                         let dst = lease.range(req.addr, req.len)?;
-                        rawio::recv_exact_spin(rd.as_ref(), dst, spin)
+                        rawio::recv_exact_spin(rd.as_ref(), dst, config.spin)
                             .await
                             .map_err(|e| io("reading write payload", e))?;
                         drop(lease);

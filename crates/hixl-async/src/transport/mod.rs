@@ -243,6 +243,10 @@ pub(crate) trait PeerChannel: Send + Sync + std::fmt::Debug {
     fn progress(&self) -> bool {
         false
     }
+
+    /// A waiter starts (`true`) or stops (`false`) spinning on the channel: a channel whose
+    /// own tasks would otherwise watch the device may leave it to the spinner meanwhile.
+    fn spinning(&self, _on: bool) {}
 }
 
 /// The part of one call that one channel takes, built descriptor by descriptor and posted
@@ -284,6 +288,9 @@ pub(crate) trait Withdraw: Send + Sync {
     /// Drives the link's channels and the engine's completion queue once without waiting;
     /// whether anything moved ([`PeerChannel::progress`]).
     fn progress(&self) -> bool;
+
+    /// A transfer starts or stops spinning on the link ([`PeerChannel::spinning`]).
+    fn spinning(&self, on: bool);
 
     /// How long an awaiting transfer keeps spinning after the last progress before it parks
     /// (`hixl.SpinUs`; zero: it parks at once).
