@@ -56,6 +56,7 @@ impl<'a> RawRange<'a> {
     }
 
     /// The empty range (for a send with nothing but a header).
+    #[cfg(test)]
     pub(crate) fn empty() -> RawRange<'static> {
         RawRange {
             ptr: std::ptr::NonNull::dangling().as_ptr(),
@@ -115,36 +116,21 @@ impl<'a> RawRange<'a> {
     }
 }
 
-/// One nonblocking `sendmsg(2)` of `head` then the bytes of `payload` (`MSG_DONTWAIT`, and
-/// `MSG_NOSIGNAL`: a peer that went away gives `EPIPE`, never `SIGPIPE`). Returns how many
-/// bytes the kernel took, possibly fewer than offered; [`io::ErrorKind::WouldBlock`] when the
-/// socket buffer is full. `EINTR` is retried.
+/// An iovec over `r`, for [`sendmsg_now`]. Building it touches nothing.
+pub(crate) fn iovec(r: &RawRange<'_>) -> libc::iovec {
+    libc::iovec {
+        iov_base: r.ptr.cast(),
+        iov_len: r.len,
+    }
+}
+
+/// One nonblocking `sendmsg(2)` of `iov` (`MSG_DONTWAIT | MSG_NOSIGNAL`), `EINTR` retried.
+/// Returns the bytes the kernel took; [`io::ErrorKind::WouldBlock`] when the buffer is full.
 ///
-/// The run-to-completion data path calls it from whichever thread drives a connection; it
-/// touches no tokio readiness (wrap it in `TcpStream::try_io` where tokio must learn of a
-/// full buffer).
-pub(crate) fn send_now(fd: RawFd, head: &[u8], payload: RawRange<'_>) -> io::Result<usize> {
-    let mut iov = [libc::iovec {
-        iov_base: std::ptr::null_mut(),
-        iov_len: 0,
-    }; 2];
-    let mut n_iov = 0;
-    if !head.is_empty() {
-        iov[0] = libc::iovec {
-            // The kernel only reads through an iovec given to sendmsg.
-            iov_base: head.as_ptr().cast_mut().cast(),
-            iov_len: head.len(),
-        };
-        n_iov = 1;
-    }
-    if payload.len > 0 {
-        iov[n_iov] = libc::iovec {
-            iov_base: payload.ptr.cast(),
-            iov_len: payload.len,
-        };
-        n_iov += 1;
-    }
-    if n_iov == 0 {
+/// The caller keeps every iovec's bytes readable for the call (iovecs built from live
+/// buffers and from [`RawRange`]s with [`iovec`] are).
+pub(crate) fn sendmsg_now(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<usize> {
+    if iov.is_empty() {
         return Ok(0);
     }
     loop {
@@ -152,11 +138,11 @@ pub(crate) fn send_now(fd: RawFd, head: &[u8], payload: RawRange<'_>) -> io::Res
         // are set below.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_iov = iov.as_mut_ptr();
-        msg.msg_iovlen = n_iov as _;
-        // SAFETY: validity: iov[0] (if used) covers the live borrowed `head`; the payload's
-        // iovec covers the range, readable for its life by the contract of RawRange::new;
-        // `msg` and `iov` outlive the call; the caller passes a live socket. Aliasing: the
-        // kernel only reads the iovecs' bytes; no Rust reference to the range exists.
+        msg.msg_iovlen = iov.len() as _;
+        // SAFETY: validity: every iovec covers bytes readable for the call (the caller's
+        // contract: live buffers, or RawRanges valid for their life); `msg` and `iov` outlive
+        // the call. Aliasing: the kernel only reads the iovecs' bytes; no Rust reference to a
+        // range's memory exists.
         let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
         if n >= 0 {
             return Ok(n as usize);

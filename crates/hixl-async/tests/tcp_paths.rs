@@ -104,6 +104,58 @@ async fn mixed_ops_agree(spin: &str) {
                 "spin {spin}, round {round}: local bytes differ at {o}+{l} after read"
             );
         }
+        // Reads and writes interleaved on one connection, all in flight at once: answers
+        // must be matched in the order the requests went out. Reads fetch the first half
+        // (which holds `data`), writes store the second half's fresh bytes.
+        let half = (len / 2) as u64;
+        let fresh = pattern(len / 2, round.wrapping_add(100));
+        local.write_at(half, &fresh).unwrap();
+        local.write_at(0, &vec![0u8; len / 2]).unwrap();
+        // A large write first fills the socket, so the small ops queue behind it and go out
+        // gathered, reads next to writes.
+        let (big_off, big_len) = (4u64 << 20, 6u64 << 20);
+        let big = peer.write(&[OpDesc::new(
+            local.addr() + half + big_off,
+            rr.addr + half + big_off,
+            big_len,
+        )]);
+        let mixed: Vec<_> = (0..64u64)
+            .map(|i| {
+                let (o, l) = (i * 65_536, 4096 + (i % 3) * 20_000);
+                if i % 2 == 0 {
+                    peer.read(&[OpDesc::new(local.addr() + o, rr.addr + o, l)])
+                } else {
+                    peer.write(&[OpDesc::new(local.addr() + half + o, rr.addr + half + o, l)])
+                }
+            })
+            .collect();
+        for r in futures::future::join_all(mixed).await {
+            r.unwrap();
+        }
+        big.await.unwrap();
+        local.read_at(0, &mut got).unwrap();
+        let mut theirs = vec![0u8; len];
+        remote.read_at(0, &mut theirs).unwrap();
+        let (bo, bl) = (big_off as usize, big_len as usize);
+        assert!(
+            theirs[len / 2 + bo..len / 2 + bo + bl] == fresh[bo..bo + bl],
+            "spin {spin}, round {round}: the large write differs"
+        );
+        for i in 0..64usize {
+            let (o, l) = (i * 65_536, 4096 + (i % 3) * 20_000);
+            if i % 2 == 0 {
+                assert!(
+                    got[o..o + l] == theirs[o..o + l],
+                    "spin {spin}, round {round}: mixed read {i} differs"
+                );
+            } else {
+                let h = len / 2;
+                assert!(
+                    theirs[h + o..h + o + l] == fresh[o..o + l],
+                    "spin {spin}, round {round}: mixed write {i} differs"
+                );
+            }
+        }
         // One call with many small descriptors (headers coalesced), read then write.
         let descs: Vec<OpDesc> = (0..200u64)
             .map(|i| OpDesc::new(local.addr() + i * 8192, rr.addr + i * 8192, 512))

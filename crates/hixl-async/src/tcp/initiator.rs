@@ -37,7 +37,7 @@ use tokio::sync::Notify;
 use crate::completion::Completion;
 use crate::context::OpsHandle;
 use crate::link_state::LinkState;
-use crate::rawio::{self, PartRange, RawRange};
+use crate::rawio::{self, PartRange};
 use crate::sink::Completions;
 use crate::sync::lock;
 
@@ -54,8 +54,6 @@ pub(crate) struct Part {
 
 /// Acks read per syscall at most.
 const ACK_BATCH: usize = 64;
-/// Request headers coalesced into one send at most.
-const HEAD_BATCH: usize = 64;
 /// Bytes a submitter sends itself at most; the rest of a large op goes to the writer task,
 /// so that submitting to several peers overlaps their sends.
 const SUBMIT_SEND_BYTES: usize = 256 << 10;
@@ -115,22 +113,36 @@ struct Pending {
 /// The sending half.
 #[derive(Debug, Default)]
 struct Tx {
+    /// Parts not yet gathered for sending.
     backlog: VecDeque<Pending>,
-    /// Bytes that go out before the front part's payload: coalesced read headers, then the
-    /// header of the front part when it is a write that has started.
+    /// Gathered parts, in send order: from here on each is sent to the end whatever becomes
+    /// of its op (the stream must stay in frame). A read part is in `rx` already.
+    out: VecDeque<Out>,
+    /// The headers of `out`, concatenated; `head_off` of them have gone out.
     head: Vec<u8>,
-    head_sent: usize,
-    /// Whether the front part (a write) has started: its header is in `head`, and from now on
-    /// it is sent to the end whatever becomes of its op (the stream must stay in frame).
-    started: bool,
-    /// Payload bytes of the front part already sent.
-    sent: usize,
+    head_off: usize,
+    /// Bytes of the front of `out` already sent (its header, then its payload).
+    front_sent: usize,
     /// The last withdrawal check: the op, the count it was made at, and whether the op was
     /// still wanted.
     checked: Option<(Token, u64, bool)>,
     /// Set once the connection is closed: nothing is sent any more.
     closed: bool,
 }
+
+/// One gathered request: its header (in `Tx::head`) and, for a write, the part whose payload
+/// follows it.
+#[derive(Debug)]
+struct Out {
+    write: Option<Part>,
+}
+
+/// Requests gathered into one `sendmsg` at most, and bytes: a batch of small ops goes out in
+/// one syscall (one segment chain for the kernel) instead of one per part. Past the bytes
+/// bound only what is gathered already is committed, so a dropped op's parts behind a large
+/// one are still withdrawn.
+const GATHER_PARTS: usize = 64;
+const GATHER_BYTES: u64 = 256 << 10;
 
 /// The receiving half.
 #[derive(Debug)]
@@ -270,10 +282,13 @@ impl Conn {
             let mut tx = lock(&self.tx);
             tx.closed = true;
             tx.head.clear();
-            tx.head_sent = 0;
-            tx.started = false;
-            tx.sent = 0;
-            tx.backlog.drain(..).map(|p| p.part).collect()
+            tx.head_off = 0;
+            tx.front_sent = 0;
+            let gathered: Vec<Part> = tx.out.drain(..).filter_map(|o| o.write).collect();
+            gathered
+                .into_iter()
+                .chain(tx.backlog.drain(..).map(|p| p.part))
+                .collect()
         };
         let unanswered = lock(&self.rx).inflight.take().unwrap_or_default();
         if let Some(s) = self.sock.get() {
@@ -324,12 +339,56 @@ impl Conn {
 
 impl Tx {
     fn is_free(&self) -> bool {
-        self.backlog.is_empty() && self.head.is_empty() && !self.started
+        self.backlog.is_empty() && self.out.is_empty()
     }
 
-    /// Sends what the socket takes. Parts of withdrawn ops not yet started complete as
-    /// cancelled (into `done`); a read part is queued for its answer before its header goes
-    /// out, a write part once its payload is all out.
+    /// Takes parts from the backlog into `out` (their headers into `head`) while the gather
+    /// bounds allow, at least one, all reads or all writes. Parts of withdrawn ops complete
+    /// as cancelled (into `done`); a read part is queued for its answer before its header can
+    /// go out.
+    fn gather(&mut self, conn: &Conn, done: &mut Vec<Completion>) -> Result<(), Error> {
+        let mut bytes: u64 = 0;
+        // Reads or writes only: a read joins `rx` when gathered and a write once sent, so a
+        // mixed gather would queue a read ahead of a write sent before it.
+        let mut kind = None;
+        while self.out.len() < GATHER_PARTS && (self.out.is_empty() || bytes < GATHER_BYTES) {
+            let Some(front) = self.backlog.front() else {
+                break;
+            };
+            if *kind.get_or_insert(front.part.write) != front.part.write {
+                break;
+            }
+            let Some(p) = self.backlog.pop_front() else {
+                break;
+            };
+            if !wanted(&mut self.checked, conn, p.part.token, p.seen) {
+                done.push(Completion {
+                    token: p.part.token,
+                    result: Err(Error::Cancelled { what: "a TCP part" }),
+                });
+                continue;
+            }
+            let part = p.part;
+            self.head
+                .extend_from_slice(&encode_data_req(part.write, &part.req));
+            if part.write {
+                bytes += part.req.len;
+                self.out.push_back(Out { write: Some(part) });
+            } else if let Err(p) = conn.push_rx(part) {
+                done.push(Completion {
+                    token: p.token,
+                    result: Err(lost(&conn.peer, "data connection closed")),
+                });
+                return Err(lost(&conn.peer, "data connection closed"));
+            } else {
+                self.out.push_back(Out { write: None });
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what the socket takes, gathering up to [`GATHER_PARTS`] requests per `sendmsg`.
+    /// A write part goes to `rx` once its payload is all out.
     ///
     /// Sends at most about `budget` bytes: past it, work left is reported as blocked (for the
     /// writer task to finish), so a submitter is not held by a large op.
@@ -350,100 +409,102 @@ impl Tx {
         };
         let mut moved = 0usize;
         loop {
-            // Gather: read headers (their parts queued for the answer first), up to the next
-            // write part, whose header goes last.
-            while !self.started && self.head.len() < HEAD_BATCH * DATA_REQ_FRAME {
-                let Some(front) = self.backlog.front() else {
-                    break;
-                };
-                let (token, seen, write) = (front.part.token, front.seen, front.part.write);
-                if !wanted(&mut self.checked, conn, token, seen) {
-                    if let Some(p) = self.backlog.pop_front() {
-                        done.push(Completion {
-                            token: p.part.token,
-                            result: Err(Error::Cancelled { what: "a TCP part" }),
-                        });
-                    }
+            if self.out.is_empty() {
+                self.head.clear();
+                self.head_off = 0;
+                self.front_sent = 0;
+                if self.backlog.is_empty() {
+                    return Ok(Pumped::Idle);
+                }
+                self.gather(conn, done)?;
+                if self.out.is_empty() {
                     continue;
                 }
-                self.head
-                    .extend_from_slice(&encode_data_req(write, &front.part.req));
-                if write {
-                    self.started = true;
-                    self.sent = 0;
-                } else if let Some(p) = self.backlog.pop_front() {
-                    if let Err(p) = conn.push_rx(p.part) {
-                        done.push(Completion {
-                            token: p.token,
-                            result: Err(lost(&conn.peer, "data connection closed")),
-                        });
-                        return Err(lost(&conn.peer, "data connection closed"));
-                    }
-                }
             }
-            let payload = match (self.started, self.backlog.front()) {
-                // SAFETY: the front part has not been completed: it is completed only after
-                // it leaves the backlog, and this half (whose lock we hold) removes it only
-                // once its payload is out.
-                (true, Some(p)) => unsafe { p.part.local.raw() }.from(self.sent),
-                _ => RawRange::empty(),
-            };
-            let head = &self.head[self.head_sent..];
-            if head.is_empty() && payload.len() == 0 {
-                if self.started {
-                    self.finish_write(conn, done)?;
-                    continue;
-                }
-                return Ok(Pumped::Idle);
+            if moved >= budget {
+                return Ok(Pumped::Blocked);
             }
-            let n = match rawio::send_now(fd, head, payload) {
+            let n = match self.send(fd) {
                 Ok(0) => {
                     return Err(conn.cause(Error::connection_lost(
                         &conn.peer,
-                        "sending a part",
+                        "sending parts",
                         std::io::ErrorKind::WriteZero.into(),
                     )))
                 }
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Pumped::Blocked),
                 Err(e) => {
-                    return Err(conn.cause(Error::connection_lost(&conn.peer, "sending a part", e)))
+                    return Err(conn.cause(Error::connection_lost(&conn.peer, "sending parts", e)))
                 }
             };
             moved += n;
-            let h = n.min(head.len());
-            self.head_sent += h;
-            self.sent += n - h;
-            if self.head_sent == self.head.len() {
-                self.head.clear();
-                self.head_sent = 0;
-            }
-            if self.started && self.head.is_empty() {
-                let len = self.backlog.front().map_or(0, |p| p.part.local_len());
-                if self.sent >= len {
-                    self.finish_write(conn, done)?;
-                }
-            }
-            if moved >= budget && !self.is_free() {
-                return Ok(Pumped::Blocked);
-            }
+            self.advance(conn, n, done)?;
         }
     }
 
-    /// The front write part is all out: it now awaits its ack.
-    fn finish_write(&mut self, conn: &Conn, done: &mut Vec<Completion>) -> Result<(), Error> {
-        self.started = false;
-        self.sent = 0;
-        if let Some(p) = self.backlog.pop_front() {
-            // Its ack may already be in the socket: the reader matches it once it is queued.
-            if let Err(p) = conn.push_rx(p.part) {
-                done.push(Completion {
-                    token: p.token,
-                    result: Err(lost(&conn.peer, "data connection closed")),
-                });
-                return Err(lost(&conn.peer, "data connection closed"));
+    /// One nonblocking `sendmsg` of what `out` still holds, as iovecs: each request's header
+    /// (from `head`) and, for a write, its payload straight from registered memory.
+    fn send(&self, fd: RawFd) -> std::io::Result<usize> {
+        let mut iov: [libc::iovec; 2 * GATHER_PARTS] = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2 * GATHER_PARTS];
+        let mut n = 0;
+        let mut hoff = self.head_off;
+        let mut skip = self.front_sent;
+        for o in &self.out {
+            let hdr = &self.head[hoff..hoff + DATA_REQ_FRAME];
+            hoff += DATA_REQ_FRAME;
+            if skip < DATA_REQ_FRAME {
+                iov[n] = libc::iovec {
+                    // The kernel only reads through an iovec given to sendmsg.
+                    iov_base: hdr[skip..].as_ptr().cast_mut().cast(),
+                    iov_len: DATA_REQ_FRAME - skip,
+                };
+                n += 1;
+                skip = 0;
+            } else {
+                skip -= DATA_REQ_FRAME;
+            }
+            if let Some(p) = &o.write {
+                // SAFETY: the part has not been completed: it is completed only after it
+                // leaves `out`, and this half (whose lock the caller holds) removes it only
+                // once its payload is out.
+                let payload = unsafe { p.local.raw() }.from(skip);
+                skip = 0;
+                if payload.len() > 0 {
+                    iov[n] = rawio::iovec(&payload);
+                    n += 1;
+                }
             }
         }
+        rawio::sendmsg_now(fd, &mut iov[..n])
+    }
+
+    /// `n` more bytes went out: the requests now wholly sent leave `out`, a write part joining
+    /// `rx` for its ack.
+    fn advance(&mut self, conn: &Conn, n: usize, done: &mut Vec<Completion>) -> Result<(), Error> {
+        let mut left = self.front_sent + n;
+        while let Some(front) = self.out.front() {
+            let len = DATA_REQ_FRAME + front.write.as_ref().map_or(0, Part::local_len);
+            if left < len {
+                break;
+            }
+            left -= len;
+            self.head_off += DATA_REQ_FRAME;
+            if let Some(Out { write: Some(p) }) = self.out.pop_front() {
+                // Its ack may already be in the socket: the reader matches it once queued.
+                if let Err(p) = conn.push_rx(p) {
+                    done.push(Completion {
+                        token: p.token,
+                        result: Err(lost(&conn.peer, "data connection closed")),
+                    });
+                    return Err(lost(&conn.peer, "data connection closed"));
+                }
+            }
+        }
+        self.front_sent = left;
         Ok(())
     }
 }
