@@ -3,7 +3,8 @@
 //! straight into registered memory.
 //!
 //! A real engine (tcp, one data connection, 4 KiB parts) connects to a fake target that
-//! completes a valid handshake (one exported region). The input then names transfers (writes
+//! completes a valid handshake (one exported region) and accepts the data connection the
+//! engine opens for its first transfer. The input then names transfers (writes
 //! and reads of a local region registered in the middle of a larger buffer, with guard bytes
 //! around it) and a script for the fake's data connection: correct answers, refusals, answers
 //! with the wrong id, the wrong length or the wrong type, refused reads that announce a
@@ -278,7 +279,16 @@ async fn fake(
     if c.write_all(&hs).await.is_err() {
         return;
     }
+    // The engine opens its data connection when the first transfer needs it, after connect
+    // has returned; an input without a valid transfer opens none.
+    let _ = connected.await;
+    note("connected".into());
+    if parts == 0 {
+        let _ = c.shutdown().await;
+        return;
+    }
     let Ok(Ok((mut d, _))) = tokio::time::timeout(Duration::from_secs(2), l.accept()).await else {
+        note("no data connection".into());
         return;
     };
     let _ = d.set_nodelay(true);
@@ -295,9 +305,6 @@ async fn fake(
     {
         return;
     }
-    // Nothing more until connect has returned (bytes right behind the welcome would fail it).
-    let _ = connected.await;
-    note("connected".into());
     let mut reqs = Requests {
         buf: BytesMut::new(),
         left: parts,

@@ -17,7 +17,8 @@
 //! - an `Ok` connect had a `Welcome` and a memory table, its `Peer::regions()` are exactly that
 //!   table sorted by address, and an engine with a secret only accepts a target that sent a
 //!   valid proof for its nonce;
-//! - every data connection presents the session of the `Welcome`, every fabric hello too;
+//! - every data connection presents the session of the `Welcome`, every fabric hello too (a
+//!   connect opens no data connection: they open with the first transfer);
 //! - a handshake the engine must accept (no fabric involved) gives `Ok` (or a timeout);
 //! - after the rest of the script and the fake's close, the engine closes the control
 //!   connection within 2 s and (tcp transport) the peer's table is the last one the control
