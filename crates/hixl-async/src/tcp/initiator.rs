@@ -782,6 +782,22 @@ fn lost(peer: &str, cause: &'static str) -> Error {
     }
 }
 
+/// A task's registration of the socket, made in `slot` on first need and kept until the
+/// task drops it. `None` when tokio refuses the registration: the connection has failed then.
+fn watching<'s, 'c>(conn: &'c Conn, slot: &'s mut Option<Watch<'c>>) -> Option<&'s Watch<'c>> {
+    if slot.is_none() {
+        match conn.watch() {
+            Ok(w) => *slot = Some(w),
+            Err(e) => {
+                let e = Error::connection_lost(&conn.peer, "watching a data connection", e);
+                conn.fail(conn.cause(e));
+                return None;
+            }
+        }
+    }
+    slot.as_ref()
+}
+
 /// Sends what the submitters and spinners left when the socket was full (or before it was
 /// open: this task opens it), waiting on the socket's write readiness. Every wait races the
 /// link's death: a peer that stopped reading (frozen, or the network cut) must not keep parts
@@ -831,16 +847,8 @@ async fn writer(conn: Arc<Conn>) {
                     break 'run;
                 }
             }
-            let w = match &watch {
-                Some(w) => w,
-                None => match conn.watch() {
-                    Ok(w) => watch.insert(w),
-                    Err(e) => {
-                        let e = Error::connection_lost(&conn.peer, "watching a data connection", e);
-                        conn.fail(conn.cause(e));
-                        break 'run;
-                    }
-                },
+            let Some(w) = watching(&conn, &mut watch) else {
+                break 'run;
             };
             tokio::select! {
                 biased;
@@ -907,16 +915,8 @@ async fn reader(conn: Arc<Conn>) {
             }
             continue;
         }
-        let w = match &watch {
-            Some(w) => w,
-            None => match conn.watch() {
-                Ok(w) => watch.insert(w),
-                Err(e) => {
-                    let e = Error::connection_lost(&conn.peer, "watching a data connection", e);
-                    conn.fail(conn.cause(e));
-                    break;
-                }
-            },
+        let Some(w) = watching(&conn, &mut watch) else {
+            break;
         };
         let ready = tokio::select! {
             biased;

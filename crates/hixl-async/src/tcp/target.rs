@@ -77,43 +77,39 @@ async fn read_request(
             }
         }
         // Acks are out (the initiator waits for them): spin for the next request a while,
-        // in slices between which other tasks run, unless enough connections spin already.
-        let Some(_spinning) = SpinSlot::take(config) else {
-            let n = rd.read(&mut hdr[have..]).await?;
-            if n == 0 {
-                return closed(have);
-            }
-            have += n;
-            continue;
+        // then wait on readiness.
+        let n = match spin_for_request(rd, &mut hdr[have..], config).await? {
+            Some(n) => n,
+            None => rd.read(&mut hdr[have..]).await?,
         };
-        let until = std::time::Instant::now() + config.spin;
-        let got = loop {
-            let left = until.saturating_duration_since(std::time::Instant::now());
-            let got = rawio::spin_recv_buf(
-                rd.as_ref().as_raw_fd(),
-                &mut hdr[have..],
-                left.min(rawio::SPIN_SLICE),
-            )?;
-            if got.is_some() || left <= rawio::SPIN_SLICE {
-                break got;
-            }
-            tokio::task::yield_now().await;
-        };
-        match got {
-            Some(0) => return closed(have),
-            Some(n) => {
-                have += n;
-                continue;
-            }
-            None => {}
-        }
-        let n = rd.read(&mut hdr[have..]).await?;
         if n == 0 {
             return closed(have);
         }
         have += n;
     }
     Ok(Some(()))
+}
+
+/// Spins on nonblocking receives into `buf` for `hixl.SpinUs`, in slices between which other
+/// tasks run, unless enough connections of the engine spin already: `Some(n)` once bytes came
+/// (0: the peer closed), `None` when nothing came or no slot was free.
+async fn spin_for_request(
+    rd: &OwnedReadHalf,
+    buf: &mut [u8],
+    config: &EngineConfig,
+) -> std::io::Result<Option<usize>> {
+    let Some(_spinning) = SpinSlot::take(config) else {
+        return Ok(None);
+    };
+    let until = std::time::Instant::now() + config.spin;
+    loop {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        let got = rawio::spin_recv_buf(rd.as_ref().as_raw_fd(), buf, left.min(rawio::SPIN_SLICE))?;
+        if got.is_some() || left <= rawio::SPIN_SLICE {
+            return Ok(got);
+        }
+        tokio::task::yield_now().await;
+    }
 }
 
 /// One of the engine's [`TARGET_SPINNERS`] spinning slots, given back when dropped.
