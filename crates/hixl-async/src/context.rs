@@ -44,6 +44,11 @@ pub(crate) struct EngineConfig {
     /// [`TARGET_SPINNERS`] do, the others park at once (spinners that outnumber the cores
     /// only take turns holding them).
     pub(crate) target_spinners: std::sync::atomic::AtomicUsize,
+    /// How the initiator's TCP data connections move bytes (`hixl.TcpIo`, after the probe:
+    /// `epoll` where io_uring was asked for and refused).
+    pub(crate) tcp_io: hixl_core::options::TcpIo,
+    /// Why io_uring was asked for and not given, if it was.
+    pub(crate) tcp_io_refused: Option<String>,
 }
 
 /// How many TCP target connections of an engine spin at once.

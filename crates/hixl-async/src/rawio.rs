@@ -114,6 +114,12 @@ impl<'a> RawRange<'a> {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// The range's first byte, for an asynchronous request (io_uring) that the caller keeps
+    /// the range valid for until it completes. Taking the address touches nothing.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
 }
 
 /// An iovec over `r`, for [`sendmsg_now`]. Building it touches nothing.

@@ -22,6 +22,10 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 async fn mixed_ops_agree(spin: &str) {
+    mixed_ops_agree_with(spin, "epoll").await;
+}
+
+async fn mixed_ops_agree_with(spin: &str, io: &str) {
     let len = 24 << 20;
     let target = Engine::builder("127.0.0.1")
         .ephemeral_port()
@@ -39,6 +43,7 @@ async fn mixed_ops_agree(spin: &str) {
     let init = Engine::builder("127.0.0.1")
         .option("hixl.Transport", "tcp")
         .option("hixl.SpinUs", spin)
+        .option("hixl.TcpIo", io)
         // Small chunks: one op becomes parts on every data connection.
         .option("hixl.TcpChunkBytes", "1M")
         .build()
@@ -183,4 +188,24 @@ async fn busy_poll() {
 #[tokio::test(flavor = "current_thread")]
 async fn one_thread_default_spin() {
     mixed_ops_agree("50").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_tasks_only() {
+    mixed_ops_agree_with("0", "uring").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_default_spin() {
+    mixed_ops_agree_with("50", "uring").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uring_busy_poll() {
+    mixed_ops_agree_with("1000000", "uring").await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn uring_one_thread_default_spin() {
+    mixed_ops_agree_with("50", "uring").await;
 }

@@ -59,6 +59,10 @@ pub struct CommArgs {
     /// a large value is the busy-poll mode).
     #[arg(long)]
     pub spin_us: Option<u64>,
+    /// `hixl.TcpIo` of the initiator: how its TCP data connections move bytes (`epoll` or
+    /// `uring`; engine default if unset).
+    #[arg(long)]
+    pub tcp_io: Option<String>,
     /// An existing target (`ip:port`) instead of starting one; no baseline then.
     #[arg(long)]
     pub target: Option<String>,
@@ -209,7 +213,14 @@ async fn initiator(a: &CommArgs, fabric: bool) -> CliResult<Engine> {
     if let Some(us) = a.spin_us {
         builder = builder.option("hixl.SpinUs", us.to_string());
     }
-    Ok(builder.build().await?)
+    if let Some(io) = &a.tcp_io {
+        builder = builder.option("hixl.TcpIo", io);
+    }
+    let e = builder.build().await?;
+    if let (Some(_), (_, Some(why))) = (&a.tcp_io, e.tcp_io()) {
+        eprintln!("hixl.TcpIo: {why}; the initiator uses epoll");
+    }
+    Ok(e)
 }
 
 /// Runs `hixl bench comm` and returns its cases (also printed).

@@ -93,6 +93,21 @@ pub async fn run(a: Args) -> CliResult {
     println!("wire protocol version {}", hixl::wire::VERSION);
     println!("transports:");
     println!("  tcp     available: any peer reachable over IP (one-sided READ/WRITE served by the target's engine)");
+    // Try io_uring for real: an engine asking for it probes the kernel.
+    let uring = hixl::Engine::builder("127.0.0.1")
+        .option("hixl.TcpIo", "uring")
+        .build()
+        .await;
+    match uring.as_ref().map(|e| e.tcp_io()) {
+        Ok((hixl::options::TcpIo::Uring, _)) => println!(
+            "  tcp io  epoll (default) and io_uring (hixl.TcpIo=uring: one ring per data connection) both available"
+        ),
+        Ok((_, why)) => println!(
+            "  tcp io  epoll only: io_uring not available ({}); hixl.TcpIo=uring falls back to epoll",
+            why.unwrap_or("unknown reason")
+        ),
+        Err(e) => println!("  tcp io  epoll; io_uring not probed: {e}"),
+    }
     // Try the fabric backend for real: a pool buffer (sealed memfd) and the copy engine.
     let fabric = hixl::Engine::builder("127.0.0.1")
         .option("hixl.Transport", "fabric")

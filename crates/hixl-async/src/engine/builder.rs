@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hixl_core::options::TcpIo;
 use hixl_core::{Error, OpTable, Options, RegionTable, Result};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -97,6 +98,17 @@ impl EngineBuilder {
             Reactor::new(sources, ops.clone())
                 .with_busy_poll(Duration::from_micros(options.fabric_busy_poll_us)),
         );
+        let (tcp_io, tcp_io_refused) = match options.tcp_io {
+            TcpIo::Uring => match crate::tcp::uring::probe() {
+                Ok(()) => (TcpIo::Uring, None),
+                Err(e) => {
+                    let why = format!("the kernel refused io_uring ({e})");
+                    tracing::warn!("hixl.TcpIo=uring: {why}; TCP uses epoll");
+                    (TcpIo::Epoll, Some(why))
+                }
+            },
+            io => (io, None),
+        };
         let lcx = LinkCx {
             config: Arc::new(EngineConfig {
                 name,
@@ -109,6 +121,8 @@ impl EngineBuilder {
                 auth,
                 spin: Duration::from_micros(options.spin_us),
                 target_spinners: std::sync::atomic::AtomicUsize::new(0),
+                tcp_io,
+                tcp_io_refused,
             }),
             ops: OpsHandle {
                 table: ops,

@@ -145,6 +145,13 @@ impl Engine {
         self.inner.auto_connect
     }
 
+    /// How this engine's TCP data connections move bytes (`hixl.TcpIo`), and why io_uring is
+    /// not used if it was asked for and the kernel refused it (the engine then uses epoll).
+    pub fn tcp_io(&self) -> (hixl_core::options::TcpIo, Option<&str>) {
+        let c = &self.inner.lcx.config;
+        (c.tcp_io, c.tcp_io_refused.as_deref())
+    }
+
     /// Which RDMA device this engine uses, or why it uses none.
     pub fn verbs_status(&self) -> std::result::Result<String, String> {
         self.inner

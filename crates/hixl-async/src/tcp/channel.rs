@@ -49,7 +49,8 @@ pub(crate) struct TcpChannel {
 }
 
 impl TcpChannel {
-    /// The link's `streams` data connections, each opened by `open` when first used.
+    /// The link's `streams` data connections, each opened by `open` when first used; with
+    /// `uring`, each moves its bytes through an io_uring of its own.
     pub(crate) fn spawn(
         streams: usize,
         open: DataOpener,
@@ -57,6 +58,7 @@ impl TcpChannel {
         ops: OpsHandle,
         state: Arc<LinkState>,
         chunk: u64,
+        uring: bool,
     ) -> TcpChannel {
         let withdrawals = Arc::new(AtomicU64::new(0));
         let conns = (0..streams)
@@ -67,6 +69,7 @@ impl TcpChannel {
                     ops.clone(),
                     state.clone(),
                     withdrawals.clone(),
+                    uring,
                 )
             })
             .collect();

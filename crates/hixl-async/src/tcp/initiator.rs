@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hixl_core::wire::{
@@ -34,6 +34,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
+use super::uring::{Piece, Uring};
 use crate::completion::Completion;
 use crate::context::OpsHandle;
 use crate::link_state::LinkState;
@@ -53,7 +54,7 @@ pub(crate) struct Part {
 }
 
 /// Acks read per syscall at most.
-const ACK_BATCH: usize = 64;
+pub(crate) const ACK_BATCH: usize = 64;
 /// Bytes a submitter sends itself at most; the rest of a large op goes to the writer task,
 /// so that submitting to several peers overlaps their sends.
 const SUBMIT_SEND_BYTES: usize = 256 << 10;
@@ -81,6 +82,17 @@ pub(crate) struct DataConn {
 struct Conn {
     /// The socket's registration with tokio while a task waits on it (dropped before `sock`).
     watch: Mutex<Registration>,
+    /// The ring's, while the io_uring driver waits for a send's completion (dropped before
+    /// `ring`).
+    ring_watch: Mutex<Registration>,
+    /// With `hixl.TcpIo=uring`, the connection's ring, made when the socket is opened and
+    /// set before it (a pump that sees the socket sees the ring). Dropped before `sock`: its
+    /// drop waits out every request in flight.
+    ring: OnceLock<Uring>,
+    /// This connection is to use io_uring (the engine's `hixl.TcpIo`).
+    uring: bool,
+    /// What the io_uring driver task waits for now ([`DRIVER_BUSY`] and the others).
+    driver: AtomicU8,
     /// The socket (nonblocking), once the writer task opened it for the first parts (an
     /// unused connection holds no descriptor).
     sock: OnceLock<std::net::TcpStream>,
@@ -141,8 +153,20 @@ struct Out {
 /// one syscall (one segment chain for the kernel) instead of one per part. Past the bytes
 /// bound only what is gathered already is committed, so a dropped op's parts behind a large
 /// one are still withdrawn.
-const GATHER_PARTS: usize = 64;
+pub(crate) const GATHER_PARTS: usize = 64;
 const GATHER_BYTES: u64 = 256 << 10;
+
+/// Rounds of pump, submit and reap one io_uring drive makes at most.
+const DRIVE_ROUNDS: usize = 16;
+
+/// The io_uring driver task runs (it looks at everything before it waits again).
+const DRIVER_BUSY: u8 = 0;
+/// It waits to be woken: nothing is in flight.
+const DRIVER_IDLE: u8 = 1;
+/// It waits for the ring's completions (registered with tokio) or to be woken.
+const DRIVER_RING: u8 = 2;
+/// It waits for the spinning waiters to stop (they reap meanwhile).
+const DRIVER_SPIN: u8 = 3;
 
 /// The receiving half.
 #[derive(Debug)]
@@ -199,13 +223,13 @@ struct Registration {
 
 /// A task's use of the [`Registration`]; the last one dropped deregisters the socket.
 struct Watch<'a> {
-    conn: &'a Conn,
+    reg: &'a Mutex<Registration>,
     fd: Arc<AsyncFd<Watched>>,
 }
 
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
-        let mut r = lock(&self.conn.watch);
+        let mut r = lock(self.reg);
         r.users = r.users.saturating_sub(1);
         if r.users == 0 {
             r.fd = None;
@@ -228,36 +252,37 @@ impl Conn {
         self.sock.get().map(|s| s.as_raw_fd())
     }
 
-    /// Registers the socket with tokio's reactor (if no other task has) for a task that is
-    /// about to wait on it. A registration reports the socket's current readiness at once, so
-    /// bytes that came while it was unregistered are not missed.
-    fn watch(&self) -> std::io::Result<Watch<'_>> {
-        let fd = self
-            .fd()
-            .ok_or_else(|| std::io::Error::other("data connection not open"))?;
-        let mut r = lock(&self.watch);
+    /// Registers the socket (`ring`: the io_uring) with tokio's reactor (if no other task
+    /// has) for a task that is about to wait on it. A registration reports the current
+    /// readiness at once, so bytes (completions) that came while it was unregistered are not
+    /// missed.
+    fn watch(&self, ring: bool) -> std::io::Result<Watch<'_>> {
+        let (fd, interest, reg) = match (ring, self.ring.get()) {
+            (true, Some(u)) => (u.as_raw_fd(), Interest::READABLE, &self.ring_watch),
+            (true, None) => return Err(std::io::Error::other("no io_uring")),
+            (false, _) => (
+                self.fd()
+                    .ok_or_else(|| std::io::Error::other("data connection not open"))?,
+                Interest::READABLE | Interest::WRITABLE,
+                &self.watch,
+            ),
+        };
+        let mut r = lock(reg);
         let afd = match &r.fd {
             Some(a) => a.clone(),
             None => {
-                // SAFETY: the descriptor is the connection's socket, which the connection owns
-                // and closes only when it drops; the registration is held by the connection
-                // (its `watch` field, dropped before `sock`) and by `Watch` guards borrowing
-                // it, so it ends while the descriptor is still open.
-                let a = Arc::new(unsafe {
-                    AsyncFd::register_with_interest(
-                        Watched(fd),
-                        Interest::READABLE | Interest::WRITABLE,
-                    )
-                }?);
+                // SAFETY: the descriptor is the connection's socket or ring, which the
+                // connection owns and closes only when it drops; the registration is held by
+                // the connection (its `watch` field, dropped before `ring` and `sock`) and by
+                // `Watch` guards borrowing it, so it ends while the descriptor is still open.
+                let a =
+                    Arc::new(unsafe { AsyncFd::register_with_interest(Watched(fd), interest) }?);
                 r.fd = Some(a.clone());
                 a
             }
         };
         r.users += 1;
-        Ok(Watch {
-            conn: self,
-            fd: afd,
-        })
+        Ok(Watch { reg, fd: afd })
     }
 
     /// `e`, unless the link is already down: then the link's cause (an op cut off by our own
@@ -276,8 +301,15 @@ impl Conn {
     }
 
     /// Closes both halves, failing every part they hold with `cause`, and shuts the socket
-    /// down. Idempotent.
+    /// down. With io_uring, the ring is quiesced first: no request touches a part's memory
+    /// once it is failed. Idempotent.
     fn close(&self, cause: &Error) {
+        if let Some(u) = self.ring.get() {
+            if let Some(s) = self.sock.get() {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            u.quiesce();
+        }
         let unsent: Vec<Part> = {
             let mut tx = lock(&self.tx);
             tx.closed = true;
@@ -311,6 +343,100 @@ impl Conn {
             self.tx_blocked.notify_one();
         }
         r
+    }
+
+    /// Sends `iov` on `fd`: a nonblocking `sendmsg`, or with io_uring the ring's send.
+    fn sendmsg(&self, fd: RawFd, pieces: &[Piece<'_>]) -> std::io::Result<usize> {
+        if let Some(u) = self.ring.get() {
+            return u.send(fd, pieces);
+        }
+        let mut iov = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 2 * GATHER_PARTS];
+        let mut n = 0;
+        for (slot, p) in iov.iter_mut().zip(pieces) {
+            *slot = match p {
+                Piece::Head(h) => libc::iovec {
+                    // The kernel only reads through an iovec given to sendmsg.
+                    iov_base: h.as_ptr().cast_mut().cast(),
+                    iov_len: h.len(),
+                },
+                Piece::Body(r) => rawio::iovec(r),
+            };
+            n += 1;
+        }
+        rawio::sendmsg_now(fd, &mut iov[..n])
+    }
+
+    /// With io_uring: pumps the sending half (its gathers queued on the ring), submits with
+    /// one `io_uring_enter`, reaps what completed and goes round again while completions
+    /// came. `wait`: take the lock even when contended (a task, a submitter); a spinner only
+    /// tries it.
+    ///
+    /// Answers are received as on the epoll path, by nonblocking `recv` when the socket is
+    /// readable: an io_uring receive completes through task work signalled to the thread
+    /// that submitted it, which costs a round trip 20–40 µs more than a `recv` on a vCPU
+    /// (measured; see `docs/benchmarks.md`), while a send with room in the socket buffer
+    /// completes inside `io_uring_enter`.
+    fn drive(
+        &self,
+        u: &Uring,
+        via: Via,
+        wait: bool,
+        done: &mut Vec<Completion>,
+    ) -> Result<(), Error> {
+        let budget = match via {
+            Via::Task => usize::MAX,
+            Via::Direct => SPIN_SEND_BYTES,
+        };
+        for _ in 0..DRIVE_ROUNDS {
+            let tx = if wait {
+                Some(lock(&self.tx))
+            } else {
+                self.tx.try_lock().ok()
+            };
+            if let Some(mut tx) = tx {
+                if !tx.closed && !tx.is_free() {
+                    tx.pump(self, budget, done)?;
+                }
+            }
+            match u.flush() {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    return Err(self.cause(Error::connection_lost(
+                        &self.peer,
+                        "submitting to io_uring",
+                        e,
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a submitter or a spinner drove the ring: wakes the driver task if what it left
+    /// needs the task (requests in flight that nobody may reap, or parts not yet sent) and
+    /// the task does not wait for it already. While a waiter spins, it reaps; the driver is
+    /// woken when the last spinner stops.
+    fn hand_over(&self, u: &Uring) {
+        if self.spinners.load(Ordering::SeqCst) > 0 {
+            return;
+        }
+        let pending = || {
+            self.tx
+                .try_lock()
+                .is_ok_and(|tx| !tx.closed && !tx.is_free())
+        };
+        let needed = match self.driver.load(Ordering::SeqCst) {
+            DRIVER_IDLE => u.in_flight() || u.has_results() || pending(),
+            DRIVER_RING => u.has_results() || (!u.in_flight() && pending()),
+            _ => false,
+        };
+        if needed {
+            self.tx_blocked.notify_one();
+        }
     }
 
     /// Queues `part` for its answer; gives it back if the connection is closed.
@@ -424,7 +550,7 @@ impl Tx {
             if moved >= budget {
                 return Ok(Pumped::Blocked);
             }
-            let n = match self.send(fd) {
+            let n = match self.send(conn, fd) {
                 Ok(0) => {
                     return Err(conn.cause(Error::connection_lost(
                         &conn.peer,
@@ -443,13 +569,10 @@ impl Tx {
         }
     }
 
-    /// One nonblocking `sendmsg` of what `out` still holds, as iovecs: each request's header
-    /// (from `head`) and, for a write, its payload straight from registered memory.
-    fn send(&self, fd: RawFd) -> std::io::Result<usize> {
-        let mut iov: [libc::iovec; 2 * GATHER_PARTS] = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 2 * GATHER_PARTS];
+    /// One nonblocking send of what `out` still holds: each request's header (from `head`)
+    /// and, for a write, its payload straight from registered memory.
+    fn send(&self, conn: &Conn, fd: RawFd) -> std::io::Result<usize> {
+        let mut pieces = [Piece::Head(&[]); 2 * GATHER_PARTS];
         let mut n = 0;
         let mut hoff = self.head_off;
         let mut skip = self.front_sent;
@@ -457,11 +580,7 @@ impl Tx {
             let hdr = &self.head[hoff..hoff + DATA_REQ_FRAME];
             hoff += DATA_REQ_FRAME;
             if skip < DATA_REQ_FRAME {
-                iov[n] = libc::iovec {
-                    // The kernel only reads through an iovec given to sendmsg.
-                    iov_base: hdr[skip..].as_ptr().cast_mut().cast(),
-                    iov_len: DATA_REQ_FRAME - skip,
-                };
+                pieces[n] = Piece::Head(&hdr[skip..]);
                 n += 1;
                 skip = 0;
             } else {
@@ -474,12 +593,12 @@ impl Tx {
                 let payload = unsafe { p.local.raw() }.from(skip);
                 skip = 0;
                 if payload.len() > 0 {
-                    iov[n] = rawio::iovec(&payload);
+                    pieces[n] = Piece::Body(payload);
                     n += 1;
                 }
             }
         }
-        rawio::sendmsg_now(fd, &mut iov[..n])
+        conn.sendmsg(fd, &pieces[..n])
     }
 
     /// `n` more bytes went out: the requests now wholly sent leave `out`, a write part joining
@@ -665,15 +784,24 @@ impl DataConn {
     /// A data connection whose socket `open` opens when parts first come; starts its
     /// writer and reader tasks (idle until then). `withdrawals` counts the link's withdrawn
     /// ops (`TcpChannel::withdraw`).
+    ///
+    /// With `uring`, the connection moves its bytes through an io_uring of its own, made
+    /// when the socket is opened, and one driver task stands in for the two (if the ring
+    /// cannot be made then, the connection falls back to the epoll tasks and says so).
     pub(crate) fn spawn(
         open: DataOpener,
         peer: Arc<str>,
         ops: OpsHandle,
         state: Arc<LinkState>,
         withdrawals: Arc<AtomicU64>,
+        uring: bool,
     ) -> DataConn {
         let conn = Arc::new(Conn {
             watch: Mutex::new(Registration::default()),
+            ring_watch: Mutex::new(Registration::default()),
+            ring: OnceLock::new(),
+            uring,
+            driver: AtomicU8::new(DRIVER_BUSY),
             sock: OnceLock::new(),
             spinners: AtomicUsize::new(0),
             spin_ended: Notify::new(),
@@ -687,7 +815,11 @@ impl DataConn {
             tx_blocked: Notify::new(),
             rx_pushed: Notify::new(),
         });
-        state.spawn(writer(conn.clone()));
+        if uring {
+            state.spawn(driver(conn.clone()));
+        } else {
+            state.spawn(writer(conn.clone()));
+        }
         state.spawn(reader(conn.clone()));
         DataConn { conn }
     }
@@ -709,11 +841,29 @@ impl DataConn {
                 seen: q.withdrawals,
             }));
             // A busy connection has its writer on it (or a spinner): the parts wait their turn.
-            if free {
+            if c.uring {
+                // Driven below, once the halves' locks are free.
+                Ok(Pumped::Blocked)
+            } else if free {
                 c.pump_tx(&mut tx, Via::Direct, SUBMIT_SEND_BYTES, &mut done)
             } else {
                 Ok(Pumped::Blocked)
             }
+        };
+        let r = match (r, c.ring.get()) {
+            (Ok(_), Some(u)) => {
+                let r = c
+                    .drive(u, Via::Direct, true, &mut done)
+                    .map(|()| Pumped::Idle);
+                c.hand_over(u);
+                r
+            }
+            // Not open yet: the driver opens it.
+            (Ok(_), None) if c.uring => {
+                c.tx_blocked.notify_one();
+                Ok(Pumped::Blocked)
+            }
+            (r, _) => r,
         };
         c.deliver(&mut done);
         if let Err(e) = r {
@@ -728,9 +878,13 @@ impl DataConn {
     pub(crate) fn spinning(&self, on: bool) {
         let c = &*self.conn;
         if on {
-            c.spinners.fetch_add(1, Ordering::AcqRel);
-        } else if c.spinners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            c.spinners.fetch_add(1, Ordering::SeqCst);
+        } else if c.spinners.fetch_sub(1, Ordering::SeqCst) == 1 {
             c.spin_ended.notify_one();
+            if let Some(u) = c.ring.get() {
+                // A send the spinner left in flight is the driver's again.
+                c.hand_over(u);
+            }
         }
     }
 
@@ -741,7 +895,15 @@ impl DataConn {
         let c = &*self.conn;
         let mut done = Vec::new();
         let mut failed = None;
-        if let Ok(mut tx) = c.tx.try_lock() {
+        if let Some(u) = c.ring.get() {
+            // A send completed, or parts wait: drive the ring (no syscall otherwise).
+            let idle_tx = c.tx.try_lock().map_or(true, |tx| tx.is_free() || tx.closed);
+            if u.try_reap() || !idle_tx {
+                if let Err(e) = c.drive(u, Via::Direct, false, &mut done) {
+                    failed = Some(e);
+                }
+            }
+        } else if let Ok(mut tx) = c.tx.try_lock() {
             if !tx.is_free() && !tx.closed {
                 if let Err(e) = c.pump_tx(&mut tx, Via::Direct, SPIN_SEND_BYTES, &mut done) {
                     failed = Some(e);
@@ -784,9 +946,13 @@ fn lost(peer: &str, cause: &'static str) -> Error {
 
 /// A task's registration of the socket, made in `slot` on first need and kept until the
 /// task drops it. `None` when tokio refuses the registration: the connection has failed then.
-fn watching<'s, 'c>(conn: &'c Conn, slot: &'s mut Option<Watch<'c>>) -> Option<&'s Watch<'c>> {
+fn watching<'s, 'c>(
+    conn: &'c Conn,
+    ring: bool,
+    slot: &'s mut Option<Watch<'c>>,
+) -> Option<&'s Watch<'c>> {
     if slot.is_none() {
-        match conn.watch() {
+        match conn.watch(ring) {
             Ok(w) => *slot = Some(w),
             Err(e) => {
                 let e = Error::connection_lost(&conn.peer, "watching a data connection", e);
@@ -847,7 +1013,7 @@ async fn writer(conn: Arc<Conn>) {
                     break 'run;
                 }
             }
-            let Some(w) = watching(&conn, &mut watch) else {
+            let Some(w) = watching(&conn, false, &mut watch) else {
                 break 'run;
             };
             tokio::select! {
@@ -915,7 +1081,7 @@ async fn reader(conn: Arc<Conn>) {
             }
             continue;
         }
-        let Some(w) = watching(&conn, &mut watch) else {
+        let Some(w) = watching(&conn, false, &mut watch) else {
             break;
         };
         let ready = tokio::select! {
@@ -944,6 +1110,144 @@ async fn reader(conn: Arc<Conn>) {
         }
     }
     drop(watch);
+    let cause = conn
+        .state
+        .error()
+        .unwrap_or_else(|| lost(&conn.peer, "link closed"));
+    conn.close(&cause);
+}
+
+/// The io_uring connection's one task: opens the socket (and its ring) when the first parts
+/// come, then drives the ring whenever nobody else does: when a submitter or a spinner left
+/// requests in flight and stopped, it waits for the ring's completions on tokio's reactor
+/// (registered for the wait only). Every wait races the link's death.
+async fn driver(conn: Arc<Conn>) {
+    let mut dead = conn.state.subscribe();
+    let mut done = Vec::new();
+    let u = 'open: loop {
+        if *dead.borrow() {
+            break 'open None;
+        }
+        conn.driver.store(DRIVER_IDLE, Ordering::SeqCst);
+        tokio::select! {
+            biased;
+            r = dead.changed() => { let _ = r; break 'open None }
+            _ = conn.tx_blocked.notified() => {}
+        }
+        conn.driver.store(DRIVER_BUSY, Ordering::SeqCst);
+        if lock(&conn.tx).is_free() {
+            continue;
+        }
+        let opened = tokio::select! {
+            biased;
+            r = dead.changed() => { let _ = r; break 'open None }
+            r = (conn.open)() => r,
+        };
+        let opened = opened.and_then(|s| {
+            s.into_std()
+                .map_err(|e| Error::connection_lost(&conn.peer, "opening a data connection", e))
+        });
+        let s = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                conn.fail(conn.cause(e));
+                break 'open None;
+            }
+        };
+        match Uring::new() {
+            Ok(u) => {
+                let _ = conn.ring.set(u);
+                let _ = conn.sock.set(s);
+                break 'open conn.ring.get();
+            }
+            Err(e) => {
+                tracing::warn!(
+                    peer = %conn.peer,
+                    "io_uring refused for a data connection ({e}); it uses epoll"
+                );
+                let _ = conn.sock.set(s);
+                conn.state.spawn(writer(conn.clone()));
+                conn.tx_blocked.notify_one();
+                return;
+            }
+        }
+    };
+    if let Some(u) = u {
+        let mut watch: Option<Watch<'_>> = None;
+        loop {
+            if *dead.borrow() {
+                break;
+            }
+            conn.driver.store(DRIVER_BUSY, Ordering::SeqCst);
+            let r = conn.drive(u, Via::Task, true, &mut done);
+            conn.deliver(&mut done);
+            if let Err(e) = r {
+                conn.fail(e);
+                break;
+            }
+            let state = if conn.spinners.load(Ordering::SeqCst) > 0 {
+                DRIVER_SPIN
+            } else if u.in_flight() {
+                DRIVER_RING
+            } else {
+                DRIVER_IDLE
+            };
+            conn.driver.store(state, Ordering::SeqCst);
+            // Published: a submitter or spinner that changes things from here on wakes us.
+            // What changed before, we see now.
+            // Completions left for a pump (the drive's rounds ran out): drive again.
+            let again = u.has_results()
+                || match state {
+                    DRIVER_IDLE => {
+                        u.in_flight()
+                            || !lock(&conn.tx).is_free()
+                            || conn.spinners.load(Ordering::SeqCst) > 0
+                    }
+                    DRIVER_RING => !u.in_flight(),
+                    _ => false,
+                };
+            if again {
+                continue;
+            }
+            if state != DRIVER_RING {
+                watch = None;
+                tokio::select! {
+                    biased;
+                    r = dead.changed() => { let _ = r; break }
+                    _ = conn.tx_blocked.notified() => {}
+                }
+                continue;
+            }
+            let Some(w) = watching(&conn, true, &mut watch) else {
+                break;
+            };
+            tokio::select! {
+                biased;
+                r = dead.changed() => { let _ = r; break }
+                _ = conn.tx_blocked.notified() => {}
+                r = w.fd.readable() => match r {
+                    Ok(mut g) => {
+                        // Reap before clearing: completions posted after the readiness was
+                        // seen keep it set.
+                        conn.driver.store(DRIVER_BUSY, Ordering::SeqCst);
+                        let r = conn.drive(u, Via::Task, true, &mut done);
+                        conn.deliver(&mut done);
+                        if let Err(e) = r {
+                            conn.fail(e);
+                            break;
+                        }
+                        g.clear_ready();
+                    }
+                    Err(e) => {
+                        let e = Error::connection_lost(&conn.peer, "waiting for io_uring", e);
+                        conn.fail(conn.cause(e));
+                        break;
+                    }
+                },
+            }
+        }
+        drop(watch);
+    }
     let cause = conn
         .state
         .error()

@@ -6,3 +6,4 @@
 pub(crate) mod channel;
 pub(crate) mod initiator;
 pub(crate) mod target;
+pub(crate) mod uring;

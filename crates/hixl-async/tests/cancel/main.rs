@@ -73,6 +73,11 @@ fn random_drops_and_deadlines_under_load_tcp() {
     randomized(Mode::Tcp);
 }
 
+#[test]
+fn random_drops_and_deadlines_under_load_tcp_uring() {
+    randomized(Mode::TcpUring);
+}
+
 #[cfg(feature = "fabric")]
 #[test]
 fn random_drops_and_deadlines_under_load_fabric_pool() {
@@ -166,6 +171,12 @@ fn deadline_behind_a_long_op_tcp() {
     runtime().block_on(deadline_behind_a_long_op(Mode::Tcp));
 }
 
+#[test]
+fn deadline_behind_a_long_op_tcp_uring() {
+    let _serial = serial();
+    runtime().block_on(deadline_behind_a_long_op(Mode::TcpUring));
+}
+
 #[cfg(feature = "fabric")]
 #[test]
 fn deadline_behind_a_long_op_fabric_pool() {
@@ -184,6 +195,13 @@ fn deadline_behind_a_long_op_fabric_cma() {
 fn a_dropped_op_queued_behind_another_sends_nothing_tcp() {
     let _serial = serial();
     let changed = runtime().block_on(dropped_while_queued(Mode::Tcp));
+    assert_eq!(changed, 0, "bytes of a dropped, never-started op landed");
+}
+
+#[test]
+fn a_dropped_op_queued_behind_another_sends_nothing_tcp_uring() {
+    let _serial = serial();
+    let changed = runtime().block_on(dropped_while_queued(Mode::TcpUring));
     assert_eq!(changed, 0, "bytes of a dropped, never-started op landed");
 }
 

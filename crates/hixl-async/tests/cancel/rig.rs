@@ -22,6 +22,8 @@ pub(crate) async fn wait_idle(e: &Engine, within: Duration) -> bool {
 pub(crate) enum Mode {
     /// `hixl.Transport=tcp`.
     Tcp,
+    /// `hixl.Transport=tcp` with `hixl.TcpIo=uring` on the initiator.
+    TcpUring,
     /// `hixl.Transport=fabric`, the target's region from its fabric pool (mapped by the peer).
     FabricPool,
     /// `hixl.Transport=fabric`, the target's region plain host memory (cross-memory attach).
@@ -31,7 +33,7 @@ pub(crate) enum Mode {
 impl Mode {
     pub(crate) fn transport(self) -> &'static str {
         match self {
-            Mode::Tcp => "tcp",
+            Mode::Tcp | Mode::TcpUring => "tcp",
             Mode::FabricPool | Mode::FabricCma => "fabric",
         }
     }
@@ -63,6 +65,14 @@ impl Rig {
             .option("hixl.Transport", mode.transport())
             .option("hixl.TcpChunkBytes", "64K")
             .option("hixl.TcpStreams", streams.to_string())
+            .option(
+                "hixl.TcpIo",
+                if mode == Mode::TcpUring {
+                    "uring"
+                } else {
+                    "epoll"
+                },
+            )
             .build()
             .await
             .expect("initiator engine");
@@ -90,7 +100,7 @@ impl Rig {
                 .target
                 .register_pooled(len as u64, Access::REMOTE_RW, Some(name))
                 .expect("register pooled"),
-            Mode::Tcp | Mode::FabricCma => {
+            Mode::Tcp | Mode::TcpUring | Mode::FabricCma => {
                 let b = match self.tbuf.take() {
                     Some(b) => b,
                     None => HostBuffer::zeroed(len).expect("buffer"),
@@ -119,7 +129,7 @@ impl Rig {
             Mode::FabricCma => {
                 assert!(how.contains("1 reached by cross-memory attach"), "{how}")
             }
-            Mode::Tcp => {}
+            Mode::Tcp | Mode::TcpUring => {}
         }
         let rr = peer
             .region(name)

@@ -189,7 +189,7 @@ pub(crate) async fn round(rig: &mut Rig, seed: u64, r: usize, rng: &mut Rng) -> 
     drop(m);
     match rig.mode {
         Mode::FabricPool => assert!(tbuf.is_none(), "pool memory goes back to the pool"),
-        Mode::Tcp | Mode::FabricCma => {
+        Mode::Tcp | Mode::TcpUring | Mode::FabricCma => {
             let b = tbuf.expect("the target's buffer comes back");
             assert_eq!(b.len(), LEN);
             rig.tbuf = Some(b);

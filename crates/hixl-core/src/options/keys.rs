@@ -5,8 +5,8 @@ use serde_json::Value;
 
 use super::size::{parse_size, parse_uint};
 use super::{
-    invalid, BufferPool, GlobalResourceConfig, Options, TransportChoice, DEFAULT_SERVICE_LEVEL,
-    DEFAULT_TRAFFIC_CLASS, GIB, MIN_SECRET,
+    invalid, BufferPool, GlobalResourceConfig, Options, TcpIo, TransportChoice,
+    DEFAULT_SERVICE_LEVEL, DEFAULT_TRAFFIC_CLASS, GIB, MIN_SECRET,
 };
 use crate::error::{Error, Result};
 
@@ -77,7 +77,7 @@ impl Options {
         "EnableUseFabricMem", "BufferPool", "RdmaTrafficClass", "RdmaServiceLevel",
         "GlobalResourceConfig", "AutoConnect", "LocalCommRes",
         "adxl.BufferPool", "adxl.RdmaTrafficClass", "adxl.RdmaServiceLevel", "adxl.LocalCommRes",
-        "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.HeartbeatIntervalMs",
+        "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.TcpIo", "hixl.HeartbeatIntervalMs",
         "hixl.HeartbeatMissLimit", "hixl.HeartbeatIdleMs", "hixl.FabricBusyPollUs", "hixl.SpinUs", "hixl.VerbsDevice", "hixl.VerbsPort",
         "hixl.VerbsGidIndex", "hixl.VerbsTimeout", "hixl.VerbsRetryCount", "hixl.AuthSecret",
     ];
@@ -115,6 +115,10 @@ impl Options {
             "hixl.Transport" => {
                 self.transport = TransportChoice::from_name(v)
                     .ok_or_else(|| err("expected one of auto, tcp, fabric, verbs".to_owned()))?;
+            }
+            "hixl.TcpIo" => {
+                self.tcp_io =
+                    TcpIo::from_name(v).ok_or_else(|| err("expected epoll or uring".to_owned()))?;
             }
             "hixl.AuthSecret" => {
                 if v.is_empty() {

@@ -25,7 +25,7 @@ pub use global::{
     PROTOCOL_DESCS,
 };
 pub use size::parse_size;
-pub use transport::TransportChoice;
+pub use transport::{TcpIo, TransportChoice};
 
 use crate::error::Error;
 
@@ -65,6 +65,9 @@ pub struct Options {
     /// `hixl.TcpChunkBytes` (hixl extension): TCP chunk size, 4 KiB–1 GiB, default 4 MiB. Accepts
     /// sizes such as `"512K"`, `"2M"`, `"1048576"` (see [`parse_size`]).
     pub tcp_chunk_bytes: u64,
+    /// `hixl.TcpIo` (hixl extension): how the initiator's TCP data connections move bytes,
+    /// `epoll` (default) or `uring`; see [`TcpIo`].
+    pub tcp_io: TcpIo,
     /// `hixl.HeartbeatIntervalMs` (hixl extension): 10–600000 ms, default 1000.
     pub heartbeat_interval_ms: u64,
     /// `hixl.HeartbeatMissLimit` (hixl extension): missed heartbeats before a peer is declared
@@ -118,6 +121,7 @@ impl Default for Options {
             transport: TransportChoice::Auto,
             tcp_streams: 4,
             tcp_chunk_bytes: 4 * MIB,
+            tcp_io: TcpIo::Epoll,
             heartbeat_interval_ms: 1000,
             heartbeat_miss_limit: 5,
             heartbeat_idle_ms: 30_000,
