@@ -209,3 +209,63 @@ async fn uring_busy_poll() {
 async fn uring_one_thread_default_spin() {
     mixed_ops_agree_with("50", "uring").await;
 }
+
+/// Batches of large writes spread over every data connection, with the waiter spinning and
+/// then parking while sends still wait for room in the socket: whoever stops driving hands
+/// the sends in flight to the connection's task (with io_uring, its driver reaps them).
+async fn large_batches(io: &str) {
+    let (block, n) = (1usize << 20, 32usize);
+    let len = block * n;
+    let target = Engine::builder("127.0.0.1")
+        .ephemeral_port()
+        .build()
+        .await
+        .unwrap();
+    let remote = target
+        .register_with(
+            HostBuffer::zeroed(len).unwrap(),
+            Access::REMOTE_RW,
+            Some("kv"),
+        )
+        .unwrap();
+    let init = Engine::builder("127.0.0.1")
+        .option("hixl.Transport", "tcp")
+        .option("hixl.TcpIo", io)
+        .build()
+        .await
+        .unwrap();
+    let data = pattern(len, 3);
+    let mut src = HostBuffer::zeroed(len).unwrap();
+    src.as_mut_slice().copy_from_slice(&data);
+    let local = init.register(src).unwrap();
+    let peer = init.connect(target.local_engine(), T).await.unwrap();
+    let rr = peer.region("kv").unwrap();
+    let descs: Vec<OpDesc> = (0..n as u64)
+        .map(|i| {
+            OpDesc::new(
+                local.addr() + i * block as u64,
+                rr.addr + i * block as u64,
+                block as u64,
+            )
+        })
+        .collect();
+    for round in 0..20 {
+        tokio::time::timeout(T, peer.write(&descs))
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: a 32 x 1 MiB write over {io} hung"))
+            .unwrap();
+    }
+    let mut got = vec![0u8; len];
+    remote.read_at(0, &mut got).unwrap();
+    assert!(got == data, "bytes differ after the writes over {io}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_batches_epoll() {
+    large_batches("epoll").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_batches_uring() {
+    large_batches("uring").await;
+}

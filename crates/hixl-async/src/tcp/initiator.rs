@@ -430,7 +430,8 @@ impl Conn {
                 .is_ok_and(|tx| !tx.closed && !tx.is_free())
         };
         let needed = match self.driver.load(Ordering::SeqCst) {
-            DRIVER_IDLE => u.in_flight() || u.has_results() || pending(),
+            // Waiting for a kick: the last spinner's, or a submitter's.
+            DRIVER_IDLE | DRIVER_SPIN => u.in_flight() || u.has_results() || pending(),
             DRIVER_RING => u.has_results() || (!u.in_flight() && pending()),
             _ => false,
         };
