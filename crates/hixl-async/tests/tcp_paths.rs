@@ -21,12 +21,8 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-async fn mixed_ops_agree(spin: &str) {
-    mixed_ops_agree_with(spin, "epoll").await;
-}
-
-async fn mixed_ops_agree_with(spin: &str, io: &str) {
-    let len = 24 << 20;
+/// A target engine (`hixl.SpinUs` = `spin`) with a zeroed region `kv` of `len` bytes.
+async fn kv_target(len: usize, spin: &str) -> (Engine, hixl_async::Region) {
     let target = Engine::builder("127.0.0.1")
         .ephemeral_port()
         .option("hixl.SpinUs", spin)
@@ -40,6 +36,16 @@ async fn mixed_ops_agree_with(spin: &str, io: &str) {
             Some("kv"),
         )
         .unwrap();
+    (target, remote)
+}
+
+async fn mixed_ops_agree(spin: &str) {
+    mixed_ops_agree_with(spin, "epoll").await;
+}
+
+async fn mixed_ops_agree_with(spin: &str, io: &str) {
+    let len = 24 << 20;
+    let (target, remote) = kv_target(len, spin).await;
     let init = Engine::builder("127.0.0.1")
         .option("hixl.Transport", "tcp")
         .option("hixl.SpinUs", spin)
@@ -210,53 +216,64 @@ async fn uring_one_thread_default_spin() {
     mixed_ops_agree_with("50", "uring").await;
 }
 
-/// Batches of large writes spread over every data connection, with the waiter spinning and
-/// then parking while sends still wait for room in the socket: whoever stops driving hands
-/// the sends in flight to the connection's task (with io_uring, its driver reaps them).
-async fn large_batches(io: &str) {
-    let (block, n) = (1usize << 20, 32usize);
-    let len = block * n;
-    let target = Engine::builder("127.0.0.1")
-        .ephemeral_port()
-        .build()
-        .await
-        .unwrap();
-    let remote = target
-        .register_with(
-            HostBuffer::zeroed(len).unwrap(),
-            Access::REMOTE_RW,
-            Some("kv"),
-        )
-        .unwrap();
+/// A target with a 32 MiB region `kv` and an initiator (`hixl.TcpIo` = `io`) whose 32 MiB
+/// region holds `data`, connected; the descriptors of 32 writes of 1 MiB, each to its offset.
+struct Big {
+    target: Engine,
+    remote: hixl_async::Region,
+    init: Engine,
+    _local: hixl_async::Region,
+    peer: hixl_async::Peer,
+    descs: Vec<OpDesc>,
+}
+
+const BLOCK: usize = 1 << 20;
+const BLOCKS: usize = 32;
+
+async fn big(io: &str, data: &[u8]) -> Big {
+    let len = BLOCK * BLOCKS;
+    let (target, remote) = kv_target(len, "50").await;
     let init = Engine::builder("127.0.0.1")
         .option("hixl.Transport", "tcp")
         .option("hixl.TcpIo", io)
         .build()
         .await
         .unwrap();
-    let data = pattern(len, 3);
     let mut src = HostBuffer::zeroed(len).unwrap();
-    src.as_mut_slice().copy_from_slice(&data);
+    src.as_mut_slice().copy_from_slice(data);
     let local = init.register(src).unwrap();
     let peer = init.connect(target.local_engine(), T).await.unwrap();
     let rr = peer.region("kv").unwrap();
-    let descs: Vec<OpDesc> = (0..n as u64)
+    let descs = (0..BLOCKS as u64)
         .map(|i| {
-            OpDesc::new(
-                local.addr() + i * block as u64,
-                rr.addr + i * block as u64,
-                block as u64,
-            )
+            let off = i * BLOCK as u64;
+            OpDesc::new(local.addr() + off, rr.addr + off, BLOCK as u64)
         })
         .collect();
+    Big {
+        target,
+        remote,
+        init,
+        _local: local,
+        peer,
+        descs,
+    }
+}
+
+/// Batches of large writes spread over every data connection, with the waiter spinning and
+/// then parking while sends still wait for room in the socket: whoever stops driving hands
+/// the sends in flight to the connection's task (with io_uring, its driver reaps them).
+async fn large_batches(io: &str) {
+    let data = pattern(BLOCK * BLOCKS, 3);
+    let b = big(io, &data).await;
     for round in 0..20 {
-        tokio::time::timeout(T, peer.write(&descs))
+        tokio::time::timeout(T, b.peer.write(&b.descs))
             .await
             .unwrap_or_else(|_| panic!("round {round}: a 32 x 1 MiB write over {io} hung"))
             .unwrap();
     }
-    let mut got = vec![0u8; len];
-    remote.read_at(0, &mut got).unwrap();
+    let mut got = vec![0u8; data.len()];
+    b.remote.read_at(0, &mut got).unwrap();
     assert!(got == data, "bytes differ after the writes over {io}");
 }
 
@@ -274,47 +291,16 @@ async fn large_batches_uring() {
 /// the ring, with io_uring): every write resolves, none hangs, and the initiator shuts down
 /// cleanly afterwards.
 async fn target_gone_mid_write(io: &str) {
-    let (block, n) = (1usize << 20, 32usize);
-    let len = block * n;
-    let target = Engine::builder("127.0.0.1")
-        .ephemeral_port()
-        .build()
-        .await
-        .unwrap();
-    let _remote = target
-        .register_with(
-            HostBuffer::zeroed(len).unwrap(),
-            Access::REMOTE_RW,
-            Some("kv"),
-        )
-        .unwrap();
-    let init = Engine::builder("127.0.0.1")
-        .option("hixl.Transport", "tcp")
-        .option("hixl.TcpIo", io)
-        .build()
-        .await
-        .unwrap();
-    let local = init.register(HostBuffer::zeroed(len).unwrap()).unwrap();
-    let peer = init.connect(target.local_engine(), T).await.unwrap();
-    let rr = peer.region("kv").unwrap();
-    let descs: Vec<OpDesc> = (0..n as u64)
-        .map(|i| {
-            OpDesc::new(
-                local.addr() + i * block as u64,
-                rr.addr + i * block as u64,
-                block as u64,
-            )
-        })
-        .collect();
+    let b = big(io, &pattern(BLOCK * BLOCKS, 5)).await;
     let writes: Vec<_> = (0..4)
         .map(|_| {
-            let (peer, descs) = (peer.clone(), descs.clone());
+            let (peer, descs) = (b.peer.clone(), b.descs.clone());
             tokio::spawn(async move { peer.write(&descs).await })
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(2)).await;
-    target.shutdown(Duration::from_millis(100)).await;
-    drop(target);
+    b.target.shutdown(Duration::from_millis(100)).await;
+    drop(b.target);
     for w in writes {
         let r = tokio::time::timeout(T, w)
             .await
@@ -322,8 +308,8 @@ async fn target_gone_mid_write(io: &str) {
         // Landed before the target left, or failed with the link: either way, resolved.
         let _ = r.unwrap();
     }
-    assert_eq!(init.ops_in_flight(), 0);
-    init.shutdown(Duration::from_millis(200)).await;
+    assert_eq!(b.init.ops_in_flight(), 0);
+    b.init.shutdown(Duration::from_millis(200)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -965,6 +965,40 @@ fn watching<'s, 'c>(
     slot.as_ref()
 }
 
+/// Opens the connection's socket (connect and the data channel's handshake), racing the
+/// link's death: `None` if the link died first or the open failed (which fails the
+/// connection).
+async fn open_socket(
+    conn: &Conn,
+    dead: &mut tokio::sync::watch::Receiver<bool>,
+) -> Option<std::net::TcpStream> {
+    let opened = tokio::select! {
+        biased;
+        r = dead.changed() => { let _ = r; return None }
+        r = (conn.open)() => r,
+    };
+    let opened = opened.and_then(|s| {
+        s.into_std()
+            .map_err(|e| Error::connection_lost(&conn.peer, "opening a data connection", e))
+    });
+    match opened {
+        Ok(s) => Some(s),
+        Err(e) => {
+            conn.fail(conn.cause(e));
+            None
+        }
+    }
+}
+
+/// A connection task ends: the connection closes with the link's cause.
+fn end(conn: &Conn) {
+    let cause = conn
+        .state
+        .error()
+        .unwrap_or_else(|| lost(&conn.peer, "link closed"));
+    conn.close(&cause);
+}
+
 /// Sends what the submitters and spinners left when the socket was full (or before it was
 /// open: this task opens it), waiting on the socket's write readiness. Every wait races the
 /// link's death: a peer that stopped reading (frozen, or the network cut) must not keep parts
@@ -982,24 +1016,10 @@ async fn writer(conn: Arc<Conn>) {
             _ = conn.tx_blocked.notified() => {}
         }
         if conn.sock.get().is_none() {
-            let opened = tokio::select! {
-                biased;
-                r = dead.changed() => { let _ = r; break }
-                r = (conn.open)() => r,
+            let Some(s) = open_socket(&conn, &mut dead).await else {
+                break;
             };
-            let opened = opened.and_then(|s| {
-                s.into_std()
-                    .map_err(|e| Error::connection_lost(&conn.peer, "opening a data connection", e))
-            });
-            match opened {
-                Ok(s) => {
-                    let _ = conn.sock.set(s);
-                }
-                Err(e) => {
-                    conn.fail(conn.cause(e));
-                    break;
-                }
-            }
+            let _ = conn.sock.set(s);
         }
         // Pump first: the socket has room more often than not.
         let mut watch = None;
@@ -1032,11 +1052,7 @@ async fn writer(conn: Arc<Conn>) {
             }
         }
     }
-    let cause = conn
-        .state
-        .error()
-        .unwrap_or_else(|| lost(&conn.peer, "link closed"));
-    conn.close(&cause);
+    end(&conn);
 }
 
 /// Receives answers that nobody spinning takes: while answers are awaited and no waiter
@@ -1111,11 +1127,7 @@ async fn reader(conn: Arc<Conn>) {
         }
     }
     drop(watch);
-    let cause = conn
-        .state
-        .error()
-        .unwrap_or_else(|| lost(&conn.peer, "link closed"));
-    conn.close(&cause);
+    end(&conn);
 }
 
 /// The io_uring connection's one task: opens the socket (and its ring) when the first parts
@@ -1139,21 +1151,8 @@ async fn driver(conn: Arc<Conn>) {
         if lock(&conn.tx).is_free() {
             continue;
         }
-        let opened = tokio::select! {
-            biased;
-            r = dead.changed() => { let _ = r; break 'open None }
-            r = (conn.open)() => r,
-        };
-        let opened = opened.and_then(|s| {
-            s.into_std()
-                .map_err(|e| Error::connection_lost(&conn.peer, "opening a data connection", e))
-        });
-        let s = match opened {
-            Ok(s) => s,
-            Err(e) => {
-                conn.fail(conn.cause(e));
-                break 'open None;
-            }
+        let Some(s) = open_socket(&conn, &mut dead).await else {
+            break 'open None;
         };
         match Uring::new() {
             Ok(u) => {
@@ -1249,11 +1248,7 @@ async fn driver(conn: Arc<Conn>) {
         }
         drop(watch);
     }
-    let cause = conn
-        .state
-        .error()
-        .unwrap_or_else(|| lost(&conn.peer, "link closed"));
-    conn.close(&cause);
+    end(&conn);
 }
 
 fn protocol(peer: &str, reason: impl Into<String>) -> Error {
