@@ -122,6 +122,38 @@ impl<'a> RawRange<'a> {
     }
 }
 
+/// One piece of a gathered send: bytes of our own (a header; io_uring copies them into the
+/// ring's memory) or a range of registered memory (sent from where it is).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Piece<'a> {
+    Head(&'a [u8]),
+    Body(RawRange<'a>),
+}
+
+impl Piece<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Piece::Head(h) => h.len(),
+            Piece::Body(r) => r.len,
+        }
+    }
+
+    /// An iovec over the piece from byte `skip` on. Building it touches nothing.
+    pub(crate) fn iovec_from(&self, skip: usize) -> libc::iovec {
+        match self {
+            Piece::Head(h) => libc::iovec {
+                // The kernel only reads through an iovec given to sendmsg.
+                iov_base: h[skip.min(h.len())..].as_ptr().cast_mut().cast(),
+                iov_len: h.len().saturating_sub(skip),
+            },
+            Piece::Body(r) => iovec(&r.from(skip)),
+        }
+    }
+}
+
+/// Most iovecs one [`send_pieces`] syscall carries.
+const SEND_IOV: usize = 130;
+
 /// An iovec over `r`, for [`sendmsg_now`]. Building it touches nothing.
 pub(crate) fn iovec(r: &RawRange<'_>) -> libc::iovec {
     libc::iovec {
@@ -367,44 +399,53 @@ pub(crate) async fn recv_exact_spin(
     Ok(())
 }
 
-/// Sends `head` then the bytes of `src` on `s`, as one `sendmsg` with two iovecs while the
-/// header is not all out (so a small op stays one syscall), looping on partial sends.
-/// `MSG_NOSIGNAL`: a peer that went away gives `EPIPE`, never `SIGPIPE`.
+/// [`send_pieces`] of a header and one range (the tests' shorthand).
+#[cfg(test)]
+pub(crate) async fn send_all(s: &TcpStream, head: &[u8], src: RawRange<'_>) -> io::Result<()> {
+    send_pieces(s, &[Piece::Head(head), Piece::Body(src)]).await
+}
+
+/// Sends every byte of `pieces` on `s`, in order, as few `sendmsg` calls as the socket allows
+/// (up to 130 iovecs each: a batch of answers, headers and payloads, is one syscall), looping
+/// on partial sends and waiting on write readiness between them. `MSG_NOSIGNAL`: a peer that
+/// went away gives `EPIPE`, never `SIGPIPE`.
 ///
 /// Not cancel-safe beyond `write_all`'s sense: when dropped, an unknown prefix has been sent.
 ///
 /// # Errors
 /// Socket errors (`EINTR` is retried); [`io::ErrorKind::WriteZero`] if the kernel accepts
 /// nothing.
-pub(crate) async fn send_all(s: &TcpStream, head: &[u8], src: RawRange<'_>) -> io::Result<()> {
+pub(crate) async fn send_pieces(s: &TcpStream, pieces: &[Piece<'_>]) -> io::Result<()> {
     let fd = s.as_raw_fd();
-    let total = head.len() + src.len;
+    let total: usize = pieces.iter().map(Piece::len).sum();
+    // The first piece not wholly sent, and the bytes of it already sent.
+    let (mut at, mut skip) = (0usize, 0usize);
     let mut off = 0;
     let mut first_send = true;
     while off < total {
+        while at < pieces.len() && skip >= pieces[at].len() {
+            skip -= pieces[at].len();
+            at += 1;
+        }
         poll_fn(|cx| s.poll_write_ready(cx)).await?;
         let mut iov = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
-        }; 2];
+        }; SEND_IOV];
         let mut n_iov = 0;
-        if off < head.len() {
-            iov[0] = libc::iovec {
-                // The kernel only reads through an iovec given to sendmsg.
-                iov_base: head[off..].as_ptr().cast_mut().cast(),
-                iov_len: head.len() - off,
-            };
-            n_iov = 1;
-        }
-        let poff = off.saturating_sub(head.len());
-        if poff < src.len {
-            iov[n_iov] = libc::iovec {
-                iov_base: src.at(poff).cast(),
-                iov_len: src.len - poff,
-            };
+        let mut want = 0;
+        for (i, p) in pieces[at..].iter().enumerate() {
+            if n_iov == SEND_IOV {
+                break;
+            }
+            let v = p.iovec_from(if i == 0 { skip } else { 0 });
+            if v.iov_len == 0 {
+                continue;
+            }
+            want += v.iov_len;
+            iov[n_iov] = v;
             n_iov += 1;
         }
-        let want = total - off;
         let mut sent = 0;
         let first = std::mem::replace(&mut first_send, false);
         let r = s.try_io(Interest::WRITABLE, || {
@@ -413,11 +454,11 @@ pub(crate) async fn send_all(s: &TcpStream, head: &[u8], src: RawRange<'_>) -> i
             let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
             msg.msg_iov = iov.as_mut_ptr();
             msg.msg_iovlen = n_iov as _;
-            // SAFETY: validity: iov[0] (if used) covers the live borrowed `head[off..]`;
-            // iov[1] covers src.at(poff)..+(len - poff), inside src and readable for its
-            // life by the contract of RawRange::new; `msg` and `iov` outlive the call; fd is a
-            // live socket borrowed through `s`. Aliasing: the kernel only reads the iovecs'
-            // bytes; no Rust reference to src's memory exists.
+            // SAFETY: validity: every iovec covers the unsent rest of a live borrowed header
+            // or of a RawRange, readable for its life by the contract of RawRange::new; `msg`
+            // and `iov` outlive the call; fd is a live socket borrowed through `s`. Aliasing:
+            // the kernel only reads the iovecs' bytes; no Rust reference to a range's memory
+            // exists.
             let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
             // After an op's first short send, try once more at once instead of waiting for
             // the next edge: the peer drains meanwhile, and waiting for the kernel's
@@ -427,11 +468,14 @@ pub(crate) async fn send_all(s: &TcpStream, head: &[u8], src: RawRange<'_>) -> i
         });
         match r {
             Ok(()) if sent == 0 => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(()) => off += sent,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => off += sent,
+            Ok(()) => {}
+            // A short send: readiness cleared, the rest waits for the next edge.
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
+        off += sent;
+        skip += sent;
     }
     Ok(())
 }
@@ -493,6 +537,40 @@ mod tests {
         };
         tokio::join!(send, recv);
         assert!(dst == src, "payload differs");
+    }
+
+    /// More pieces than one syscall carries, of every size, through a small send buffer:
+    /// partial sends end inside headers and payloads, and every byte arrives in order.
+    #[tokio::test]
+    async fn many_pieces_through_small_buffers() {
+        let (a, mut b) = pair(true).await;
+        let sizes: Vec<usize> = (0..300).map(|i| [0, 1, 24, 4096, 65_537][i % 5]).collect();
+        let mut bodies: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| pattern(n, i as u8))
+            .collect();
+        let heads: Vec<Vec<u8>> = (0..sizes.len()).map(|i| pattern(7 + i % 3, 99)).collect();
+        let mut want = Vec::new();
+        for (h, body) in heads.iter().zip(&bodies) {
+            want.extend_from_slice(h);
+            want.extend_from_slice(body);
+        }
+        let mut got = vec![0u8; want.len()];
+        let send = async {
+            let ranges: Vec<RawRange<'_>> = bodies.iter_mut().map(|v| range(v)).collect();
+            let pieces: Vec<Piece<'_>> = heads
+                .iter()
+                .zip(ranges)
+                .flat_map(|(h, r)| [Piece::Head(h), Piece::Body(r)])
+                .collect();
+            send_pieces(&a, &pieces).await.unwrap();
+        };
+        let recv = async {
+            b.read_exact(&mut got).await.unwrap();
+        };
+        tokio::join!(send, recv);
+        assert!(got == want, "bytes differ");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -356,14 +356,7 @@ impl Conn {
         }; 2 * GATHER_PARTS];
         let mut n = 0;
         for (slot, p) in iov.iter_mut().zip(pieces) {
-            *slot = match p {
-                Piece::Head(h) => libc::iovec {
-                    // The kernel only reads through an iovec given to sendmsg.
-                    iov_base: h.as_ptr().cast_mut().cast(),
-                    iov_len: h.len(),
-                },
-                Piece::Body(r) => rawio::iovec(r),
-            };
+            *slot = p.iovec_from(0);
             n += 1;
         }
         rawio::sendmsg_now(fd, &mut iov[..n])

@@ -6,20 +6,86 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use hixl_core::wire::{
-    encode_ack, encode_read_resp, DataReq, FrameHeader, Message, ACK_FRAME, DATA_REQ_FRAME,
-    HEADER_LEN,
+    encode_ack, encode_read_resp, DataReq, FrameHeader, Message, DATA_REQ_FRAME, HEADER_LEN,
 };
 use hixl_core::{Access, Error};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use crate::context::{EngineConfig, Regions, TARGET_SPINNERS};
 use crate::memory::Lease;
-use crate::rawio;
+use crate::rawio::{self, Piece};
 
-/// Acks buffered before a forced flush.
-const ACK_FLUSH: usize = 64 * ACK_FRAME;
+/// Answers (acks, read responses) gathered before a forced flush: frames, read payloads and
+/// their bytes.
+const ANSWER_FRAMES: usize = 64;
+const ANSWER_READS: usize = 64;
+const ANSWER_BYTES: u64 = 256 << 10;
+
+/// Answers not yet sent, in request order: their frames concatenated, and each read payload
+/// (with the lease that keeps its region registered until it is out) after its header. They
+/// go out in one gathered `sendmsg` once no next request is waiting, or a bound is reached:
+/// a batch of small requests is answered by one syscall instead of one per request.
+#[derive(Default)]
+struct Answers {
+    frames: Vec<u8>,
+    /// Each read payload: where its header ends in `frames`, its lease, address and length.
+    reads: Vec<(usize, Lease, u64, u64)>,
+    count: usize,
+    bytes: u64,
+}
+
+impl Answers {
+    fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    fn push(&mut self, frame: &[u8]) {
+        self.frames.extend_from_slice(frame);
+        self.count += 1;
+    }
+
+    fn push_read(&mut self, frame: &[u8], lease: Lease, addr: u64, len: u64) {
+        self.push(frame);
+        self.reads.push((self.frames.len(), lease, addr, len));
+        self.bytes += len;
+    }
+
+    fn full(&self) -> bool {
+        self.count >= ANSWER_FRAMES
+            || self.reads.len() >= ANSWER_READS
+            || self.bytes >= ANSWER_BYTES
+    }
+
+    /// Sends every answer, then lets the leases go.
+    async fn flush(&mut self, wr: &OwnedWriteHalf) -> Result<(), Error> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut pieces = Vec::with_capacity(2 * self.reads.len() + 1);
+            let mut at = 0;
+            for (end, lease, addr, len) in &self.reads {
+                pieces.push(Piece::Head(&self.frames[at..*end]));
+                // validate checked the bytes lie inside the region, which grants remote read;
+                // the range borrows the lease, which keeps the region registered (and its
+                // memory alive) until the payload is handed to the socket.
+                pieces.push(Piece::Body(lease.range(*addr, *len)?));
+                at = *end;
+            }
+            pieces.push(Piece::Head(&self.frames[at..]));
+            rawio::send_pieces(wr.as_ref(), &pieces)
+                .await
+                .map_err(|e| io("writing answers", e))?;
+        }
+        self.frames.clear();
+        self.reads.clear();
+        self.count = 0;
+        self.bytes = 0;
+        Ok(())
+    }
+}
 
 /// Serves one data connection until the peer closes it or sends something invalid.
 ///
@@ -51,39 +117,42 @@ fn validate(regions: &Regions, req: &DataReq, need: Access) -> Result<Lease, Err
     Ok(Lease::new(&e.data))
 }
 
-/// Reads one request frame, flushing buffered acks before blocking for it. `Ok(None)` on a
-/// clean close between requests.
+/// Reads one request frame, flushing gathered answers before blocking for it. `Ok(None)` on
+/// a clean close between requests.
 async fn read_request(
     rd: &mut OwnedReadHalf,
     wr: &mut OwnedWriteHalf,
-    acks: &mut Vec<u8>,
+    answers: &mut Answers,
     hdr: &mut [u8; DATA_REQ_FRAME],
     config: &EngineConfig,
-) -> std::io::Result<Option<()>> {
+) -> Result<Option<()>, Error> {
+    let reading = |e| io("reading request", e);
     let mut have = 0;
     while have < DATA_REQ_FRAME {
-        if !acks.is_empty() {
+        if !answers.is_empty() {
             match rd.try_read(&mut hdr[have..]) {
-                Ok(0) => return closed(have),
+                Ok(0) => return closed(have).map_err(reading),
                 Ok(n) => {
                     have += n;
                     continue;
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    wr.write_all(acks).await?;
-                    acks.clear();
+                    answers.flush(wr).await?;
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(reading(e)),
             }
         }
-        // Acks are out (the initiator waits for them): spin for the next request a while,
+        // Answers are out (the initiator waits for them): spin for the next request a while,
         // then wait on readiness.
-        let n = match spin_for_request(rd, &mut hdr[have..], config).await? {
+        let n = match spin_for_request(rd, &mut hdr[have..], config)
+            .await
+            .map_err(reading)?
+        {
             Some(n) => n,
-            None => rd.read(&mut hdr[have..]).await?,
+            None => rd.read(&mut hdr[have..]).await.map_err(reading)?,
         };
         if n == 0 {
-            return closed(have);
+            return closed(have).map_err(reading);
         }
         have += n;
     }
@@ -159,14 +228,18 @@ async fn serve_loop(
     config: &EngineConfig,
 ) -> Result<(), Error> {
     let mut hdr = [0u8; DATA_REQ_FRAME];
-    let mut acks: Vec<u8> = Vec::with_capacity(ACK_FLUSH);
+    let mut answers = Answers::default();
     let mut scratch: Vec<u8> = Vec::new();
     loop {
-        if read_request(rd, wr, &mut acks, &mut hdr, config)
-            .await
-            .map_err(|e| io("reading request", e))?
+        if answers.full() {
+            answers.flush(wr).await?;
+        }
+        if read_request(rd, wr, &mut answers, &mut hdr, config)
+            .await?
             .is_none()
         {
+            // The initiator closed between requests: what it asked is answered first.
+            answers.flush(wr).await?;
             return Ok(());
         }
         let proto = |reason: String| Error::Protocol {
@@ -202,39 +275,24 @@ async fn serve_loop(
                         e.status().code()
                     }
                 };
-                acks.extend_from_slice(&encode_ack(req.id, status));
-                if acks.len() >= ACK_FLUSH {
-                    wr.write_all(&acks)
-                        .await
-                        .map_err(|e| io("writing acks", e))?;
-                    acks.clear();
-                }
+                answers.push(&encode_ack(req.id, status));
             }
-            Message::ReadReq(req) => {
-                if !acks.is_empty() {
-                    wr.write_all(&acks)
-                        .await
-                        .map_err(|e| io("writing acks", e))?;
-                    acks.clear();
+            Message::ReadReq(req) => match validate(regions, &req, Access::REMOTE_READ) {
+                Ok(lease) => {
+                    // Bounds checked again when the payload is gathered (`Lease::range`).
+                    lease.range(req.addr, req.len)?;
+                    answers.push_read(
+                        &encode_read_resp(req.id, 0, req.len),
+                        lease,
+                        req.addr,
+                        req.len,
+                    );
                 }
-                match validate(regions, &req, Access::REMOTE_READ) {
-                    Ok(lease) => {
-                        // As for writes, with remote read granted; the lease holds the region
-                        // until the payload is handed to the socket.
-                        let src = lease.range(req.addr, req.len)?;
-                        rawio::send_all(wr.as_ref(), &encode_read_resp(req.id, 0, req.len), src)
-                            .await
-                            .map_err(|e| io("writing read payload", e))?;
-                        drop(lease);
-                    }
-                    Err(e) => {
-                        tracing::info!(peer, "refused read {:#x}+{}: {e}", req.addr, req.len);
-                        wr.write_all(&encode_read_resp(req.id, e.status().code(), 0))
-                            .await
-                            .map_err(|e| io("writing refusal", e))?;
-                    }
+                Err(e) => {
+                    tracing::info!(peer, "refused read {:#x}+{}: {e}", req.addr, req.len);
+                    answers.push(&encode_read_resp(req.id, e.status().code(), 0));
                 }
-            }
+            },
             other => return Err(proto(format!("unexpected {other:?} on a data connection"))),
         }
     }

@@ -20,7 +20,7 @@
 //!
 //! Memory the kernel touches while a send is in flight (the message header, the iovecs and
 //! the request headers) is one allocation that Rust never forms a reference over; payloads
-//! are reached only through [`RawRange`]s. Before a part whose memory a send may still read
+//! are reached only through [`RawRange`](crate::rawio::RawRange)s. Before a part whose memory a send may still read
 //! is completed or dropped, the ring is quiesced: the send in flight is cancelled and its
 //! completion awaited ([`Uring::quiesce`]).
 //!
@@ -37,7 +37,7 @@ use hixl_core::wire::DATA_REQ_FRAME;
 use io_uring::{opcode, types, IoUring};
 
 use super::initiator::GATHER_PARTS;
-use crate::rawio::RawRange;
+pub(crate) use crate::rawio::Piece;
 use crate::sync::lock;
 
 /// Iovecs of one send at most: a header and a payload per gathered request.
@@ -48,14 +48,6 @@ const HEAD_BYTES: usize = GATHER_PARTS * DATA_REQ_FRAME;
 const ENTRIES: u32 = 4;
 
 const SEND: u64 = 1;
-
-/// One piece of a send: a request header (copied into the ring's memory) or a payload in
-/// registered memory (sent from where it is).
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Piece<'a> {
-    Head(&'a [u8]),
-    Body(RawRange<'a>),
-}
 
 /// The connection's send.
 #[derive(Debug, Clone, Copy)]
@@ -367,6 +359,7 @@ fn closed() -> io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rawio::RawRange;
     use std::io::Read;
     use std::sync::Arc;
 
