@@ -100,7 +100,14 @@ pub(crate) async fn serve(
     config: Arc<EngineConfig>,
 ) {
     let (mut rd, mut wr) = stream.into_split();
-    match serve_loop(&mut rd, &mut wr, &peer, &regions, &config).await {
+    let mut answers = Answers::default();
+    let r = serve_loop(&mut rd, &mut wr, &peer, &regions, &config, &mut answers).await;
+    if r.is_err() {
+        // What was answered before the stream went bad still goes out (as when each read
+        // was answered at once), if the socket takes it.
+        let _ = answers.flush(&wr).await;
+    }
+    match r {
         Ok(()) => tracing::debug!(peer = %peer, "data connection closed"),
         // A peer that breaks the protocol is worth a warning; one that went away (reset,
         // broken pipe: an initiator disconnecting mid-read, or dying) is not.
@@ -226,15 +233,15 @@ async fn serve_loop(
     peer: &str,
     regions: &Regions,
     config: &EngineConfig,
+    answers: &mut Answers,
 ) -> Result<(), Error> {
     let mut hdr = [0u8; DATA_REQ_FRAME];
-    let mut answers = Answers::default();
     let mut scratch: Vec<u8> = Vec::new();
     loop {
         if answers.full() {
             answers.flush(wr).await?;
         }
-        if read_request(rd, wr, &mut answers, &mut hdr, config)
+        if read_request(rd, wr, answers, &mut hdr, config)
             .await?
             .is_none()
         {
@@ -255,6 +262,11 @@ async fn serve_loop(
         }
         match Message::decode_body(h.ty, &hdr[HEADER_LEN..]).map_err(|e| proto(e.to_string()))? {
             Message::WriteReq(req) => {
+                if !answers.reads.is_empty() {
+                    // A read asked before this write sees the bytes from before it: its
+                    // payload goes out before the write's lands.
+                    answers.flush(wr).await?;
+                }
                 let status = match validate(regions, &req, Access::REMOTE_WRITE) {
                     Ok(lease) => {
                         // validate checked the bytes lie inside the region, which grants remote
