@@ -139,35 +139,65 @@ impl Piece<'_> {
     }
 
     /// An iovec over the piece from byte `skip` on. Building it touches nothing.
-    pub(crate) fn iovec_from(&self, skip: usize) -> libc::iovec {
+    fn iovec_from(&self, skip: usize) -> libc::iovec {
         match self {
             Piece::Head(h) => libc::iovec {
                 // The kernel only reads through an iovec given to sendmsg.
                 iov_base: h[skip.min(h.len())..].as_ptr().cast_mut().cast(),
                 iov_len: h.len().saturating_sub(skip),
             },
-            Piece::Body(r) => iovec(&r.from(skip)),
+            Piece::Body(r) => {
+                let r = r.from(skip);
+                libc::iovec {
+                    iov_base: r.ptr.cast(),
+                    iov_len: r.len,
+                }
+            }
         }
     }
 }
 
-/// Most iovecs one [`send_pieces`] syscall carries.
+/// Most iovecs one `sendmsg` of pieces carries: a header and a payload for each of 64
+/// requests or answers, and a trailing header.
 const SEND_IOV: usize = 130;
 
-/// An iovec over `r`, for [`sendmsg_now`]. Building it touches nothing.
-pub(crate) fn iovec(r: &RawRange<'_>) -> libc::iovec {
-    libc::iovec {
-        iov_base: r.ptr.cast(),
-        iov_len: r.len,
+/// The iovecs of `pieces` from byte `skip` of the first on, empty ones left out, as many as
+/// `iov` holds: how many were filled, and their bytes. Building them touches nothing.
+fn fill_iovecs(pieces: &[Piece<'_>], skip: usize, iov: &mut [libc::iovec]) -> (usize, usize) {
+    let (mut n, mut bytes) = (0, 0);
+    for (i, p) in pieces.iter().enumerate() {
+        if n == iov.len() {
+            break;
+        }
+        let v = p.iovec_from(if i == 0 { skip } else { 0 });
+        if v.iov_len == 0 {
+            continue;
+        }
+        bytes += v.iov_len;
+        iov[n] = v;
+        n += 1;
     }
+    (n, bytes)
+}
+
+const NO_IOV: libc::iovec = libc::iovec {
+    iov_base: std::ptr::null_mut(),
+    iov_len: 0,
+};
+
+/// One nonblocking [`sendmsg_now`] of `pieces` (up to [`SEND_IOV`] of them).
+pub(crate) fn sendmsg_pieces_now(fd: RawFd, pieces: &[Piece<'_>]) -> io::Result<usize> {
+    let mut iov = [NO_IOV; SEND_IOV];
+    let (n, _) = fill_iovecs(pieces, 0, &mut iov);
+    sendmsg_now(fd, &mut iov[..n])
 }
 
 /// One nonblocking `sendmsg(2)` of `iov` (`MSG_DONTWAIT | MSG_NOSIGNAL`), `EINTR` retried.
 /// Returns the bytes the kernel took; [`io::ErrorKind::WouldBlock`] when the buffer is full.
 ///
-/// The caller keeps every iovec's bytes readable for the call (iovecs built from live
-/// buffers and from [`RawRange`]s with [`iovec`] are).
-pub(crate) fn sendmsg_now(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<usize> {
+/// The caller keeps every iovec's bytes readable for the call (iovecs built from pieces
+/// are: live borrowed headers, and [`RawRange`]s valid for their life).
+fn sendmsg_now(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<usize> {
     if iov.is_empty() {
         return Ok(0);
     }
@@ -428,24 +458,8 @@ pub(crate) async fn send_pieces(s: &TcpStream, pieces: &[Piece<'_>]) -> io::Resu
             at += 1;
         }
         poll_fn(|cx| s.poll_write_ready(cx)).await?;
-        let mut iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; SEND_IOV];
-        let mut n_iov = 0;
-        let mut want = 0;
-        for (i, p) in pieces[at..].iter().enumerate() {
-            if n_iov == SEND_IOV {
-                break;
-            }
-            let v = p.iovec_from(if i == 0 { skip } else { 0 });
-            if v.iov_len == 0 {
-                continue;
-            }
-            want += v.iov_len;
-            iov[n_iov] = v;
-            n_iov += 1;
-        }
+        let mut iov = [NO_IOV; SEND_IOV];
+        let (n_iov, want) = fill_iovecs(&pieces[at..], skip, &mut iov);
         let mut sent = 0;
         let first = std::mem::replace(&mut first_send, false);
         let r = s.try_io(Interest::WRITABLE, || {

@@ -345,21 +345,12 @@ impl Conn {
         r
     }
 
-    /// Sends `iov` on `fd`: a nonblocking `sendmsg`, or with io_uring the ring's send.
+    /// Sends `pieces` on `fd`: a nonblocking `sendmsg`, or with io_uring the ring's send.
     fn sendmsg(&self, fd: RawFd, pieces: &[Piece<'_>]) -> std::io::Result<usize> {
-        if let Some(u) = self.ring.get() {
-            return u.send(fd, pieces);
+        match self.ring.get() {
+            Some(u) => u.send(fd, pieces),
+            None => rawio::sendmsg_pieces_now(fd, pieces),
         }
-        let mut iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 2 * GATHER_PARTS];
-        let mut n = 0;
-        for (slot, p) in iov.iter_mut().zip(pieces) {
-            *slot = p.iovec_from(0);
-            n += 1;
-        }
-        rawio::sendmsg_now(fd, &mut iov[..n])
     }
 
     /// With io_uring: pumps the sending half (its gathers queued on the ring), submits with
@@ -422,10 +413,11 @@ impl Conn {
                 .try_lock()
                 .is_ok_and(|tx| !tx.closed && !tx.is_free())
         };
+        let ring = u.status();
         let needed = match self.driver.load(Ordering::SeqCst) {
             // Waiting for a kick: the last spinner's, or a submitter's.
-            DRIVER_IDLE | DRIVER_SPIN => u.in_flight() || u.has_results() || pending(),
-            DRIVER_RING => u.has_results() || (!u.in_flight() && pending()),
+            DRIVER_IDLE | DRIVER_SPIN => ring.in_flight || ring.results || pending(),
+            DRIVER_RING => ring.results || (!ring.in_flight && pending()),
             _ => false,
         };
         if needed {
@@ -835,29 +827,26 @@ impl DataConn {
                 seen: q.withdrawals,
             }));
             // A busy connection has its writer on it (or a spinner): the parts wait their turn.
-            if c.uring {
-                // Driven below, once the halves' locks are free.
-                Ok(Pumped::Blocked)
-            } else if free {
+            // With io_uring the ring is driven below, once the lock is free.
+            if free && !c.uring {
                 c.pump_tx(&mut tx, Via::Direct, SUBMIT_SEND_BYTES, &mut done)
+                    .map(drop)
             } else {
-                Ok(Pumped::Blocked)
+                Ok(())
             }
         };
-        let r = match (r, c.ring.get()) {
-            (Ok(_), Some(u)) => {
-                let r = c
-                    .drive(u, Via::Direct, true, &mut done)
-                    .map(|()| Pumped::Idle);
+        let r = match c.ring.get() {
+            Some(u) => {
+                let r = c.drive(u, Via::Direct, true, &mut done);
                 c.hand_over(u);
                 r
             }
             // Not open yet: the driver opens it.
-            (Ok(_), None) if c.uring => {
+            None if c.uring => {
                 c.tx_blocked.notify_one();
-                Ok(Pumped::Blocked)
+                r
             }
-            (r, _) => r,
+            None => r,
         };
         c.deliver(&mut done);
         if let Err(e) = r {
@@ -890,12 +879,9 @@ impl DataConn {
         let mut done = Vec::new();
         let mut failed = None;
         if let Some(u) = c.ring.get() {
-            // A send completed, or parts wait: drive the ring (no syscall otherwise).
-            let idle_tx = c.tx.try_lock().map_or(true, |tx| tx.is_free() || tx.closed);
-            if u.try_reap() || !idle_tx {
-                if let Err(e) = c.drive(u, Via::Direct, false, &mut done) {
-                    failed = Some(e);
-                }
+            // Pumps what waits and reaps what completed; no syscall when nothing was queued.
+            if let Err(e) = c.drive(u, Via::Direct, false, &mut done) {
+                failed = Some(e);
             }
         } else if let Ok(mut tx) = c.tx.try_lock() {
             if !tx.is_free() && !tx.closed {
@@ -983,6 +969,30 @@ async fn open_socket(
     }
 }
 
+/// One drive of the ring by the io_uring driver task, its completions delivered: `false`
+/// when the connection failed.
+fn turn(conn: &Conn, u: &Uring, done: &mut Vec<Completion>) -> bool {
+    conn.driver.store(DRIVER_BUSY, Ordering::SeqCst);
+    let r = conn.drive(u, Via::Task, true, done);
+    conn.deliver(done);
+    match r {
+        Ok(()) => true,
+        Err(e) => {
+            conn.fail(e);
+            false
+        }
+    }
+}
+
+/// Waits for `n` unless the link dies first: `false` when it died.
+async fn woken(dead: &mut tokio::sync::watch::Receiver<bool>, n: &Notify) -> bool {
+    tokio::select! {
+        biased;
+        r = dead.changed() => { let _ = r; false }
+        _ = n.notified() => true,
+    }
+}
+
 /// A connection task ends: the connection closes with the link's cause.
 fn end(conn: &Conn) {
     let cause = conn
@@ -1003,10 +1013,8 @@ async fn writer(conn: Arc<Conn>) {
         if *dead.borrow() {
             break;
         }
-        tokio::select! {
-            biased;
-            r = dead.changed() => { let _ = r; break }
-            _ = conn.tx_blocked.notified() => {}
+        if !woken(&mut dead, &conn.tx_blocked).await {
+            break;
         }
         if conn.sock.get().is_none() {
             let Some(s) = open_socket(&conn, &mut dead).await else {
@@ -1074,20 +1082,16 @@ async fn reader(conn: Arc<Conn>) {
             // socket syscall, and the socket unregistered). A peer that closes meanwhile is
             // seen by the control channel (which kills the link) or by the next read.
             watch = None;
-            tokio::select! {
-                biased;
-                r = dead.changed() => { let _ = r; break }
-                _ = conn.rx_pushed.notified() => {}
+            if !woken(&mut dead, &conn.rx_pushed).await {
+                break;
             }
             continue;
         }
         if conn.spinners.load(Ordering::Acquire) > 0 {
             // A waiter drives the connection; it rings when it stops spinning.
             watch = None;
-            tokio::select! {
-                biased;
-                r = dead.changed() => { let _ = r; break }
-                _ = conn.spin_ended.notified() => {}
+            if !woken(&mut dead, &conn.spin_ended).await {
+                break;
             }
             continue;
         }
@@ -1135,10 +1139,8 @@ async fn driver(conn: Arc<Conn>) {
             break 'open None;
         }
         conn.driver.store(DRIVER_IDLE, Ordering::SeqCst);
-        tokio::select! {
-            biased;
-            r = dead.changed() => { let _ = r; break 'open None }
-            _ = conn.tx_blocked.notified() => {}
+        if !woken(&mut dead, &conn.tx_blocked).await {
+            break 'open None;
         }
         conn.driver.store(DRIVER_BUSY, Ordering::SeqCst);
         if lock(&conn.tx).is_free() {
@@ -1171,32 +1173,29 @@ async fn driver(conn: Arc<Conn>) {
             if *dead.borrow() {
                 break;
             }
-            conn.driver.store(DRIVER_BUSY, Ordering::SeqCst);
-            let r = conn.drive(u, Via::Task, true, &mut done);
-            conn.deliver(&mut done);
-            if let Err(e) = r {
-                conn.fail(e);
+            if !turn(&conn, u, &mut done) {
                 break;
             }
             let state = if conn.spinners.load(Ordering::SeqCst) > 0 {
                 DRIVER_SPIN
-            } else if u.in_flight() {
+            } else if u.status().in_flight {
                 DRIVER_RING
             } else {
                 DRIVER_IDLE
             };
             conn.driver.store(state, Ordering::SeqCst);
             // Published: a submitter or spinner that changes things from here on wakes us.
-            // What changed before, we see now.
-            // Completions left for a pump (the drive's rounds ran out): drive again.
-            let again = u.has_results()
+            // What changed before, we see now. Completions left for a pump (the drive's
+            // rounds ran out): drive again.
+            let ring = u.status();
+            let again = ring.results
                 || match state {
                     DRIVER_IDLE => {
-                        u.in_flight()
+                        ring.in_flight
                             || !lock(&conn.tx).is_free()
                             || conn.spinners.load(Ordering::SeqCst) > 0
                     }
-                    DRIVER_RING => !u.in_flight(),
+                    DRIVER_RING => !ring.in_flight,
                     _ => false,
                 };
             if again {
@@ -1204,10 +1203,8 @@ async fn driver(conn: Arc<Conn>) {
             }
             if state != DRIVER_RING {
                 watch = None;
-                tokio::select! {
-                    biased;
-                    r = dead.changed() => { let _ = r; break }
-                    _ = conn.tx_blocked.notified() => {}
+                if !woken(&mut dead, &conn.tx_blocked).await {
+                    break;
                 }
                 continue;
             }
@@ -1222,11 +1219,7 @@ async fn driver(conn: Arc<Conn>) {
                     Ok(mut g) => {
                         // Reap before clearing: completions posted after the readiness was
                         // seen keep it set.
-                        conn.driver.store(DRIVER_BUSY, Ordering::SeqCst);
-                        let r = conn.drive(u, Via::Task, true, &mut done);
-                        conn.deliver(&mut done);
-                        if let Err(e) = r {
-                            conn.fail(e);
+                        if !turn(&conn, u, &mut done) {
                             break;
                         }
                         g.clear_ready();

@@ -76,6 +76,17 @@ impl Rig {
             .build()
             .await
             .expect("initiator engine");
+        if mode == Mode::TcpUring {
+            let (io, why) = init.tcp_io();
+            // Where the kernel refuses io_uring the engine runs epoll; CI may not skip.
+            assert!(
+                io == hixl_core::options::TcpIo::Uring
+                    || std::env::var_os("HIXL_REQUIRE_URING").is_none(),
+                "the uring rig runs {}: {}",
+                io.as_str(),
+                why.unwrap_or("no reason given")
+            );
+        }
         Rig {
             mode,
             target,
