@@ -46,6 +46,63 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     }
 }
 
+/// Takes what the socket already holds into `buf` with one nonblocking `recv`, without
+/// waiting for tokio's reactor: a socket just accepted (or connected) has no readiness known
+/// to tokio yet, so its first read would otherwise wait for a turn of the reactor and a trip
+/// through the runtime's queue even when the peer's first frame is already there. Returns
+/// whether anything was taken; errors and end of stream are left to the next [`read_frame`].
+pub(crate) fn take_ready(s: &tokio::net::TcpStream, buf: &mut BytesMut) -> bool {
+    buf.reserve(4096);
+    let sock = socket2::SockRef::from(s);
+    // `recv` writes at most the spare capacity's length into it and says how much.
+    match sock.recv(buf.spare_capacity_mut()) {
+        Ok(n) if n > 0 => {
+            // SAFETY: the kernel initialised the first `n` bytes of the spare capacity.
+            unsafe { buf.set_len(buf.len() + n) };
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Connects to `addr`. On loopback and other fast paths the kernel has usually finished the
+/// handshake by the time the nonblocking `connect` returns; then the stream is used at once
+/// instead of after a turn of tokio's reactor (which, with a thousand connects under way,
+/// means a trip through a long run queue). Otherwise it waits for writability as
+/// `TcpStream::connect` does.
+///
+/// # Errors
+/// The socket's or the connect's error.
+pub(crate) async fn connect(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    sock.set_nonblocking(true)?;
+    match sock.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(e) => return Err(e),
+    }
+    let mut pfd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&sock),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 0) } == 1;
+    let s = tokio::net::TcpStream::from_std(std::net::TcpStream::from(sock))?;
+    if !ready {
+        s.writable().await?;
+    }
+    match s.take_error()? {
+        Some(e) => Err(e),
+        None => {
+            // A connect still in progress would fail here (ENOTCONN): make sure it is done.
+            s.peer_addr()?;
+            Ok(s)
+        }
+    }
+}
+
 /// Encodes and writes one frame.
 ///
 /// # Errors
@@ -107,6 +164,21 @@ pub(crate) fn shutdown_both(s: &tokio::net::TcpStream) {
 /// to a peer that does not read.
 const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// The most bytes of queued frames [`write_frames`] joins into one write.
+const GATHER_MAX: usize = 64 * 1024;
+
+/// Appends the frames already queued behind `f` to it, up to [`GATHER_MAX`] bytes: frames
+/// queued together (a `Welcome`, its offers and the memory table; a burst of notifies) go
+/// out in one `send`, one segment, one wake-up of the peer's reader.
+fn gather(f: &mut BytesMut, rx: &mut mpsc::UnboundedReceiver<BytesMut>) {
+    while f.len() < GATHER_MAX {
+        match rx.try_recv() {
+            Ok(g) => f.extend_from_slice(&g),
+            Err(_) => break,
+        }
+    }
+}
+
 /// Writes queued control frames until every sender is gone or the link dies (then flushes
 /// what is queued, typically a `Disconnect`, for at most [`FLUSH_GRACE`]: a peer that stopped
 /// reading never holds a dead link's tasks); a write error kills the link.
@@ -122,7 +194,8 @@ pub(crate) async fn write_frames(
             tokio::select! {
                 biased;
                 f = rx.recv() => match f {
-                    Some(f) => {
+                    Some(mut f) => {
+                        gather(&mut f, &mut rx);
                         if let Err(e) = w.write_all(&f).await {
                             state.kill(Error::connection_lost(&peer, "writing a control frame", e));
                             break;

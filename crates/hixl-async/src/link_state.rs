@@ -16,6 +16,9 @@ pub(crate) struct LinkState {
     tx: watch::Sender<bool>,
     /// Every task of the link, spawned through [`LinkState::spawn`].
     tasks: TaskTracker,
+    /// The runtime the link was made on: tasks started later (a data connection's, on its
+    /// first transfer) go there whatever thread submits.
+    rt: Option<tokio::runtime::Handle>,
 }
 
 impl LinkState {
@@ -24,6 +27,7 @@ impl LinkState {
             cause: OnceLock::new(),
             tx: watch::channel(false).0,
             tasks: TaskTracker::new(),
+            rt: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -34,7 +38,10 @@ impl LinkState {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        drop(self.tasks.spawn(f));
+        match &self.rt {
+            Some(rt) => drop(self.tasks.spawn_on(f, rt)),
+            None => drop(self.tasks.spawn(f)),
+        }
     }
 
     /// Resolves once the link is dead and every task it spawned has ended.

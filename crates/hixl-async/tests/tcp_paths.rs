@@ -339,3 +339,70 @@ async fn target_gone_mid_write_epoll() {
 async fn target_gone_mid_write_uring() {
     target_gone_mid_write("uring").await;
 }
+
+/// A data connection's tasks start with its first transfer. A link that dies before any
+/// transfer (the target shut down, then the link seen dead; or the first transfers posted in
+/// the same instant as the shutdown) still resolves every transfer, with the link's error
+/// or landed, and leaves nothing in flight.
+async fn first_transfer_on_a_dying_link(io: &str, wait_dead: bool) {
+    let b = big(io, &pattern(BLOCK * BLOCKS, 7)).await;
+    let gone = {
+        let t = b.target.clone();
+        tokio::spawn(async move { t.shutdown(Duration::from_millis(100)).await })
+    };
+    if wait_dead {
+        let t0 = std::time::Instant::now();
+        while b.peer.is_connected() {
+            assert!(t0.elapsed() < T, "the link outlived its target");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let writes: Vec<_> = (0..4)
+        .map(|i| {
+            let (peer, descs) = (b.peer.clone(), b.descs.clone());
+            // Small ops (one connection) and wide ones (every connection).
+            let descs = if i % 2 == 0 {
+                descs[..1].to_vec()
+            } else {
+                descs
+            };
+            tokio::spawn(async move { peer.write(&descs).await })
+        })
+        .collect();
+    for w in writes {
+        let r = tokio::time::timeout(T, w)
+            .await
+            .unwrap_or_else(|_| panic!("a first write over {io} did not resolve"))
+            .unwrap();
+        if wait_dead {
+            assert!(r.is_err(), "a write on a dead link over {io} succeeded");
+        }
+    }
+    gone.await.unwrap();
+    assert_eq!(b.init.ops_in_flight(), 0);
+    b.init.shutdown(Duration::from_millis(200)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_transfer_on_a_dead_link_epoll() {
+    first_transfer_on_a_dying_link("epoll", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_transfer_on_a_dead_link_uring() {
+    first_transfer_on_a_dying_link("uring", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_transfer_as_the_link_dies_epoll() {
+    for _ in 0..5 {
+        first_transfer_on_a_dying_link("epoll", false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_transfer_as_the_link_dies_uring() {
+    for _ in 0..5 {
+        first_transfer_on_a_dying_link("uring", false).await;
+    }
+}

@@ -16,7 +16,7 @@ use super::control::Control;
 use super::{now_ms, Link, TokenLog};
 use crate::clock::now;
 use crate::context::{EngineConfig, OpsHandle, Regions};
-use crate::frame_io::{keep_alive, read_frame, tune, unexpected, write_frame};
+use crate::frame_io::{connect, keep_alive, read_frame, tune, unexpected, write_frame};
 use crate::link_state::LinkState;
 use crate::tcp::channel::TcpChannel;
 use crate::tcp::initiator::DataOpener;
@@ -25,7 +25,7 @@ use crate::transport::{select, LinkHooks, Negotiation, PeerChannel, Transport};
 /// Opens one data connection of a link's session: connect, `Hello` on the data channel,
 /// the peer's `Welcome`.
 async fn open_data(addr: SocketAddr, local: &str, session: u64, remote: &str) -> Result<TcpStream> {
-    let mut d = TcpStream::connect(addr)
+    let mut d = connect(addr)
         .await
         .map_err(|e| Error::io(format!("opening data connection to {remote}"), e))?;
     tune(&d);
@@ -82,7 +82,7 @@ impl Link {
     /// Connects the control channel, fetches the memory table and opens the data connections.
     pub(crate) async fn establish(lcx: &LinkCx, p: LinkParams<'_>) -> Result<Arc<Link>> {
         let remote = p.remote;
-        let s = TcpStream::connect(p.addr)
+        let s = connect(p.addr)
             .await
             .map_err(|e| Error::io(format!("connecting to {remote}"), e))?;
         tune(&s);

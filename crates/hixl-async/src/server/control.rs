@@ -65,9 +65,12 @@ impl Server {
             while let Some(e) = session.poll_event() {
                 self.on_event(&mut session, &sess, &mut inserted, e);
             }
+            // What this turn queued goes to the writer as one buffer, one `send`.
+            let mut b = BytesMut::new();
             while let Some(m) = session.poll_transmit() {
-                let mut b = BytesMut::with_capacity(64);
                 m.encode(&mut b);
+            }
+            if !b.is_empty() {
                 let _ = wtx.send(b);
             }
             if session.is_closed() {

@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::context::{EngineConfig, Regions};
-use crate::frame_io::{read_frame, tune, write_frame};
+use crate::frame_io::{read_frame, take_ready, tune, write_frame};
 use crate::notify::NotifyQueue;
 use crate::transport::target::{Sessions, TargetCx};
 use crate::transport::Transport;
@@ -159,7 +159,9 @@ impl Server {
         shutdown: watch::Receiver<bool>,
     ) {
         tune(&s);
-        let mut buf = BytesMut::with_capacity(4096);
+        let mut buf = BytesMut::new();
+        // The hello has often arrived with the connection (see `take_ready`).
+        take_ready(&s, &mut buf);
         let mut sd = shutdown.clone();
         let hello = tokio::select! {
             m = tokio::time::timeout(HELLO_TIMEOUT, read_frame(&mut s, &mut buf, &from)) => m,

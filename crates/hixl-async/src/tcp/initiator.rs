@@ -21,7 +21,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hixl_core::wire::{
@@ -93,6 +93,9 @@ struct Conn {
     uring: bool,
     /// What the io_uring driver task waits for now ([`DRIVER_BUSY`] and the others).
     driver: AtomicU8,
+    /// Whether the connection's tasks were started ([`DataConn::start`], on its first
+    /// transfer).
+    started: AtomicBool,
     /// The socket (nonblocking), once the writer task opened it for the first parts (an
     /// unused connection holds no descriptor).
     sock: OnceLock<std::net::TcpStream>,
@@ -788,6 +791,7 @@ impl DataConn {
             ring: OnceLock::new(),
             uring,
             driver: AtomicU8::new(DRIVER_BUSY),
+            started: AtomicBool::new(false),
             sock: OnceLock::new(),
             spinners: AtomicUsize::new(0),
             spin_ended: Notify::new(),
@@ -801,19 +805,37 @@ impl DataConn {
             tx_blocked: Notify::new(),
             rx_pushed: Notify::new(),
         });
-        if uring {
-            state.spawn(driver(conn.clone()));
-        } else {
-            state.spawn(writer(conn.clone()));
-        }
-        state.spawn(reader(conn.clone()));
         DataConn { conn }
+    }
+
+    /// Starts the connection's tasks, on its first transfer: a link that never moves data
+    /// over this connection costs no task (a thousand peers connecting at once would
+    /// otherwise queue eight idle tasks each on the runtime, ahead of every handshake).
+    /// The tasks see a link that is already dead at once and close the connection, failing
+    /// what was queued.
+    fn start(&self) {
+        let c = &self.conn;
+        if c.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if c.state.is_dead() {
+            // Nothing may be left to tasks that a stopped runtime would never run.
+            end(c);
+            return;
+        }
+        if c.uring {
+            c.state.spawn(driver(c.clone()));
+        } else {
+            c.state.spawn(writer(c.clone()));
+        }
+        c.state.spawn(reader(c.clone()));
     }
 
     /// Sends the parts of one op, at once when the connection is free (the rest, if the
     /// socket fills, goes to the writer task). On a closed connection they come back to be
     /// failed.
     pub(crate) fn submit(&self, q: Queued) -> Result<(), Vec<Part>> {
+        self.start();
         let c = &*self.conn;
         let mut done = Vec::new();
         let r = {

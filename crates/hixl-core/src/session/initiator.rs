@@ -294,8 +294,9 @@ impl InitiatorSession {
                 self.table = sorted(v);
                 self.core.event(Event::Table(self.table.clone()));
                 self.handshake_deadline = None;
-                let probe = self.liveness.start(now);
-                self.core.send(probe);
+                if let Some(probe) = self.liveness.start(now) {
+                    self.core.send(probe);
+                }
                 self.state = State::Established { session };
                 Ok(())
             }

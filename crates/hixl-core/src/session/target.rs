@@ -410,7 +410,7 @@ impl TargetSession {
     }
 
     /// Sends the memory table: the first one establishes the link (ending the offers and
-    /// starting the probes, the first at once), later ones are updates.
+    /// starting the liveness timer), later ones are updates.
     ///
     /// # Errors
     /// [`Error::SessionOutOfPhase`] before the `Welcome`; the session's cause once closed.
@@ -419,8 +419,9 @@ impl TargetSession {
         self.core.send(Message::MemTable(table));
         if self.state == State::Welcomed {
             self.state = State::Established;
-            let probe = self.liveness.start(now);
-            self.core.send(probe);
+            if let Some(probe) = self.liveness.start(now) {
+                self.core.send(probe);
+            }
         }
         Ok(())
     }

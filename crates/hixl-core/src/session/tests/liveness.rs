@@ -96,18 +96,18 @@ fn idle_link_with_answered_probes_stays_alive() {
     let from_i = heartbeats(&p, Dir::ToTarget);
     let from_t = heartbeats(&p, Dir::ToInitiator);
     // The initiator probes once a second and the target answers each probe once; the
-    // target, hearing those probes, sends only its first probe: one probe and one answer
-    // per interval.
+    // target, hearing those probes, sends none of its own: one probe and one answer per
+    // interval.
     let probes_i = from_i.iter().filter(|s| !target_bit(**s)).count();
     let probes_t = from_t.iter().filter(|s| target_bit(**s)).count();
     let answers_t = from_t.iter().filter(|s| !target_bit(**s)).count();
     assert!((600..=602).contains(&probes_i), "{probes_i}");
-    assert_eq!(probes_t, 1, "the target probed a link it hears");
+    assert_eq!(probes_t, 0, "the target probed a link it hears");
     assert!(
         probes_i - answers_t <= 1,
         "{probes_i} probes, {answers_t} answers"
     );
-    assert!(from_i.len() + from_t.len() <= 2 * 602 + 1);
+    assert!(from_i.len() + from_t.len() <= 2 * 602);
 }
 
 #[test]
@@ -299,7 +299,7 @@ fn neither_end_answers_an_answer() {
     let count: Vec<u64> = own_i.iter().map(|s| s & 0xffff_ffff).collect();
     assert_eq!(count, (1..=own_i.len() as u64).collect::<Vec<_>>());
     assert!(own_i.iter().all(|s| s >> 32 == 1000), "{own_i:?}");
-    let delivered_t = own_t.len() - 1; // the last probe may still be in flight
+    let delivered_t = own_t.len().saturating_sub(1); // the last probe may still be in flight
     assert!(echoed_by_i.len() >= delivered_t && echoed_by_i.len() <= own_t.len());
     assert_eq!(echoed_by_i[..], own_t[..echoed_by_i.len()]);
     assert_eq!(echoed_by_t[..], own_i[..echoed_by_t.len()]);
