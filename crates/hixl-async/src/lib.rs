@@ -12,6 +12,7 @@ mod notify;
 mod rawio;
 mod reactor;
 mod sink;
+mod stage;
 mod sync;
 
 pub use memory::{HostBuffer, Region};

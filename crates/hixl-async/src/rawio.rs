@@ -110,6 +110,15 @@ impl<'a> RawRange<'a> {
         }
     }
 
+    /// The first `n` bytes of the range (`n <= len`).
+    pub(crate) fn to(&self, n: usize) -> RawRange<'a> {
+        RawRange {
+            ptr: self.ptr,
+            len: n.min(self.len),
+            _keep: PhantomData,
+        }
+    }
+
     /// The range's length in bytes.
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -222,63 +231,9 @@ fn sendmsg_now(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<usize> {
     }
 }
 
-/// One nonblocking `recv(2)` into `dst` (`MSG_DONTWAIT`). `Ok(0)` means the peer closed (or
-/// `dst` is empty); [`io::ErrorKind::WouldBlock`] that nothing is there yet. `EINTR` is
-/// retried. Touches no tokio readiness, like [`send_now`].
-pub(crate) fn recv_now(fd: RawFd, dst: RawRange<'_>) -> io::Result<usize> {
-    if dst.len == 0 {
-        return Ok(0);
-    }
-    loop {
-        // SAFETY: validity: the range is writable for its life (contract of RawRange::new) and
-        // the caller passes a live socket. Aliasing: the kernel writes the bytes; no Rust
-        // reference to them exists.
-        let n = unsafe { libc::recv(fd, dst.ptr.cast(), dst.len, libc::MSG_DONTWAIT) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
-/// [`recv_now`] into a buffer of our own.
-pub(crate) fn recv_now_buf(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is exclusively borrowed for the call, so valid for writes and not aliased.
-    recv_now(fd, unsafe { RawRange::new(buf.as_mut_ptr(), buf.len()) })
-}
-
 /// Longest a task spins without yielding to its runtime: spinning is sliced so that other
 /// tasks of the worker thread (and a current-thread runtime's only one) still run.
 pub(crate) const SPIN_SLICE: std::time::Duration = std::time::Duration::from_micros(100);
-
-/// Spins on [`recv_now`] into `buf` for up to `quiet` while nothing arrives: `Some(n)` once
-/// bytes (or the peer's close, `n == 0`) came, `None` when the quiet period passed. The
-/// spinning half of "spin briefly, then park": a peer that answers within `quiet` is served
-/// without a wake-up of this thread.
-pub(crate) fn spin_recv_buf(
-    fd: RawFd,
-    buf: &mut [u8],
-    quiet: std::time::Duration,
-) -> io::Result<Option<usize>> {
-    if quiet.is_zero() || buf.is_empty() {
-        return Ok(None);
-    }
-    let until = std::time::Instant::now() + quiet;
-    loop {
-        match recv_now_buf(fd, buf) {
-            Ok(n) => return Ok(Some(n)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-        if std::time::Instant::now() >= until {
-            return Ok(None);
-        }
-        std::hint::spin_loop();
-    }
-}
 
 /// The local bytes of one part of an op, as a transport holds them from post until the part
 /// completes: an address and a length, with no lifetime and no lease of its own.
@@ -341,92 +296,6 @@ fn syscall_result(
     } else {
         Ok(())
     }
-}
-
-/// Receives exactly `dst.len()` bytes from `s` into `dst`.
-///
-/// Like `AsyncReadExt::read_exact` (one `recv` per readiness edge, the task's cooperative
-/// budget honoured), but landing bytes in shared memory without forming a reference to it.
-/// Cancel-safe in the same (weak) sense: when dropped, an unknown prefix has been consumed.
-///
-/// # Errors
-/// [`io::ErrorKind::UnexpectedEof`] when the peer closes before the range is full; socket
-/// errors as they come (`EINTR` is retried).
-#[cfg(test)]
-pub(crate) async fn recv_exact(s: &TcpStream, dst: RawRange<'_>) -> io::Result<()> {
-    recv_exact_spin(s, dst, std::time::Duration::ZERO).await
-}
-
-/// [`recv_exact`], spinning on nonblocking receives for up to `quiet` after the last bytes
-/// came before it waits for tokio's readiness (a payload streaming in on a fast link is then
-/// received without a wake-up per segment).
-pub(crate) async fn recv_exact_spin(
-    s: &TcpStream,
-    dst: RawRange<'_>,
-    quiet: std::time::Duration,
-) -> io::Result<()> {
-    let fd = s.as_raw_fd();
-    let mut off = 0;
-    while off < dst.len {
-        if !quiet.is_zero() {
-            let mut until = std::time::Instant::now() + quiet;
-            let mut slice = std::time::Instant::now() + SPIN_SLICE;
-            while off < dst.len {
-                match recv_now(fd, dst.from(off)) {
-                    Ok(0) => {
-                        return Err(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "connection closed inside a payload",
-                        ))
-                    }
-                    Ok(n) => {
-                        off += n;
-                        until = std::time::Instant::now() + quiet;
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        let now = std::time::Instant::now();
-                        if now >= until {
-                            break;
-                        }
-                        if now >= slice {
-                            tokio::task::yield_now().await;
-                            slice = std::time::Instant::now() + SPIN_SLICE;
-                        }
-                        std::hint::spin_loop();
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-            if off == dst.len {
-                break;
-            }
-        }
-        // Honours the cooperative budget (as tokio's reads do) before touching the socket.
-        poll_fn(|cx| s.poll_read_ready(cx)).await?;
-        let want = dst.len - off;
-        let mut got = 0;
-        let r = s.try_io(Interest::READABLE, || {
-            // SAFETY: validity: dst.at(off)..+want lies inside dst (off < len), writable for
-            // the range's life by the contract of RawRange::new, and fd is a live socket
-            // borrowed through `s`. Aliasing: the kernel writes the bytes; no Rust reference
-            // to them exists.
-            let n = unsafe { libc::recv(fd, dst.at(off).cast(), want, 0) };
-            syscall_result(n, want, &mut got, true)
-        });
-        match r {
-            Ok(()) if got == 0 => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "connection closed inside a payload",
-                ))
-            }
-            Ok(()) => off += got,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => off += got,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// [`send_pieces`] of a header and one range (the tests' shorthand).
@@ -497,6 +366,10 @@ pub(crate) async fn send_pieces(s: &TcpStream, pieces: &[Piece<'_>]) -> io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stage::{recv_exact, Stage};
+    use std::time::Duration;
+
+    const ZERO: Duration = Duration::ZERO;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
@@ -547,7 +420,9 @@ mod tests {
             let mut h = [0u8; 40];
             b.read_exact(&mut h).await.unwrap();
             assert_eq!(&h[..], &head[..]);
-            recv_exact(&b, range(&mut dst)).await.unwrap();
+            recv_exact(&b, &mut Stage::default(), range(&mut dst), ZERO)
+                .await
+                .unwrap();
         };
         tokio::join!(send, recv);
         assert!(dst == src, "payload differs");
@@ -599,6 +474,7 @@ mod tests {
             a
         });
         let mut dst = vec![0u8; len];
+        let mut stage = Stage::default();
         // Odd piece sizes: ranges that end mid-segment.
         let mut off = 0;
         for piece in [1usize, 4095, 65_537, 1 << 20].iter().cycle() {
@@ -608,13 +484,14 @@ mod tests {
             let n = (*piece).min(len - off);
             // Alternately spinning and waiting on readiness.
             let spin = std::time::Duration::from_micros(if n % 2 == 1 { 50 } else { 0 });
-            recv_exact_spin(&b, range(&mut dst[off..off + n]), spin)
+            recv_exact(&b, &mut stage, range(&mut dst[off..off + n]), spin)
                 .await
                 .unwrap();
             off += n;
         }
         let a = t.await.unwrap();
         assert!(dst == want, "payload differs");
+        assert!(stage.is_empty(), "bytes staged past the ranges");
         drop(a);
         let mut rest = Vec::new();
         b.read_to_end(&mut rest).await.unwrap();
@@ -662,13 +539,17 @@ mod tests {
         a.write_all(&pattern(100, 4)).await.unwrap();
         drop(a);
         let mut dst = vec![0u8; 1000];
-        let e = recv_exact(&b, range(&mut dst)).await.unwrap_err();
+        let e = recv_exact(&b, &mut Stage::default(), range(&mut dst), ZERO)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         assert_eq!(&dst[..100], &pattern(100, 4)[..]);
         // EOF before any byte is the same error (the caller expected a payload).
         let (a, b) = pair(false).await;
         drop(a);
-        let e = recv_exact(&b, range(&mut dst)).await.unwrap_err();
+        let e = recv_exact(&b, &mut Stage::default(), range(&mut dst), ZERO)
+            .await
+            .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
     }
 
@@ -696,7 +577,9 @@ mod tests {
     #[tokio::test]
     async fn zero_length_ops_do_nothing() {
         let (a, b) = pair(false).await;
-        recv_exact(&b, RawRange::empty()).await.unwrap();
+        recv_exact(&b, &mut Stage::default(), RawRange::empty(), ZERO)
+            .await
+            .unwrap();
         send_all(&a, &[], RawRange::empty()).await.unwrap();
     }
 

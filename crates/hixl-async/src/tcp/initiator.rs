@@ -40,6 +40,7 @@ use crate::context::OpsHandle;
 use crate::link_state::LinkState;
 use crate::rawio::{self, PartRange};
 use crate::sink::Completions;
+use crate::stage::Stage;
 use crate::sync::lock;
 
 /// One piece of a transfer on one connection. Its local bytes stay valid until it is
@@ -53,8 +54,6 @@ pub(crate) struct Part {
     pub(crate) req: DataReq,
 }
 
-/// Acks read per syscall at most.
-pub(crate) const ACK_BATCH: usize = 64;
 /// Bytes a submitter sends itself at most; the rest of a large op goes to the writer task,
 /// so that submitting to several peers overlaps their sends.
 const SUBMIT_SEND_BYTES: usize = 256 << 10;
@@ -178,9 +177,9 @@ struct Rx {
     /// part instead). A write part is queued only once its payload is sent, so that nobody
     /// completes it (and lets its op be reaped) while the socket still reads its memory.
     inflight: Option<VecDeque<Part>>,
-    /// Answer bytes received but not yet a whole frame.
-    buf: [u8; ACK_FRAME * ACK_BATCH],
-    have: usize,
+    /// Answer bytes received ahead: frames not yet matched, and the start of a read payload
+    /// that came with its header (copied out of the stage into the part's memory).
+    stage: Stage,
     /// `Some(n)` while the front part's read payload is coming: `n` bytes are in.
     payload: Option<usize>,
     /// The reader task waits for [`Conn::rx_pushed`].
@@ -431,12 +430,14 @@ impl Conn {
     /// Queues `part` for its answer; gives it back if the connection is closed.
     fn push_rx(&self, part: Part) -> Result<(), Part> {
         let mut rx = lock(&self.rx);
-        let idle = std::mem::replace(&mut rx.reader_idle, false);
+        // Answers received ahead (with an earlier one, before this part was queued) wait in
+        // the stage, announced by no readiness edge: the reader must look.
+        let ring = std::mem::replace(&mut rx.reader_idle, false) || !rx.stage.is_empty();
         match rx.inflight.as_mut() {
             Some(q) => {
                 q.push_back(part);
                 drop(rx);
-                if idle {
+                if ring {
                     self.rx_pushed.notify_one();
                 }
                 Ok(())
@@ -647,8 +648,7 @@ impl Rx {
     fn new() -> Rx {
         Rx {
             inflight: Some(VecDeque::new()),
-            buf: [0; ACK_FRAME * ACK_BATCH],
-            have: 0,
+            stage: Stage::default(),
             payload: None,
             reader_idle: false,
         }
@@ -677,22 +677,28 @@ impl Rx {
             if let Some(got) = self.payload {
                 // SAFETY: the front part has not been completed: only this half, whose lock
                 // we hold, pops and completes it, after its payload is in.
-                let dst = unsafe { front.local.raw() }.from(got);
-                let n = match rawio::recv_now(fd, dst) {
-                    Ok(0) => return Err(lost(peer, "connection closed inside a read payload")),
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        return Ok(Pumped::Blocked)
+                let dst = unsafe { front.local.raw() };
+                let mut got = got + self.stage.take_into(dst.from(got));
+                if got < front.local_len() {
+                    // The rest of the payload, and whatever answers follow it, in one receive.
+                    match self.stage.recv_now(fd, Some(dst.from(got))) {
+                        Ok(g) if g.is_eof() => {
+                            return Err(lost(peer, "connection closed inside a read payload"))
+                        }
+                        Ok(g) => got += g.into_dst,
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            self.payload = Some(got);
+                            return Ok(Pumped::Blocked);
+                        }
+                        Err(e) => {
+                            return Err(conn.cause(Error::connection_lost(
+                                peer,
+                                "receiving a read payload",
+                                e,
+                            )))
+                        }
                     }
-                    Err(e) => {
-                        return Err(conn.cause(Error::connection_lost(
-                            peer,
-                            "receiving a read payload",
-                            e,
-                        )))
-                    }
-                };
-                let got = got + n;
+                }
                 if got < front.local_len() {
                     self.payload = Some(got);
                     continue;
@@ -707,37 +713,36 @@ impl Rx {
                 continue;
             }
             let want = if front.write {
-                q.iter().take(ACK_BATCH).take_while(|p| p.write).count() * ACK_FRAME
+                ACK_FRAME
             } else {
                 READ_RESP_FRAME
             };
-            let have = self.have;
-            let buf = &mut self.buf[have..want.max(have)];
-            let n = match rawio::recv_now_buf(fd, buf) {
-                Ok(0) => return Err(lost(peer, "connection closed by peer")),
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(Pumped::Blocked),
-                Err(e) => {
-                    return Err(conn.cause(Error::connection_lost(peer, "reading answers", e)))
+            if self.stage.len() < want {
+                match self.stage.recv_now(fd, None) {
+                    Ok(g) if g.is_eof() => return Err(lost(peer, "connection closed by peer")),
+                    Ok(_) => continue,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        return Ok(Pumped::Blocked)
+                    }
+                    Err(e) => {
+                        return Err(conn.cause(Error::connection_lost(peer, "reading answers", e)))
+                    }
                 }
-            };
-            self.have += n;
+            }
             if front.write {
-                let whole = self.have / ACK_FRAME;
-                take_acks(&self.buf[..whole * ACK_FRAME], q, peer, done)?;
-                self.buf.copy_within(whole * ACK_FRAME..self.have, 0);
-                self.have -= whole * ACK_FRAME;
+                // The acks staged for the writes at the front (a read's answer may follow).
+                let staged = self.stage.len() / ACK_FRAME;
+                let whole = q.iter().take(staged).take_while(|p| p.write).count();
+                take_acks(&self.stage.bytes()[..whole * ACK_FRAME], q, peer, done)?;
+                self.stage.consume(whole * ACK_FRAME);
                 continue;
             }
-            if self.have < READ_RESP_FRAME {
-                continue;
-            }
-            self.have = 0;
             let Message::ReadResp { id, status, len } =
-                decode_answer(&self.buf[..READ_RESP_FRAME], peer)?
+                decode_answer(&self.stage.bytes()[..READ_RESP_FRAME], peer)?
             else {
                 return Err(protocol(peer, "expected a read response"));
             };
+            self.stage.consume(READ_RESP_FRAME);
             if id != front.req.id || front.write {
                 let e = protocol(
                     peer,
@@ -1089,14 +1094,14 @@ async fn reader(conn: Arc<Conn>) {
         if *dead.borrow() {
             break;
         }
-        let idle = {
+        let (idle, staged) = {
             let mut rx = lock(&conn.rx);
             if rx.inflight.is_none() {
                 break;
             }
             let idle = !rx.awaiting() || conn.sock.get().is_none();
             rx.reader_idle = idle;
-            idle
+            (idle, !rx.stage.is_empty())
         };
         if idle {
             // Answers only follow requests, and a part is queued before (read) or right
@@ -1117,12 +1122,28 @@ async fn reader(conn: Arc<Conn>) {
             }
             continue;
         }
+        if staged {
+            // Answers may have come ahead of their parts (an ack received with an earlier
+            // one, before its write was queued): no readiness edge announces those.
+            let r = lock(&conn.rx).pump(&conn, &mut done);
+            conn.deliver(&mut done);
+            match r {
+                Ok(Pumped::Blocked) => {}
+                Ok(Pumped::Idle) => continue,
+                Err(e) => {
+                    conn.fail(e);
+                    break;
+                }
+            }
+        }
         let Some(w) = watching(&conn, false, &mut watch) else {
             break;
         };
         let ready = tokio::select! {
             biased;
             r = dead.changed() => { let _ = r; break }
+            // A part queued while answers for it wait in the stage (see `push_rx`).
+            _ = conn.rx_pushed.notified() => continue,
             r = w.fd.readable() => r,
         };
         let mut g = match ready {

@@ -9,13 +9,13 @@ use hixl_core::wire::{
     encode_ack, encode_read_resp, DataReq, FrameHeader, Message, DATA_REQ_FRAME, HEADER_LEN,
 };
 use hixl_core::{Access, Error};
-use tokio::io::AsyncReadExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use crate::context::{EngineConfig, Regions, TARGET_SPINNERS};
 use crate::memory::Lease;
 use crate::rawio::{self, Piece};
+use crate::stage::{self, Stage};
 
 /// Answers (acks, read responses) gathered before a forced flush: frames, read payloads and
 /// their bytes.
@@ -127,25 +127,23 @@ fn validate(regions: &Regions, req: &DataReq, need: Access) -> Result<Lease, Err
     Ok(Lease::new(&e.data))
 }
 
-/// Reads one request frame, flushing gathered answers before blocking for it. `Ok(None)` on
-/// a clean close between requests.
-async fn read_request(
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+/// Stages a whole request header, flushing gathered answers before blocking for it: `false`
+/// on a clean close between requests.
+async fn next_request(
+    rd: &OwnedReadHalf,
+    wr: &OwnedWriteHalf,
     answers: &mut Answers,
-    hdr: &mut [u8; DATA_REQ_FRAME],
+    stage: &mut Stage,
     config: &EngineConfig,
-) -> Result<Option<()>, Error> {
+) -> Result<bool, Error> {
     let reading = |e| io("reading request", e);
-    let mut have = 0;
-    while have < DATA_REQ_FRAME {
+    let fd = rd.as_ref().as_raw_fd();
+    while stage.len() < DATA_REQ_FRAME {
         if !answers.is_empty() {
-            match rd.try_read(&mut hdr[have..]) {
-                Ok(0) => return closed(have).map_err(reading),
-                Ok(n) => {
-                    have += n;
-                    continue;
-                }
+            // No next request waiting: the gathered answers go out before we wait for one.
+            match stage.recv_now(fd, None) {
+                Ok(g) if g.is_eof() => return closed(stage.len()).map_err(reading),
+                Ok(_) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     answers.flush(wr).await?;
                 }
@@ -153,42 +151,22 @@ async fn read_request(
             }
         }
         // Answers are out (the initiator waits for them): spin for the next request a while,
-        // then wait on readiness.
-        let n = match spin_for_request(rd, &mut hdr[have..], config)
-            .await
-            .map_err(reading)?
-        {
-            Some(n) => n,
-            None => rd.read(&mut hdr[have..]).await.map_err(reading)?,
+        // if no other connection of the engine spins, then wait on readiness.
+        let slot = SpinSlot::take(config);
+        let quiet = if slot.is_some() {
+            config.spin
+        } else {
+            std::time::Duration::ZERO
         };
-        if n == 0 {
-            return closed(have).map_err(reading);
+        let g = stage::recv_staged(rd.as_ref(), stage, None, quiet)
+            .await
+            .map_err(reading)?;
+        drop(slot);
+        if g.is_eof() {
+            return closed(stage.len()).map_err(reading);
         }
-        have += n;
     }
-    Ok(Some(()))
-}
-
-/// Spins on nonblocking receives into `buf` for `hixl.SpinUs`, in slices between which other
-/// tasks run, unless enough connections of the engine spin already: `Some(n)` once bytes came
-/// (0: the peer closed), `None` when nothing came or no slot was free.
-async fn spin_for_request(
-    rd: &OwnedReadHalf,
-    buf: &mut [u8],
-    config: &EngineConfig,
-) -> std::io::Result<Option<usize>> {
-    let Some(_spinning) = SpinSlot::take(config) else {
-        return Ok(None);
-    };
-    let until = std::time::Instant::now() + config.spin;
-    loop {
-        let left = until.saturating_duration_since(std::time::Instant::now());
-        let got = rawio::spin_recv_buf(rd.as_ref().as_raw_fd(), buf, left.min(rawio::SPIN_SLICE))?;
-        if got.is_some() || left <= rawio::SPIN_SLICE {
-            return Ok(got);
-        }
-        tokio::task::yield_now().await;
-    }
+    Ok(true)
 }
 
 /// One of the engine's [`TARGET_SPINNERS`] spinning slots, given back when dropped.
@@ -215,9 +193,9 @@ impl Drop for SpinSlot<'_> {
     }
 }
 
-fn closed(have: usize) -> std::io::Result<Option<()>> {
+fn closed(have: usize) -> std::io::Result<bool> {
     if have == 0 {
-        Ok(None)
+        Ok(false)
     } else {
         Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
@@ -238,20 +216,19 @@ async fn serve_loop(
     config: &EngineConfig,
     answers: &mut Answers,
 ) -> Result<(), Error> {
+    let mut stage = Stage::default();
     let mut hdr = [0u8; DATA_REQ_FRAME];
-    let mut scratch: Vec<u8> = Vec::new();
     loop {
         if answers.full() {
             answers.flush(wr).await?;
         }
-        if read_request(rd, wr, answers, &mut hdr, config)
-            .await?
-            .is_none()
-        {
+        if !next_request(rd, wr, answers, &mut stage, config).await? {
             // The initiator closed between requests: what it asked is answered first.
             answers.flush(wr).await?;
             return Ok(());
         }
+        hdr.copy_from_slice(&stage.bytes()[..DATA_REQ_FRAME]);
+        stage.consume(DATA_REQ_FRAME);
         let proto = |reason: String| Error::Protocol {
             peer: peer.to_string(),
             reason,
@@ -276,7 +253,7 @@ async fn serve_loop(
                         // write; the range borrows `lease`, which keeps the region registered
                         // (and its memory alive) until the payload is in.
                         let dst = lease.range(req.addr, req.len)?;
-                        rawio::recv_exact_spin(rd.as_ref(), dst, config.spin)
+                        stage::recv_exact(rd.as_ref(), &mut stage, dst, config.spin)
                             .await
                             .map_err(|e| io("reading write payload", e))?;
                         drop(lease);
@@ -284,7 +261,7 @@ async fn serve_loop(
                     }
                     Err(e) => {
                         tracing::info!(peer, "refused write {:#x}+{}: {e}", req.addr, req.len);
-                        drain(rd, req.len, &mut scratch)
+                        discard(rd, &mut stage, req.len)
                             .await
                             .map_err(|e| io("draining refused payload", e))?;
                         e.status().code()
@@ -312,14 +289,20 @@ async fn serve_loop(
 }
 
 /// Reads and discards a refused write's payload, keeping the stream in sync.
-async fn drain(rd: &mut OwnedReadHalf, mut len: u64, scratch: &mut Vec<u8>) -> std::io::Result<()> {
-    if scratch.is_empty() {
-        scratch.resize(64 << 10, 0);
+async fn discard(rd: &OwnedReadHalf, stage: &mut Stage, mut len: u64) -> std::io::Result<()> {
+    loop {
+        let n = len.min(stage.len() as u64);
+        stage.consume(n as usize);
+        len -= n;
+        if len == 0 {
+            return Ok(());
+        }
+        let g = stage::recv_staged(rd.as_ref(), stage, None, std::time::Duration::ZERO).await?;
+        if g.is_eof() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed inside a refused payload",
+            ));
+        }
     }
-    while len > 0 {
-        let n = (len as usize).min(scratch.len());
-        rd.read_exact(&mut scratch[..n]).await?;
-        len -= n as u64;
-    }
-    Ok(())
 }
