@@ -13,11 +13,11 @@
 //!
 //! The unsafety is at construction ([`RawRange::new`]); every operation on a range is safe.
 
-use std::future::poll_fn;
 use std::io;
 use std::marker::PhantomData;
 use std::os::fd::{AsRawFd, RawFd};
 
+use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
@@ -277,85 +277,119 @@ impl PartRange {
     }
 }
 
-/// Result of one socket syscall, with the count moved also when tokio is told the socket
-/// would block: with `clear_if_short`, a short transfer clears tokio's cached readiness, as
-/// tokio's own `poll_read`/`poll_write` do (on Linux it means the socket buffer is drained or
-/// full, so trying again before the next edge would mostly cost an `EAGAIN` syscall).
-fn syscall_result(
-    n: isize,
-    asked: usize,
-    moved: &mut usize,
-    clear_if_short: bool,
-) -> io::Result<()> {
-    if n < 0 {
-        return Err(io::Error::last_os_error());
+/// A nonblocking socket that one task drives, registered with tokio's reactor only while
+/// that task waits on it: while the task spins on nonblocking syscalls, the peer's bytes wake
+/// no parked worker thread (a registered socket's every arrival wakes the thread blocked in
+/// the reactor's `epoll_wait`, which on a small machine preempts a spinning one).
+#[derive(Debug)]
+pub(crate) struct Sock {
+    s: std::net::TcpStream,
+    watch: Option<AsyncFd<Watched>>,
+}
+
+/// A socket's descriptor as tokio's reactor watches it (the socket itself is owned elsewhere
+/// and outlives the registration).
+#[derive(Debug)]
+pub(crate) struct Watched(pub(crate) RawFd);
+
+impl AsRawFd for Watched {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
     }
-    *moved = n as usize;
-    if clear_if_short && 0 < *moved && *moved < asked {
-        Err(io::ErrorKind::WouldBlock.into())
-    } else {
-        Ok(())
+}
+
+impl Sock {
+    /// Takes a tokio stream out of the reactor (it is registered again only to wait).
+    pub(crate) fn new(s: TcpStream) -> io::Result<Sock> {
+        Ok(Sock {
+            s: s.into_std()?,
+            watch: None,
+        })
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        self.s.as_raw_fd()
+    }
+
+    /// Leaves the reactor, for a spin: nothing the peer sends wakes another thread meanwhile.
+    pub(crate) fn unwatch(&mut self) {
+        self.watch = None;
+    }
+
+    /// The registration to wait on, made now if the socket is not registered. A socket
+    /// registered while ready reports that readiness at once (epoll reports the state at
+    /// registration), so nothing that came before is missed.
+    pub(crate) fn watch(&mut self) -> io::Result<&AsyncFd<Watched>> {
+        if self.watch.is_none() {
+            // SAFETY: the descriptor is the socket `self.s` owns; the registration lives in
+            // `self.watch`, which `Sock`'s `Drop` clears before the fields drop (and `s`
+            // closes the descriptor), so it ends while the descriptor is open.
+            self.watch = Some(unsafe {
+                AsyncFd::register_with_interest(
+                    Watched(self.s.as_raw_fd()),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
+            }?);
+        }
+        match &self.watch {
+            Some(w) => Ok(w),
+            None => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
+}
+
+impl Drop for Sock {
+    fn drop(&mut self) {
+        // Deregistered before the socket closes its descriptor.
+        self.watch = None;
     }
 }
 
 /// [`send_pieces`] of a header and one range (the tests' shorthand).
 #[cfg(test)]
-pub(crate) async fn send_all(s: &TcpStream, head: &[u8], src: RawRange<'_>) -> io::Result<()> {
+pub(crate) async fn send_all(s: &mut Sock, head: &[u8], src: RawRange<'_>) -> io::Result<()> {
     send_pieces(s, &[Piece::Head(head), Piece::Body(src)]).await
 }
 
 /// Sends every byte of `pieces` on `s`, in order, as few `sendmsg` calls as the socket allows
 /// (up to 130 iovecs each: a batch of answers, headers and payloads, is one syscall), looping
-/// on partial sends and waiting on write readiness between them. `MSG_NOSIGNAL`: a peer that
-/// went away gives `EPIPE`, never `SIGPIPE`.
+/// on partial sends and waiting on write readiness (registered for the wait) only when the
+/// socket takes nothing. `MSG_NOSIGNAL`: a peer that went away gives `EPIPE`, never `SIGPIPE`.
 ///
 /// Not cancel-safe beyond `write_all`'s sense: when dropped, an unknown prefix has been sent.
 ///
 /// # Errors
 /// Socket errors (`EINTR` is retried); [`io::ErrorKind::WriteZero`] if the kernel accepts
 /// nothing.
-pub(crate) async fn send_pieces(s: &TcpStream, pieces: &[Piece<'_>]) -> io::Result<()> {
-    let fd = s.as_raw_fd();
+pub(crate) async fn send_pieces(s: &mut Sock, pieces: &[Piece<'_>]) -> io::Result<()> {
+    let fd = s.fd();
     let total: usize = pieces.iter().map(Piece::len).sum();
     // The first piece not wholly sent, and the bytes of it already sent.
     let (mut at, mut skip) = (0usize, 0usize);
     let mut off = 0;
-    let mut first_send = true;
     while off < total {
         while at < pieces.len() && skip >= pieces[at].len() {
             skip -= pieces[at].len();
             at += 1;
         }
-        poll_fn(|cx| s.poll_write_ready(cx)).await?;
-        let mut iov = [NO_IOV; SEND_IOV];
-        let (n_iov, want) = fill_iovecs(&pieces[at..], skip, &mut iov);
-        let mut sent = 0;
-        let first = std::mem::replace(&mut first_send, false);
-        let r = s.try_io(Interest::WRITABLE, || {
-            // SAFETY: an all-zero msghdr is valid (null name and control, no iovecs); the
-            // iovecs are set below.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = iov.as_mut_ptr();
-            msg.msg_iovlen = n_iov as _;
-            // SAFETY: validity: every iovec covers the unsent rest of a live borrowed header
-            // or of a RawRange, readable for its life by the contract of RawRange::new; `msg`
-            // and `iov` outlive the call; fd is a live socket borrowed through `s`. Aliasing:
-            // the kernel only reads the iovecs' bytes; no Rust reference to a range's memory
-            // exists.
-            let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
-            // After an op's first short send, try once more at once instead of waiting for
-            // the next edge: the peer drains meanwhile, and waiting for the kernel's
-            // write-space wakeup costs about 10% on 1 MiB reads. Later short sends wait. (The
-            // vectored-then-plain tokio writes this replaces behaved the same way.)
-            syscall_result(n, want, &mut sent, !first)
-        });
-        match r {
-            Ok(()) if sent == 0 => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(()) => {}
-            // A short send: readiness cleared, the rest waits for the next edge.
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+        let rest = &pieces[at..];
+        let sent = 'sent: {
+            match send_from(fd, rest, skip) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => break 'sent r?,
+            }
+            loop {
+                // Parked until the socket has room (registered for the wait).
+                let w = s.watch()?;
+                let mut g = w.writable().await?;
+                match g.try_io(|_| send_from(fd, rest, skip)) {
+                    Ok(r) => break 'sent r?,
+                    Err(_would_block) => continue,
+                }
+            }
+        };
+        if sent == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
         }
         off += sent;
         skip += sent;
@@ -363,10 +397,17 @@ pub(crate) async fn send_pieces(s: &TcpStream, pieces: &[Piece<'_>]) -> io::Resu
     Ok(())
 }
 
+/// One nonblocking `sendmsg` of `pieces` from byte `skip` of the first on.
+fn send_from(fd: RawFd, pieces: &[Piece<'_>], skip: usize) -> io::Result<usize> {
+    let mut iov = [NO_IOV; SEND_IOV];
+    let (n, _) = fill_iovecs(pieces, skip, &mut iov);
+    sendmsg_now(fd, &mut iov[..n])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stage::{recv_exact, Stage};
+    use crate::stage::{recv_exact, recv_staged, Stage};
     use std::time::Duration;
 
     const ZERO: Duration = Duration::ZERO;
@@ -388,6 +429,10 @@ mod tests {
         // SAFETY: the slice's memory lives for the borrow, which the range's lifetime carries;
         // the exclusive borrow keeps every other reference away while the range is used.
         unsafe { RawRange::new(v.as_mut_ptr(), v.len()) }
+    }
+
+    fn sock(s: TcpStream) -> Sock {
+        Sock::new(s).unwrap()
     }
 
     /// A connected pair; `small` gives the sender a small send buffer, which forces partial
@@ -414,13 +459,15 @@ mod tests {
         let head = pattern(40, 3);
         let mut dst = vec![0u8; len];
         let send = async {
-            send_all(&a, &head, range(&mut sbuf)).await.unwrap();
+            send_all(&mut sock(a), &head, range(&mut sbuf))
+                .await
+                .unwrap();
         };
         let recv = async {
             let mut h = [0u8; 40];
             b.read_exact(&mut h).await.unwrap();
             assert_eq!(&h[..], &head[..]);
-            recv_exact(&b, &mut Stage::default(), range(&mut dst), ZERO)
+            recv_exact(&mut sock(b), &mut Stage::default(), range(&mut dst), ZERO)
                 .await
                 .unwrap();
         };
@@ -453,7 +500,7 @@ mod tests {
                 .zip(ranges)
                 .flat_map(|(h, r)| [Piece::Head(h), Piece::Body(r)])
                 .collect();
-            send_pieces(&a, &pieces).await.unwrap();
+            send_pieces(&mut sock(a), &pieces).await.unwrap();
         };
         let recv = async {
             b.read_exact(&mut got).await.unwrap();
@@ -464,13 +511,15 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn large_ranges_across_threads() {
-        let (a, mut b) = pair(true).await;
+        let (a, b) = pair(true).await;
+        let mut b = sock(b);
         let len = 8 << 20;
         let want = pattern(len, 9);
         let src = want.clone();
         let t = tokio::spawn(async move {
             let mut src = src;
-            send_all(&a, &[], range(&mut src)).await.unwrap();
+            let mut a = sock(a);
+            send_all(&mut a, &[], range(&mut src)).await.unwrap();
             a
         });
         let mut dst = vec![0u8; len];
@@ -484,7 +533,7 @@ mod tests {
             let n = (*piece).min(len - off);
             // Alternately spinning and waiting on readiness.
             let spin = std::time::Duration::from_micros(if n % 2 == 1 { 50 } else { 0 });
-            recv_exact(&b, &mut stage, range(&mut dst[off..off + n]), spin)
+            recv_exact(&mut b, &mut stage, range(&mut dst[off..off + n]), spin)
                 .await
                 .unwrap();
             off += n;
@@ -493,9 +542,8 @@ mod tests {
         assert!(dst == want, "payload differs");
         assert!(stage.is_empty(), "bytes staged past the ranges");
         drop(a);
-        let mut rest = Vec::new();
-        b.read_to_end(&mut rest).await.unwrap();
-        assert!(rest.is_empty(), "bytes past the ranges");
+        let g = recv_staged(&mut b, &mut stage, None, ZERO).await.unwrap();
+        assert!(g.is_eof(), "bytes past the ranges");
     }
 
     #[tokio::test]
@@ -518,10 +566,11 @@ mod tests {
                 b.read_to_end(&mut got).await.unwrap();
                 got
             });
+            let mut a = sock(a);
             if plen == 0 {
-                send_all(&a, &head, RawRange::empty()).await.unwrap();
+                send_all(&mut a, &head, RawRange::empty()).await.unwrap();
             } else {
-                send_all(&a, &head, range(&mut p)).await.unwrap();
+                send_all(&mut a, &head, range(&mut p)).await.unwrap();
             }
             drop(a);
             let got = reader.await.unwrap();
@@ -539,7 +588,7 @@ mod tests {
         a.write_all(&pattern(100, 4)).await.unwrap();
         drop(a);
         let mut dst = vec![0u8; 1000];
-        let e = recv_exact(&b, &mut Stage::default(), range(&mut dst), ZERO)
+        let e = recv_exact(&mut sock(b), &mut Stage::default(), range(&mut dst), ZERO)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
@@ -547,7 +596,7 @@ mod tests {
         // EOF before any byte is the same error (the caller expected a payload).
         let (a, b) = pair(false).await;
         drop(a);
-        let e = recv_exact(&b, &mut Stage::default(), range(&mut dst), ZERO)
+        let e = recv_exact(&mut sock(b), &mut Stage::default(), range(&mut dst), ZERO)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
@@ -563,7 +612,9 @@ mod tests {
             // Closing with unread data makes the kernel reset the connection.
             drop(b);
         });
-        let e = send_all(&a, b"header", range(&mut src)).await.unwrap_err();
+        let e = send_all(&mut sock(a), b"header", range(&mut src))
+            .await
+            .unwrap_err();
         assert!(
             matches!(
                 e.kind(),
@@ -577,10 +628,12 @@ mod tests {
     #[tokio::test]
     async fn zero_length_ops_do_nothing() {
         let (a, b) = pair(false).await;
-        recv_exact(&b, &mut Stage::default(), RawRange::empty(), ZERO)
+        recv_exact(&mut sock(b), &mut Stage::default(), RawRange::empty(), ZERO)
             .await
             .unwrap();
-        send_all(&a, &[], RawRange::empty()).await.unwrap();
+        send_all(&mut sock(a), &[], RawRange::empty())
+            .await
+            .unwrap();
     }
 
     #[test]

@@ -12,15 +12,11 @@
 //! The stage only ever holds bytes that came after everything already consumed, so the
 //! protocol reads it in order, exactly as it would read the socket.
 
-use std::future::poll_fn;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use tokio::io::Interest;
-use tokio::net::TcpStream;
-
-use crate::rawio::{RawRange, SPIN_SLICE};
+use crate::rawio::{RawRange, Sock, SPIN_SLICE};
 
 /// Bytes a stage holds at most: a batch of small answers or requests per syscall, while an
 /// idle data connection's stage stays unallocated and a busy one costs this much.
@@ -156,40 +152,49 @@ impl Stage {
     }
 }
 
-/// Receives into `dst` (when given) and then `stage`, from a socket tokio watches: at once if
-/// bytes are there, else spinning on nonblocking receives for up to `quiet` (in slices between
-/// which the task yields), else waiting on read readiness. Returns what the first receive that
-/// found bytes (or the peer's close) brought.
+/// Receives into `dst` (when given) and then `stage`: at once if bytes are there, else
+/// spinning on nonblocking receives for up to `quiet` (in slices between which the task
+/// yields; the socket out of the reactor meanwhile), else waiting on read readiness
+/// (registered for the wait). Returns what the first receive that found bytes (or the peer's
+/// close) brought.
 pub(crate) async fn recv_staged(
-    s: &TcpStream,
+    s: &mut Sock,
     stage: &mut Stage,
     dst: Option<RawRange<'_>>,
     quiet: Duration,
 ) -> io::Result<Got> {
-    let fd = s.as_raw_fd();
-    let until = Instant::now() + quiet;
-    let mut slice = Instant::now() + SPIN_SLICE;
-    loop {
-        match stage.recv_now(fd, dst) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return r,
+    let fd = s.fd();
+    match stage.recv_now(fd, dst) {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        r => return r,
+    }
+    if !quiet.is_zero() {
+        s.unwatch();
+        let until = Instant::now() + quiet;
+        let mut slice = Instant::now() + SPIN_SLICE;
+        loop {
+            std::hint::spin_loop();
+            match stage.recv_now(fd, dst) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return r,
+            }
+            let now = Instant::now();
+            if now >= until {
+                break;
+            }
+            if now >= slice {
+                tokio::task::yield_now().await;
+                slice = Instant::now() + SPIN_SLICE;
+            }
         }
-        let now = Instant::now();
-        if now >= until {
-            break;
-        }
-        if now >= slice {
-            tokio::task::yield_now().await;
-            slice = Instant::now() + SPIN_SLICE;
-        }
-        std::hint::spin_loop();
     }
     loop {
         // Honours the cooperative budget (as tokio's reads do) before touching the socket.
-        poll_fn(|cx| s.poll_read_ready(cx)).await?;
-        match s.try_io(Interest::READABLE, || stage.recv_now(fd, dst)) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return r,
+        let w = s.watch()?;
+        let mut g = w.readable().await?;
+        match g.try_io(|_| stage.recv_now(fd, dst)) {
+            Ok(r) => return r,
+            Err(_would_block) => continue,
         }
     }
 }
@@ -204,7 +209,7 @@ pub(crate) async fn recv_staged(
 /// [`io::ErrorKind::UnexpectedEof`] when the peer closes before `dst` is full; socket errors
 /// as they come.
 pub(crate) async fn recv_exact(
-    s: &TcpStream,
+    s: &mut Sock,
     stage: &mut Stage,
     dst: RawRange<'_>,
     quiet: Duration,
@@ -227,6 +232,7 @@ pub(crate) async fn recv_exact(
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::os::fd::AsRawFd;
 
     fn range(v: &mut [u8]) -> RawRange<'_> {
         // SAFETY: the slice's memory lives for the borrow, which the range's lifetime carries;

@@ -38,7 +38,7 @@ use super::uring::{Piece, Uring};
 use crate::completion::Completion;
 use crate::context::OpsHandle;
 use crate::link_state::LinkState;
-use crate::rawio::{self, PartRange};
+use crate::rawio::{self, PartRange, Watched};
 use crate::sink::Completions;
 use crate::stage::Stage;
 use crate::sync::lock;
@@ -202,15 +202,6 @@ enum Via {
     Task,
     /// A submitter or a spinning waiter: what it leaves behind goes to the tasks.
     Direct,
-}
-
-/// The socket's descriptor as tokio's reactor watches it.
-struct Watched(RawFd);
-
-impl AsRawFd for Watched {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0
-    }
 }
 
 /// The socket's registration with tokio's reactor, shared by the connection's two tasks and

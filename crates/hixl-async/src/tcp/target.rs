@@ -2,19 +2,17 @@
 //! (rkey, bounds, access) before a byte moves, then moves bytes directly between the socket
 //! and registered memory.
 
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use hixl_core::wire::{
     encode_ack, encode_read_resp, DataReq, FrameHeader, Message, DATA_REQ_FRAME, HEADER_LEN,
 };
 use hixl_core::{Access, Error};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use crate::context::{EngineConfig, Regions, TARGET_SPINNERS};
 use crate::memory::Lease;
-use crate::rawio::{self, Piece};
+use crate::rawio::{self, Piece, Sock};
 use crate::stage::{self, Stage};
 
 /// Answers (acks, read responses) gathered before a forced flush: frames, read payloads and
@@ -59,7 +57,7 @@ impl Answers {
     }
 
     /// Sends every answer, then lets the leases go.
-    async fn flush(&mut self, wr: &OwnedWriteHalf) -> Result<(), Error> {
+    async fn flush(&mut self, sock: &mut Sock) -> Result<(), Error> {
         if self.is_empty() {
             return Ok(());
         }
@@ -78,7 +76,7 @@ impl Answers {
                 at = *end;
             }
             pieces[n] = Piece::Head(&self.frames[at..]);
-            rawio::send_pieces(wr.as_ref(), &pieces[..=n])
+            rawio::send_pieces(sock, &pieces[..=n])
                 .await
                 .map_err(|e| io("writing answers", e))?;
         }
@@ -102,13 +100,19 @@ pub(crate) async fn serve(
     regions: Regions,
     config: Arc<EngineConfig>,
 ) {
-    let (mut rd, mut wr) = stream.into_split();
+    let mut sock = match Sock::new(stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(peer = %peer, "cannot take a data connection out of the reactor: {e}");
+            return;
+        }
+    };
     let mut answers = Answers::default();
-    let r = serve_loop(&mut rd, &mut wr, &peer, &regions, &config, &mut answers).await;
+    let r = serve_loop(&mut sock, &peer, &regions, &config, &mut answers).await;
     if r.is_err() {
         // What was answered before the stream went bad still goes out (as when each read
         // was answered at once), if the socket takes it.
-        let _ = answers.flush(&wr).await;
+        let _ = answers.flush(&mut sock).await;
     }
     match r {
         Ok(()) => tracing::debug!(peer = %peer, "data connection closed"),
@@ -130,14 +134,13 @@ fn validate(regions: &Regions, req: &DataReq, need: Access) -> Result<Lease, Err
 /// Stages a whole request header, flushing gathered answers before blocking for it: `false`
 /// on a clean close between requests.
 async fn next_request(
-    rd: &OwnedReadHalf,
-    wr: &OwnedWriteHalf,
+    sock: &mut Sock,
     answers: &mut Answers,
     stage: &mut Stage,
     config: &EngineConfig,
 ) -> Result<bool, Error> {
     let reading = |e| io("reading request", e);
-    let fd = rd.as_ref().as_raw_fd();
+    let fd = sock.fd();
     while stage.len() < DATA_REQ_FRAME {
         if !answers.is_empty() {
             // No next request waiting: the gathered answers go out before we wait for one.
@@ -145,7 +148,7 @@ async fn next_request(
                 Ok(g) if g.is_eof() => return closed(stage.len()).map_err(reading),
                 Ok(_) => continue,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    answers.flush(wr).await?;
+                    answers.flush(sock).await?;
                 }
                 Err(e) => return Err(reading(e)),
             }
@@ -158,7 +161,7 @@ async fn next_request(
         } else {
             std::time::Duration::ZERO
         };
-        let g = stage::recv_staged(rd.as_ref(), stage, None, quiet)
+        let g = stage::recv_staged(sock, stage, None, quiet)
             .await
             .map_err(reading)?;
         drop(slot);
@@ -209,8 +212,7 @@ fn io(context: &str, e: std::io::Error) -> Error {
 }
 
 async fn serve_loop(
-    rd: &mut OwnedReadHalf,
-    wr: &mut OwnedWriteHalf,
+    sock: &mut Sock,
     peer: &str,
     regions: &Regions,
     config: &EngineConfig,
@@ -220,11 +222,11 @@ async fn serve_loop(
     let mut hdr = [0u8; DATA_REQ_FRAME];
     loop {
         if answers.full() {
-            answers.flush(wr).await?;
+            answers.flush(sock).await?;
         }
-        if !next_request(rd, wr, answers, &mut stage, config).await? {
+        if !next_request(sock, answers, &mut stage, config).await? {
             // The initiator closed between requests: what it asked is answered first.
-            answers.flush(wr).await?;
+            answers.flush(sock).await?;
             return Ok(());
         }
         hdr.copy_from_slice(&stage.bytes()[..DATA_REQ_FRAME]);
@@ -245,7 +247,7 @@ async fn serve_loop(
                 if !answers.reads.is_empty() {
                     // A read asked before this write sees the bytes from before it: its
                     // payload goes out before the write's lands.
-                    answers.flush(wr).await?;
+                    answers.flush(sock).await?;
                 }
                 let status = match validate(regions, &req, Access::REMOTE_WRITE) {
                     Ok(lease) => {
@@ -253,7 +255,7 @@ async fn serve_loop(
                         // write; the range borrows `lease`, which keeps the region registered
                         // (and its memory alive) until the payload is in.
                         let dst = lease.range(req.addr, req.len)?;
-                        stage::recv_exact(rd.as_ref(), &mut stage, dst, config.spin)
+                        stage::recv_exact(sock, &mut stage, dst, config.spin)
                             .await
                             .map_err(|e| io("reading write payload", e))?;
                         drop(lease);
@@ -261,7 +263,7 @@ async fn serve_loop(
                     }
                     Err(e) => {
                         tracing::info!(peer, "refused write {:#x}+{}: {e}", req.addr, req.len);
-                        discard(rd, &mut stage, req.len)
+                        discard(sock, &mut stage, req.len)
                             .await
                             .map_err(|e| io("draining refused payload", e))?;
                         e.status().code()
@@ -289,7 +291,7 @@ async fn serve_loop(
 }
 
 /// Reads and discards a refused write's payload, keeping the stream in sync.
-async fn discard(rd: &OwnedReadHalf, stage: &mut Stage, mut len: u64) -> std::io::Result<()> {
+async fn discard(sock: &mut Sock, stage: &mut Stage, mut len: u64) -> std::io::Result<()> {
     loop {
         let n = len.min(stage.len() as u64);
         stage.consume(n as usize);
@@ -297,7 +299,7 @@ async fn discard(rd: &OwnedReadHalf, stage: &mut Stage, mut len: u64) -> std::io
         if len == 0 {
             return Ok(());
         }
-        let g = stage::recv_staged(rd.as_ref(), stage, None, std::time::Duration::ZERO).await?;
+        let g = stage::recv_staged(sock, stage, None, std::time::Duration::ZERO).await?;
         if g.is_eof() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
