@@ -189,7 +189,8 @@ fn fill_iovecs(pieces: &[Piece<'_>], skip: usize, iov: &mut [libc::iovec]) -> (u
     (n, bytes)
 }
 
-const NO_IOV: libc::iovec = libc::iovec {
+/// An empty iovec, to fill arrays of them with.
+pub(crate) const NO_IOV: libc::iovec = libc::iovec {
     iov_base: std::ptr::null_mut(),
     iov_len: 0,
 };
@@ -221,6 +222,35 @@ fn sendmsg_now(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<usize> {
         // the call. Aliasing: the kernel only reads the iovecs' bytes; no Rust reference to a
         // range's memory exists.
         let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// One nonblocking `recvmsg(2)` into `iov` (`MSG_DONTWAIT`), `EINTR` retried. Returns the
+/// bytes received, filling the iovecs in order (0: the peer closed);
+/// [`io::ErrorKind::WouldBlock`] when nothing is there yet.
+///
+/// The caller keeps every iovec's bytes writable for the call, with no Rust reference to them
+/// but the exclusive borrow of a buffer of its own (iovecs built from [`RawRange`]s, valid for
+/// their life, or from such a buffer).
+pub(crate) fn recvmsg_now(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<usize> {
+    loop {
+        // SAFETY: an all-zero msghdr is valid (null name and control, no iovecs); the iovecs
+        // are set below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len() as _;
+        // SAFETY: validity: every iovec covers bytes writable for the call (the caller's
+        // contract); `msg` and `iov` outlive it. Aliasing: the kernel writes the bytes; no
+        // Rust reference to a range's memory exists, and a buffer of the caller's is
+        // exclusively borrowed by it.
+        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
         if n >= 0 {
             return Ok(n as usize);
         }
@@ -320,21 +350,19 @@ impl Sock {
     /// registered while ready reports that readiness at once (epoll reports the state at
     /// registration), so nothing that came before is missed.
     pub(crate) fn watch(&mut self) -> io::Result<&AsyncFd<Watched>> {
-        if self.watch.is_none() {
+        let w = match self.watch.take() {
+            Some(w) => w,
             // SAFETY: the descriptor is the socket `self.s` owns; the registration lives in
             // `self.watch`, which `Sock`'s `Drop` clears before the fields drop (and `s`
             // closes the descriptor), so it ends while the descriptor is open.
-            self.watch = Some(unsafe {
+            None => unsafe {
                 AsyncFd::register_with_interest(
                     Watched(self.s.as_raw_fd()),
                     Interest::READABLE | Interest::WRITABLE,
                 )
-            }?);
-        }
-        match &self.watch {
-            Some(w) => Ok(w),
-            None => Err(io::ErrorKind::NotConnected.into()),
-        }
+            }?,
+        };
+        Ok(self.watch.insert(w))
     }
 }
 

@@ -16,7 +16,7 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use crate::rawio::{RawRange, Sock, SPIN_SLICE};
+use crate::rawio::{self, RawRange, Sock, SPIN_SLICE};
 
 /// Bytes a stage holds at most: a batch of small answers or requests per syscall, while an
 /// idle data connection's stage stays unallocated and a busy one costs this much.
@@ -94,10 +94,7 @@ impl Stage {
     pub(crate) fn recv_now(&mut self, fd: RawFd, dst: Option<RawRange<'_>>) -> io::Result<Got> {
         self.make_room();
         let dst_len = dst.map_or(0, |d| d.len());
-        let mut iov = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; 2];
+        let mut iov = [rawio::NO_IOV; 2];
         let mut n_iov = 0;
         if let Some(d) = dst.filter(|d| d.len() > 0) {
             iov[0] = libc::iovec {
@@ -112,26 +109,9 @@ impl Stage {
             iov_len: spare.len(),
         };
         n_iov += 1;
-        let n = loop {
-            // SAFETY: an all-zero msghdr is valid (null name and control, no iovecs); the
-            // iovecs are set below.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = iov.as_mut_ptr();
-            msg.msg_iovlen = n_iov as _;
-            // SAFETY: validity: the first iovec, when there, covers `dst`, writable for its
-            // life (contract of RawRange::new); the last covers the stage's spare bytes,
-            // exclusively borrowed (`spare`) for the call; `msg` and `iov` outlive it; the
-            // caller passes a live socket. Aliasing: the kernel writes the bytes; no Rust
-            // reference to `dst`'s memory exists.
-            let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
-            if n >= 0 {
-                break n as usize;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        };
+        // The iovecs cover `dst` (writable for its life: contract of RawRange::new) and the
+        // stage's spare bytes, exclusively borrowed (`spare`) until the call returns.
+        let n = rawio::recvmsg_now(fd, &mut iov[..n_iov])?;
         let into_dst = n.min(dst_len);
         let staged = n - into_dst;
         self.end += staged;
@@ -164,29 +144,25 @@ pub(crate) async fn recv_staged(
     quiet: Duration,
 ) -> io::Result<Got> {
     let fd = s.fd();
-    match stage.recv_now(fd, dst) {
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-        r => return r,
-    }
     if !quiet.is_zero() {
         s.unwatch();
-        let until = Instant::now() + quiet;
-        let mut slice = Instant::now() + SPIN_SLICE;
-        loop {
-            std::hint::spin_loop();
-            match stage.recv_now(fd, dst) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                r => return r,
-            }
-            let now = Instant::now();
-            if now >= until {
-                break;
-            }
-            if now >= slice {
-                tokio::task::yield_now().await;
-                slice = Instant::now() + SPIN_SLICE;
-            }
+    }
+    let until = Instant::now() + quiet;
+    let mut slice = Instant::now() + SPIN_SLICE;
+    loop {
+        match stage.recv_now(fd, dst) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return r,
         }
+        let now = Instant::now();
+        if now >= until {
+            break;
+        }
+        if now >= slice {
+            tokio::task::yield_now().await;
+            slice = Instant::now() + SPIN_SLICE;
+        }
+        std::hint::spin_loop();
     }
     loop {
         // Honours the cooperative budget (as tokio's reads do) before touching the socket.

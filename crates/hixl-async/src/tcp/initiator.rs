@@ -1085,14 +1085,14 @@ async fn reader(conn: Arc<Conn>) {
         if *dead.borrow() {
             break;
         }
-        let (idle, staged) = {
+        let idle = {
             let mut rx = lock(&conn.rx);
             if rx.inflight.is_none() {
                 break;
             }
             let idle = !rx.awaiting() || conn.sock.get().is_none();
             rx.reader_idle = idle;
-            (idle, !rx.stage.is_empty())
+            idle
         };
         if idle {
             // Answers only follow requests, and a part is queued before (read) or right
@@ -1113,48 +1113,39 @@ async fn reader(conn: Arc<Conn>) {
             }
             continue;
         }
-        if staged {
-            // Answers may have come ahead of their parts (an ack received with an earlier
-            // one, before its write was queued): no readiness edge announces those.
-            let r = lock(&conn.rx).pump(&conn, &mut done);
-            conn.deliver(&mut done);
-            match r {
-                Ok(Pumped::Blocked) => {}
-                Ok(Pumped::Idle) => continue,
-                Err(e) => {
-                    conn.fail(e);
-                    break;
-                }
-            }
-        }
-        let Some(w) = watching(&conn, false, &mut watch) else {
-            break;
-        };
-        let ready = tokio::select! {
-            biased;
-            r = dead.changed() => { let _ = r; break }
-            // A part queued while answers for it wait in the stage (see `push_rx`).
-            _ = conn.rx_pushed.notified() => continue,
-            r = w.fd.readable() => r,
-        };
-        let mut g = match ready {
-            Ok(g) => g,
-            Err(e) => {
-                let e = Error::connection_lost(&conn.peer, "waiting for answers", e);
-                conn.fail(conn.cause(e));
-                break;
-            }
-        };
+        // Pumps before waiting: answers may have come ahead of their parts (an ack received
+        // with an earlier one, before its write was queued), and no readiness edge announces
+        // those.
         let r = lock(&conn.rx).pump(&conn, &mut done);
         conn.deliver(&mut done);
         match r {
-            // Drained to a would-block: wait for the next edge.
-            Ok(Pumped::Blocked) => g.clear_ready(),
-            Ok(Pumped::Idle) => {}
+            Ok(Pumped::Blocked) => {}
+            Ok(Pumped::Idle) => continue,
             Err(e) => {
                 conn.fail(e);
                 break;
             }
+        }
+        // Drained to a would-block: wait for the next edge (a registration made now reports
+        // what came since the pump).
+        let Some(w) = watching(&conn, false, &mut watch) else {
+            break;
+        };
+        tokio::select! {
+            biased;
+            r = dead.changed() => { let _ = r; break }
+            // A part queued while answers for it wait in the stage (see `push_rx`).
+            _ = conn.rx_pushed.notified() => {}
+            r = w.fd.readable() => match r {
+                // Cleared before the next pump, which receives whatever came before; what
+                // comes after raises a new edge.
+                Ok(mut g) => g.clear_ready(),
+                Err(e) => {
+                    let e = Error::connection_lost(&conn.peer, "waiting for answers", e);
+                    conn.fail(conn.cause(e));
+                    break;
+                }
+            },
         }
     }
     drop(watch);

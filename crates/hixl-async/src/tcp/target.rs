@@ -219,7 +219,6 @@ async fn serve_loop(
     answers: &mut Answers,
 ) -> Result<(), Error> {
     let mut stage = Stage::default();
-    let mut hdr = [0u8; DATA_REQ_FRAME];
     loop {
         if answers.full() {
             answers.flush(sock).await?;
@@ -229,20 +228,22 @@ async fn serve_loop(
             answers.flush(sock).await?;
             return Ok(());
         }
-        hdr.copy_from_slice(&stage.bytes()[..DATA_REQ_FRAME]);
-        stage.consume(DATA_REQ_FRAME);
+        let hdr = &stage.bytes()[..DATA_REQ_FRAME];
         let proto = |reason: String| Error::Protocol {
             peer: peer.to_string(),
             reason,
         };
-        let h = FrameHeader::decode(&hdr).map_err(|e| proto(e.to_string()))?;
+        let h = FrameHeader::decode(hdr).map_err(|e| proto(e.to_string()))?;
         if h.body_len as usize != DATA_REQ_FRAME - HEADER_LEN {
             return Err(proto(format!(
                 "data request frame type {} with body of {} bytes",
                 h.ty, h.body_len
             )));
         }
-        match Message::decode_body(h.ty, &hdr[HEADER_LEN..]).map_err(|e| proto(e.to_string()))? {
+        let msg =
+            Message::decode_body(h.ty, &hdr[HEADER_LEN..]).map_err(|e| proto(e.to_string()))?;
+        stage.consume(DATA_REQ_FRAME);
+        match msg {
             Message::WriteReq(req) => {
                 if !answers.reads.is_empty() {
                     // A read asked before this write sees the bytes from before it: its
