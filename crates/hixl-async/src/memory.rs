@@ -413,6 +413,56 @@ impl Region {
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.with_range(offset, data.len(), |r| r.copy_in(data))
     }
+
+    /// Copies `len` bytes from `offset` of this region to `dst_offset` of `dst` (a local copy:
+    /// no peer involved). `dst` may be this region; overlapping ranges then move as `memmove`
+    /// does. Both regions are held registered (and owned buffers alive) during the copy.
+    ///
+    /// As for [`Region::read_at`], peers may touch either range meanwhile: the bytes are then
+    /// unspecified, never undefined behaviour.
+    ///
+    /// # Errors
+    /// [`Error::OffsetOutOfBounds`] for a range outside its region (naming it),
+    /// [`Error::Deregistered`] when either region was deregistered.
+    pub fn copy_to(&self, offset: u64, dst: &Region, dst_offset: u64, len: u64) -> Result<()> {
+        let n = usize::try_from(len).map_err(|_| Error::OffsetOutOfBounds {
+            offset,
+            len,
+            region_len: self.inner.len,
+        })?;
+        if Arc::ptr_eq(&self.inner, &dst.inner) {
+            self.check_bounds(offset, n)?;
+            self.check_bounds(dst_offset, n)?;
+            // One guard over the whole region; both ranges are checked sub-ranges of it.
+            return self.with_range(0, self.inner.len as usize, |all| {
+                let src = all.from(offset as usize).to(n);
+                all.from(dst_offset as usize).to(n).copy_from(&src);
+            });
+        }
+        // Lock in region-id order so that two opposite copies cannot deadlock.
+        let mut inner = Ok(());
+        if self.inner.id.0 < dst.inner.id.0 {
+            self.with_range(offset, n, |src| {
+                inner = dst.with_range(dst_offset, n, |d| d.copy_from(&src));
+            })?;
+        } else {
+            dst.with_range(dst_offset, n, |d| {
+                inner = self.with_range(offset, n, |src| d.copy_from(&src));
+            })?;
+        }
+        inner
+    }
+
+    fn check_bounds(&self, offset: u64, len: usize) -> Result<()> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.inner.len => Ok(()),
+            _ => Err(Error::OffsetOutOfBounds {
+                offset,
+                len: len as u64,
+                region_len: self.inner.len,
+            }),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -432,6 +482,62 @@ mod tests {
         }
         assert!(HostBuffer::zeroed(0).is_err());
         assert!(HostBuffer::zeroed(usize::MAX).is_err());
+    }
+
+    fn owned_region(id: u64, len: usize) -> Region {
+        let mut buf = HostBuffer::zeroed(len).unwrap();
+        let addr = buf.as_mut_ptr() as u64;
+        let backing = Backing {
+            owned: Some(Owned::Host(buf)),
+            mr: None,
+        };
+        Region {
+            inner: Arc::new(RegionInner::new(
+                RegionId(id),
+                addr,
+                len as u64,
+                MemKind::Host,
+                Access::REMOTE_RW,
+                id,
+                backing,
+            )),
+        }
+    }
+
+    #[tokio::test]
+    async fn local_copies_between_and_within_regions() {
+        let (a, b) = (owned_region(2, 4096), owned_region(1, 4096));
+        let pattern: Vec<u8> = (0..100u8).collect();
+        a.write_at(10, &pattern).unwrap();
+        // Both lock orders (ids 2 → 1 and 1 → 2).
+        a.copy_to(10, &b, 4000, 96).unwrap();
+        b.copy_to(4000, &a, 1000, 96).unwrap();
+        let mut out = vec![0u8; 96];
+        a.read_at(1000, &mut out).unwrap();
+        assert_eq!(out, pattern[..96]);
+        // Within one region, overlapping forwards: memmove semantics.
+        a.copy_to(10, &a, 20, 100).unwrap();
+        let mut out = vec![0u8; 100];
+        a.read_at(20, &mut out).unwrap();
+        assert_eq!(out, pattern);
+        // Bounds, named; nothing copied on a refusal.
+        let e = a.copy_to(4000, &b, 0, 97).unwrap_err();
+        assert!(e.to_string().contains("4000"), "{e}");
+        let e = a.copy_to(0, &b, 4090, 7).unwrap_err();
+        assert!(e.to_string().contains("4090"), "{e}");
+        let e = a.copy_to(0, &a, 4090, 7).unwrap_err();
+        assert!(e.to_string().contains("4090"), "{e}");
+        assert!(a.copy_to(0, &b, 0, u64::MAX).is_err());
+        // A deregistered side refuses.
+        b.inner.revoke_and_drain().await;
+        assert!(matches!(
+            a.copy_to(0, &b, 0, 1),
+            Err(Error::Deregistered { .. })
+        ));
+        assert!(matches!(
+            b.copy_to(0, &a, 0, 1),
+            Err(Error::Deregistered { .. })
+        ));
     }
 
     #[tokio::test]

@@ -97,6 +97,16 @@ impl<'a> RawRange<'a> {
         // through the raw pointer only.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr, self.len) }
     }
+
+    /// Copies `src`, which must be exactly as long, into the range; the two may overlap (a
+    /// copy within one region moves as `memmove` does).
+    pub(crate) fn copy_from(&self, src: &RawRange<'_>) {
+        assert_eq!(src.len, self.len, "copy_from a range of another length");
+        // SAFETY: validity: both ranges are valid for reads and writes for their lifetimes
+        // (contract of `new`), which outlive this call. `ptr::copy` allows overlap. Aliasing:
+        // both are accessed through raw pointers only; no reference to either is formed.
+        unsafe { std::ptr::copy(src.ptr, self.ptr, self.len) }
+    }
 }
 
 impl<'a> RawRange<'a> {

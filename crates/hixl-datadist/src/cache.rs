@@ -158,6 +158,34 @@ pub struct BlocksCacheKey {
     pub model_id: u64,
 }
 
+/// Names one batch entry of a contiguous (prompt) cache by the request it holds
+/// (LLM-DataDist `CacheKey`). The owner gives the keys when it registers the cache (key `i`
+/// names batch entry `i`) and removes them with `remove_cache_key`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CacheKey {
+    /// The owning cluster.
+    pub cluster_id: u64,
+    /// The request.
+    pub req_id: u64,
+    /// The model (default 0).
+    pub model_id: u64,
+    /// The prefix (default `u64::MAX`: none).
+    pub prefix_id: u64,
+}
+
+impl CacheKey {
+    /// The key of request `req_id` of `cluster_id`, with LLM-DataDist's defaults
+    /// (`model_id = 0`, `prefix_id = 2^64 - 1`).
+    pub fn new(cluster_id: u64, req_id: u64) -> CacheKey {
+        CacheKey {
+            cluster_id,
+            req_id,
+            model_id: 0,
+            prefix_id: u64::MAX,
+        }
+    }
+}
+
 /// Names a cache by id, and an entry of a contiguous cache (LLM-DataDist `CacheIndex`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CacheIndex {

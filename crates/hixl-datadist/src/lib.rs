@@ -18,7 +18,9 @@ pub mod options;
 pub mod status;
 pub mod table;
 
-pub use cache::{BlocksCacheKey, CacheDesc, CacheIndex, DataType, KvCacheExtParam, Placement};
+pub use cache::{
+    BlocksCacheKey, CacheDesc, CacheIndex, CacheKey, DataType, KvCacheExtParam, Placement,
+};
 pub use datadist::{Cache, ClusterInfo, LlmDataDist, LlmRole, MAX_CLUSTERS_PER_CALL};
 pub use layerwise::{LayerTarget, LayerwiseReport};
 pub use status::{DataDistError, LlmStatus, Result};

@@ -4,11 +4,20 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::{BlocksCacheKey, CacheDesc};
+use crate::cache::{BlocksCacheKey, CacheDesc, CacheKey};
 use crate::status::{DataDistError, Result};
 
 /// Name of the exported region that holds the serialized table.
 pub const TABLE_REGION: &str = "llm.cache_table";
+
+/// What [`CacheTable::decode`] says of a table whose checksum does not match.
+pub(crate) const TORN: &str = "checksum mismatch (read while the owner rewrote it)";
+
+fn fnv1a(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 
 /// One registered cache, as peers see it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,6 +30,9 @@ pub struct CacheEntry {
     pub desc: CacheDesc,
     /// Tensor addresses in the owner's address space.
     pub addrs: Vec<u64>,
+    /// Request keys of a contiguous cache, each with the batch entry it names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<(CacheKey, u32)>,
 }
 
 /// A cluster's published caches.
@@ -33,11 +45,13 @@ pub struct CacheTable {
 }
 
 impl CacheTable {
-    /// `u32` length, then JSON.
+    /// `u32` length, `u64` FNV-1a checksum of the JSON, then the JSON. The owner rewrites
+    /// the table in place while peers may read it; the checksum catches a torn read.
     pub fn encode(&self) -> Vec<u8> {
         let json = serde_json::to_vec(self).unwrap_or_default();
-        let mut out = Vec::with_capacity(4 + json.len());
+        let mut out = Vec::with_capacity(12 + json.len());
         out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        out.extend_from_slice(&fnv1a(&json).to_le_bytes());
         out.extend_from_slice(&json);
         out
     }
@@ -45,7 +59,8 @@ impl CacheTable {
     /// Parses what [`CacheTable::encode`] wrote, from a peer: never panics.
     ///
     /// # Errors
-    /// `LLM_LINK_FAILED` for a malformed table.
+    /// `LLM_LINK_FAILED` for a malformed table or a checksum mismatch (a read that raced the
+    /// owner's rewrite: read again).
     pub fn decode(b: &[u8]) -> Result<CacheTable> {
         let bad = |why: String| {
             DataDistError::new(
@@ -53,22 +68,39 @@ impl CacheTable {
                 format!("peer cache table: {why}"),
             )
         };
-        let len = b
-            .get(..4)
-            .map(|l| u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize)
-            .ok_or_else(|| bad("shorter than its length field".into()))?;
-        let json = b.get(4..4 + len).ok_or_else(|| {
+        let head = b
+            .get(..12)
+            .ok_or_else(|| bad("shorter than its header".into()))?;
+        let mut len = [0u8; 4];
+        len.copy_from_slice(&head[..4]);
+        let len = u32::from_le_bytes(len) as usize;
+        let mut sum = [0u8; 8];
+        sum.copy_from_slice(&head[4..12]);
+        let json = b.get(12..12 + len).ok_or_else(|| {
             bad(format!(
                 "says {len} bytes, has {}",
-                b.len().saturating_sub(4)
+                b.len().saturating_sub(12)
             ))
         })?;
+        if fnv1a(json) != u64::from_le_bytes(sum) {
+            return Err(bad(TORN.into()));
+        }
         serde_json::from_slice(json).map_err(|e| bad(e.to_string()))
     }
 
     /// The cache registered under `key`.
     pub fn by_key(&self, key: BlocksCacheKey) -> Option<&CacheEntry> {
         self.caches.iter().find(|c| c.key == Some(key))
+    }
+
+    /// The cache holding `key`, and the batch entry the key names.
+    pub fn by_cache_key(&self, key: CacheKey) -> Option<(&CacheEntry, u32)> {
+        self.caches.iter().find_map(|c| {
+            c.keys
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|&(_, batch)| (c, batch))
+        })
     }
 
     /// The cache with `cache_id`.
@@ -94,11 +126,23 @@ mod tests {
                 }),
                 desc: CacheDesc::host(2, DataType::BFloat16, vec![4, 16]),
                 addrs: vec![0x1000, 0x2000],
+                keys: vec![(CacheKey::new(7, 3), 1)],
             }],
         };
         assert_eq!(CacheTable::decode(&t.encode()).unwrap(), t);
+        assert_eq!(t.by_cache_key(CacheKey::new(7, 3)).map(|(_, b)| b), Some(1));
+        assert!(t.by_cache_key(CacheKey::new(7, 4)).is_none());
         assert!(CacheTable::decode(&[]).is_err());
-        assert!(CacheTable::decode(&[255, 255, 255, 255, b'{']).is_err());
-        assert!(CacheTable::decode(&[1, 0, 0, 0, b'x']).is_err());
+        let mut torn = t.encode();
+        let n = torn.len();
+        torn[n - 3] ^= 1;
+        assert!(CacheTable::decode(&torn)
+            .unwrap_err()
+            .message
+            .contains(TORN));
+        let mut long = t.encode();
+        long[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(CacheTable::decode(&long).is_err());
+        assert!(CacheTable::decode(&[1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b'x']).is_err());
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use hixl_datadist::models::by_name;
 use hixl_datadist::{
-    BlocksCacheKey, Cache, ClusterInfo, KvCacheExtParam, LayerTarget, LlmDataDist, LlmRole,
-    LlmStatus,
+    BlocksCacheKey, Cache, CacheKey, ClusterInfo, KvCacheExtParam, LayerTarget, LlmDataDist,
+    LlmRole, LlmStatus,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -99,13 +99,23 @@ async fn child_process_entry() {
     for (c, _) in &cs {
         fill(c, 11, 0..BLOCKS);
     }
-    // a contiguous cache (no key): 8 batch entries
-    let contiguous = dd.allocate_kv_cache(contiguous_desc(), None).await.unwrap();
+    // a contiguous (prompt) cache of 8 batch entries, entries 0..6 keyed by requests 100..106
+    let keys: Vec<CacheKey> = (100..106).map(|r| CacheKey::new(1, r)).collect();
+    let contiguous = dd
+        .allocate_kv_cache_with_keys(contiguous_desc(), &keys)
+        .await
+        .unwrap();
     fill(&contiguous, 11, 0..8);
     println!("READY {}", dd.listen_addr().unwrap());
     std::io::stdout().flush().unwrap();
     let mut notes = dd.engine().unwrap().notifications();
     while let Some(n) = notes.next().await {
+        if n.name == b"remove_key" {
+            let req: u64 = String::from_utf8_lossy(&n.msg).parse().unwrap_or(0);
+            let r = dd.remove_cache_key(CacheKey::new(1, req)).await;
+            println!("VERIFY removed {}", r.is_ok());
+            std::io::stdout().flush().unwrap();
+        }
         if n.name == b"verify" {
             let seed: u64 = String::from_utf8_lossy(&n.msg).parse().unwrap_or(0);
             let swapped: Vec<(u64, u64)> = pairs().into_iter().map(|(s, d)| (d, s)).collect();
@@ -267,6 +277,50 @@ async fn pull_and_push(model: &str, transport: &str) {
             .status,
         LlmStatus::ParamInvalid
     );
+    // contiguous caches by request key: pull request 103's entry (entry 3) into local entry
+    // 2, push local entry 1 into request 104's entry and pull that back into local entry 7
+    dd.pull_kv_cache_by_key(CacheKey::new(1, 103), &mine, 2, &ext)
+        .await
+        .unwrap();
+    holds(&mine, 11, &[(3, 2)]).unwrap();
+    dd.push_kv_cache_by_key(&mine, CacheKey::new(1, 104), 1, &ext)
+        .await
+        .unwrap();
+    dd.pull_kv_cache_by_key(CacheKey::new(1, 104), &mine, 7, &ext)
+        .await
+        .unwrap();
+    holds(&mine, 11, &[(3, 7)]).unwrap();
+    // a key the peer never had, and one it removes after it was pulled once
+    let e = dd
+        .pull_kv_cache_by_key(CacheKey::new(1, 999), &mine, 0, &ext)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status, LlmStatus::KvCacheNotExist, "{e}");
+    assert!(e.message.contains("req_id: 999"), "{e}");
+    engine
+        .peer(&child.addr)
+        .unwrap()
+        .notify("remove_key", "103")
+        .await
+        .unwrap();
+    assert_eq!(child.wait_verify(), "removed true");
+    let e = dd
+        .pull_kv_cache_by_key(CacheKey::new(1, 103), &mine, 2, &ext)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status, LlmStatus::KvCacheNotExist, "{e}");
+    let e = dd
+        .push_kv_cache_by_key(&mine, CacheKey::new(1, 103), 2, &ext)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status, LlmStatus::KvCacheNotExist, "{e}");
+    engine
+        .peer(&child.addr)
+        .unwrap()
+        .notify("remove_key", "103")
+        .await
+        .unwrap();
+    assert_eq!(child.wait_verify(), "removed false");
     // errors name what is wrong
     let bad = dd
         .pull_kv_blocks(

@@ -5,7 +5,7 @@ use hixl_async::{HostBuffer, Region};
 use hixl_core::{Access, MemDesc, MemKind};
 
 use super::{poisoned, Cache, LlmDataDist, Local};
-use crate::cache::{BlocksCacheKey, CacheDesc, Placement};
+use crate::cache::{BlocksCacheKey, CacheDesc, CacheKey, Placement};
 use crate::status::{DataDistError, LlmStatus, Result};
 use crate::table::CacheEntry;
 
@@ -15,9 +15,27 @@ impl LlmDataDist {
         desc: CacheDesc,
         regions: Vec<Region>,
         key: Option<BlocksCacheKey>,
+        keys: &[CacheKey],
     ) -> Result<Cache> {
         let inner = self.inner()?;
         let mut st = inner.state.lock().map_err(|_| poisoned())?;
+        for (i, k) in keys.iter().enumerate() {
+            if keys[..i].contains(k) {
+                return Err(DataDistError::param(format!(
+                    "cache key {k:?} is given twice"
+                )));
+            }
+            if let Some(l) = st
+                .caches
+                .values()
+                .find(|l| l.entry.keys.iter().any(|(x, _)| x == k))
+            {
+                return Err(DataDistError::param(format!(
+                    "cache key {k:?} is already used by cache {}",
+                    l.entry.cache_id
+                )));
+            }
+        }
         if let Some(k) = key {
             if let Some(l) = st.caches.values().find(|l| l.entry.key == Some(k)) {
                 // LLM-DataDist silently re-points the key to the newer cache; refusing it keeps
@@ -39,6 +57,7 @@ impl LlmDataDist {
                     key,
                     desc: desc.clone(),
                     addrs: addrs.clone(),
+                    keys: keys.iter().zip(0u32..).map(|(&k, b)| (k, b)).collect(),
                 },
                 regions: regions.clone(),
             },
@@ -61,6 +80,23 @@ impl LlmDataDist {
         }
     }
 
+    fn check_cache_keys(&self, desc: &CacheDesc, keys: &[CacheKey]) -> Result<()> {
+        if let Some(k) = keys.iter().find(|k| k.cluster_id != self.cluster_id) {
+            return Err(DataDistError::param(format!(
+                "cache key {k:?} names cluster {}, this is cluster {}",
+                k.cluster_id, self.cluster_id
+            )));
+        }
+        let units = desc.units()?;
+        if keys.len() as u64 > units {
+            return Err(DataDistError::param(format!(
+                "{} cache keys for a cache of {units} batch entries",
+                keys.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Registers a cache whose tensors the caller owns (HIXL `RegisterKvCache`, or
     /// `register_blocks_cache` with a key). At most 240 addresses.
     ///
@@ -79,9 +115,42 @@ impl LlmDataDist {
         addrs: &[u64],
         key: Option<BlocksCacheKey>,
     ) -> Result<Cache> {
+        // SAFETY: this fn's contract is register_raw_cache's.
+        unsafe { self.register_raw_cache(desc, addrs, key, &[]) }.await
+    }
+
+    /// Registers a contiguous (prompt) cache whose tensors the caller owns, with request keys:
+    /// `keys[i]` names batch entry `i`, and peers pull or push it by that key
+    /// ([`LlmDataDist::pull_kv_cache_by_key`]) until [`LlmDataDist::remove_cache_key`]
+    /// (LLM-DataDist `register_cache(desc, addrs, cache_keys)`).
+    ///
+    /// # Safety
+    /// As for [`LlmDataDist::register_kv_cache`].
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::register_kv_cache`], and `LLM_PARAM_INVALID` for a key naming another
+    /// cluster, given twice or already used, or more keys than batch entries.
+    pub async unsafe fn register_kv_cache_with_keys(
+        &self,
+        desc: CacheDesc,
+        addrs: &[u64],
+        keys: &[CacheKey],
+    ) -> Result<Cache> {
+        // SAFETY: this fn's contract is register_raw_cache's.
+        unsafe { self.register_raw_cache(desc, addrs, None, keys) }.await
+    }
+
+    async unsafe fn register_raw_cache(
+        &self,
+        desc: CacheDesc,
+        addrs: &[u64],
+        key: Option<BlocksCacheKey>,
+        keys: &[CacheKey],
+    ) -> Result<Cache> {
         let inner = self.inner()?;
         desc.check(addrs)?;
         self.check_key(key)?;
+        self.check_cache_keys(&desc, keys)?;
         if desc.placement == Placement::Device {
             return Err(DataDistError::new(
                 LlmStatus::FeatureNotEnabled,
@@ -103,14 +172,18 @@ impl LlmDataDist {
             match r {
                 Ok(r) => regions.push(r),
                 Err(e) => {
-                    for r in &regions {
-                        let _ = inner.engine.deregister(r).await;
-                    }
+                    release(inner, &regions).await;
                     return Err(e.into());
                 }
             }
         }
-        let cache = self.add_cache(desc, regions, key)?;
+        let cache = match self.add_cache(desc, regions.clone(), key, keys) {
+            Ok(c) => c,
+            Err(e) => {
+                release(inner, &regions).await;
+                return Err(e);
+            }
+        };
         self.publish().await?;
         Ok(cache)
     }
@@ -125,9 +198,32 @@ impl LlmDataDist {
         desc: CacheDesc,
         key: Option<BlocksCacheKey>,
     ) -> Result<Cache> {
+        self.allocate_cache(desc, key, &[]).await
+    }
+
+    /// Allocates a contiguous (prompt) cache with request keys, as
+    /// [`LlmDataDist::register_kv_cache_with_keys`] registers one.
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::register_kv_cache_with_keys`], and `LLM_OUT_OF_MEMORY`.
+    pub async fn allocate_kv_cache_with_keys(
+        &self,
+        desc: CacheDesc,
+        keys: &[CacheKey],
+    ) -> Result<Cache> {
+        self.allocate_cache(desc, None, keys).await
+    }
+
+    async fn allocate_cache(
+        &self,
+        desc: CacheDesc,
+        key: Option<BlocksCacheKey>,
+        keys: &[CacheKey],
+    ) -> Result<Cache> {
         let inner = self.inner()?;
         desc.check(&vec![1; desc.num_tensors as usize])?;
         self.check_key(key)?;
+        self.check_cache_keys(&desc, keys)?;
         let size = desc.tensor_size()?;
         let mut regions = Vec::with_capacity(desc.num_tensors as usize);
         for _ in 0..desc.num_tensors {
@@ -137,7 +233,13 @@ impl LlmDataDist {
             };
             regions.push(r);
         }
-        let cache = self.add_cache(desc, regions, key)?;
+        let cache = match self.add_cache(desc, regions.clone(), key, keys) {
+            Ok(c) => c,
+            Err(e) => {
+                release(inner, &regions).await;
+                return Err(e);
+            }
+        };
         self.publish().await?;
         Ok(cache)
     }
@@ -160,5 +262,41 @@ impl LlmDataDist {
             inner.engine.deregister(r).await?;
         }
         Ok(())
+    }
+
+    /// Removes a request key of one of this cluster's contiguous caches (LLM-DataDist
+    /// `remove_cache_key`): from the moment this returns, peers pulling or pushing by the key
+    /// get `LLM_KV_CACHE_NOT_EXIST` (they re-read the cache table for each keyed transfer).
+    /// The batch entry itself stays registered.
+    ///
+    /// # Errors
+    /// `LLM_KV_CACHE_NOT_EXIST` naming a key this cluster does not hold.
+    pub async fn remove_cache_key(&self, key: CacheKey) -> Result<()> {
+        let inner = self.inner()?;
+        let removed = {
+            let mut st = inner.state.lock().map_err(|_| poisoned())?;
+            st.caches.values_mut().any(|l| {
+                let before = l.entry.keys.len();
+                l.entry.keys.retain(|(k, _)| *k != key);
+                l.entry.keys.len() != before
+            })
+        };
+        if !removed {
+            return Err(DataDistError::new(
+                LlmStatus::KvCacheNotExist,
+                format!(
+                    "cache key {key:?} is not held by cluster {}",
+                    self.cluster_id
+                ),
+            ));
+        }
+        self.publish().await
+    }
+}
+
+/// Deregisters regions of a registration that failed part-way.
+async fn release(inner: &super::Inner, regions: &[Region]) {
+    for r in regions {
+        let _ = inner.engine.deregister(r).await;
     }
 }

@@ -10,7 +10,7 @@ use hixl_core::OpDesc;
 use super::{poisoned, ClusterInfo, Inner, Linked, LlmDataDist, MAX_CLUSTERS_PER_CALL};
 use crate::cache::BlocksCacheKey;
 use crate::status::{DataDistError, LlmStatus, Result};
-use crate::table::{CacheEntry, CacheTable, TABLE_REGION};
+use crate::table::{CacheEntry, CacheTable, TABLE_REGION, TORN};
 
 impl LlmDataDist {
     /// Links to clusters: connects and fetches each one's cache table (at most 16 per call).
@@ -147,6 +147,18 @@ impl LlmDataDist {
         pick: impl Fn(&CacheTable) -> Option<CacheEntry>,
         what: String,
     ) -> Result<(Peer, CacheEntry)> {
+        self.remote_table(cluster_id, pick, what, false).await
+    }
+
+    /// As [`LlmDataDist::remote`]; with `fresh` the peer's table is always re-read (keyed
+    /// transfers: a removed key must not be pulled from a stale table).
+    pub(super) async fn remote_table<R>(
+        &self,
+        cluster_id: u64,
+        pick: impl Fn(&CacheTable) -> Option<R>,
+        what: String,
+        fresh: bool,
+    ) -> Result<(Peer, R)> {
         let inner = self.inner()?;
         let (peer, found) = {
             let st = inner.state.lock().map_err(|_| poisoned())?;
@@ -158,7 +170,7 @@ impl LlmDataDist {
             })?;
             (l.peer.clone(), pick(&l.table))
         };
-        if let Some(e) = found {
+        if let (Some(e), false) = (found, fresh) {
             return Ok((peer, e));
         }
         let table = read_table(&inner.engine, &peer, inner.opts.sync_wait).await?;
@@ -206,8 +218,25 @@ impl LlmDataDist {
     }
 }
 
-/// READs a peer's cache table region.
+/// READs a peer's cache table region. A read can race the owner: a rewrite in place (the
+/// checksum fails) or a move to a larger region whose announcement has not reached this link
+/// yet (the old range is refused). Both are retried until `timeout`.
 async fn read_table(engine: &Engine, peer: &Peer, timeout: Duration) -> Result<CacheTable> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let e = match read_table_once(engine, peer, timeout).await {
+            Ok(t) => return Ok(t),
+            Err(e) => e,
+        };
+        let retry = e.status == LlmStatus::ParamInvalid || e.message.contains(TORN);
+        if !retry || !peer.is_connected() || tokio::time::Instant::now() >= deadline {
+            return Err(e);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+async fn read_table_once(engine: &Engine, peer: &Peer, timeout: Duration) -> Result<CacheTable> {
     let r = peer.region(TABLE_REGION).ok_or_else(|| {
         DataDistError::new(
             LlmStatus::LinkFailed,

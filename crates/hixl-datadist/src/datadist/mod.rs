@@ -15,6 +15,7 @@ use crate::table::{CacheEntry, CacheTable, TABLE_REGION};
 
 mod caches;
 mod links;
+mod local;
 mod transfers;
 
 /// At most this many clusters per link or unlink call.
@@ -122,6 +123,30 @@ impl LlmDataDist {
         self.role
     }
 
+    /// Changes the role label (LLM-DataDist `switch_role`, HIXL `SetRole`). As there, it is
+    /// refused while this cluster has links: unlink them first.
+    ///
+    /// # Errors
+    /// `LLM_EXIST_LINK` naming the clusters still linked.
+    pub fn switch_role(&mut self, role: LlmRole) -> Result<()> {
+        if let Some(inner) = &self.inner {
+            let st = inner.state.lock().map_err(|_| poisoned())?;
+            if !st.links.is_empty() {
+                let mut ids: Vec<u64> = st.links.keys().copied().collect();
+                ids.sort_unstable();
+                return Err(DataDistError::new(
+                    LlmStatus::ExistLink,
+                    format!(
+                        "cluster {} cannot switch from {:?} to {role:?}: still linked to clusters {ids:?}",
+                        self.cluster_id, self.role
+                    ),
+                ));
+            }
+        }
+        self.role = role;
+        Ok(())
+    }
+
     fn inner(&self) -> Result<&Arc<Inner>> {
         self.inner.as_ref().ok_or_else(not_init)
     }
@@ -180,28 +205,32 @@ impl LlmDataDist {
         }
     }
 
-    /// Republishes the cache table region.
+    /// Republishes the cache table. The table region is rewritten in place while the table
+    /// fits (peers' views of the region stay valid; a read that races the rewrite fails its
+    /// checksum and is retried); a larger table moves to a new region of twice the size.
     async fn publish(&self) -> Result<()> {
         let inner = self.inner()?;
-        let table = {
-            let st = inner.state.lock().map_err(|_| poisoned())?;
-            CacheTable {
+        let old = {
+            let mut st = inner.state.lock().map_err(|_| poisoned())?;
+            let table = CacheTable {
                 cluster_id: self.cluster_id,
                 caches: st.caches.values().map(|l| l.entry.clone()).collect(),
+            };
+            let bytes = table.encode();
+            if let Some(r) = &st.table_region {
+                if r.len() >= bytes.len() as u64 {
+                    r.write_at(0, &bytes)?;
+                    return Ok(());
+                }
             }
+            let mut buf = HostBuffer::zeroed((bytes.len() * 2).max(4096))?;
+            buf.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
+            let region =
+                inner
+                    .engine
+                    .register_with(buf, Access::REMOTE_READ, Some(TABLE_REGION))?;
+            st.table_region.replace(region)
         };
-        let bytes = table.encode();
-        let mut buf = HostBuffer::zeroed(bytes.len().max(64))?;
-        buf.as_mut_slice()[..bytes.len()].copy_from_slice(&bytes);
-        let region = inner
-            .engine
-            .register_with(buf, Access::REMOTE_READ, Some(TABLE_REGION))?;
-        let old = inner
-            .state
-            .lock()
-            .map_err(|_| poisoned())?
-            .table_region
-            .replace(region);
         if let Some(old) = old {
             inner.engine.deregister(&old).await?;
         }

@@ -6,8 +6,8 @@ use hixl_core::{OpDesc, TransferOp};
 
 use super::{Cache, LlmDataDist};
 use crate::cache::{
-    block_descs, coalesce, layer_tensors, BlocksCacheKey, CacheDesc, CacheIndex, KvCacheExtParam,
-    Run, Side,
+    block_descs, coalesce, layer_tensors, BlocksCacheKey, CacheDesc, CacheIndex, CacheKey,
+    KvCacheExtParam, Run, Side,
 };
 use crate::status::{DataDistError, Result};
 use crate::table::{CacheEntry, CacheTable};
@@ -202,6 +202,70 @@ impl LlmDataDist {
         let (s, d) = (u64::from(src_batch_index), u64::from(dst.batch_index));
         self.transfer(dst.cluster_id, pick, what, src, &[s], &[d], ext, false)
             .await
+    }
+
+    /// Pulls the batch entry a peer's contiguous cache holds under `key` into entry
+    /// `batch_index` of `dst` (LLM-DataDist `pull_cache(CacheKey, ...)`, `size = -1`). The
+    /// peer's cache table is re-read first, so a key it removed is never pulled.
+    ///
+    /// # Errors
+    /// `LLM_KV_CACHE_NOT_EXIST` naming a key the peer does not hold (or removed); otherwise as
+    /// [`LlmDataDist::pull_kv_blocks`].
+    pub async fn pull_kv_cache_by_key(
+        &self,
+        key: CacheKey,
+        dst: &Cache,
+        batch_index: u32,
+        ext: &KvCacheExtParam,
+    ) -> Result<()> {
+        let (peer, remote, src_batch) = self.keyed(key).await?;
+        self.move_batch(&peer, &remote, dst, batch_index, src_batch, ext, true)
+            .await
+    }
+
+    /// Pushes batch entry `src_batch_index` of `src` into the entry a peer's contiguous cache
+    /// holds under `key` (the push form of [`LlmDataDist::pull_kv_cache_by_key`]).
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::pull_kv_cache_by_key`].
+    pub async fn push_kv_cache_by_key(
+        &self,
+        src: &Cache,
+        key: CacheKey,
+        src_batch_index: u32,
+        ext: &KvCacheExtParam,
+    ) -> Result<()> {
+        let (peer, remote, dst_batch) = self.keyed(key).await?;
+        self.move_batch(&peer, &remote, src, src_batch_index, dst_batch, ext, false)
+            .await
+    }
+
+    async fn keyed(&self, key: CacheKey) -> Result<(Peer, CacheEntry, u32)> {
+        let pick = move |t: &CacheTable| t.by_cache_key(key).map(|(e, b)| (e.clone(), b));
+        let what = format!("cache key {key:?}");
+        let (peer, (entry, batch)) = self.remote_table(key.cluster_id, pick, what, true).await?;
+        Ok((peer, entry, batch))
+    }
+
+    /// Moves one batch entry between `local` and `remote`: `remote_batch` and `local_batch`.
+    #[allow(clippy::too_many_arguments)]
+    async fn move_batch(
+        &self,
+        peer: &Peer,
+        remote: &CacheEntry,
+        local: &Cache,
+        local_batch: u32,
+        remote_batch: u32,
+        ext: &KvCacheExtParam,
+        pull: bool,
+    ) -> Result<()> {
+        let (l, r) = (u64::from(local_batch), u64::from(remote_batch));
+        let runs = if pull {
+            coalesce(&[r], &[l], remote.desc.units()?, local.desc.units()?)?
+        } else {
+            coalesce(&[l], &[r], local.desc.units()?, remote.desc.units()?)?
+        };
+        self.move_runs(peer, remote, local, &runs, ext, pull).await
     }
 
     /// The descriptors a block transfer would post (for benchmarks and tests).
