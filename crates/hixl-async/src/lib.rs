@@ -16,7 +16,7 @@ mod stage;
 mod sync;
 
 pub use memory::{HostBuffer, Region};
-pub use notify::NotifyStream;
+pub use notify::{NotifyHandler, NotifyService, NotifyStream};
 mod engine;
 #[cfg(feature = "fabric")]
 mod fabric;

@@ -3,13 +3,35 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll, Waker};
 
 use futures::Stream;
-use hixl_core::{Notify, NOTIFY_MAX_PENDING};
+use hixl_core::{Error, Notify, Result, Status, NOTIFY_MAX_PENDING};
 
-use crate::sync::lock;
+use crate::sync::{lock, read, write};
+
+/// A served notify's handler: runs on the task that received the notify, must not block, and
+/// its status is the sender's answer (see [`crate::Engine::serve_notifies`]).
+pub type NotifyHandler = dyn Fn(&Notify) -> Status + Send + Sync;
+
+#[derive(Default)]
+struct Handlers {
+    next: u64,
+    by_prefix: Vec<(u64, Vec<u8>, Arc<NotifyHandler>)>,
+}
+
+impl std::fmt::Debug for Handlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(
+                self.by_prefix
+                    .iter()
+                    .map(|(_, p, _)| String::from_utf8_lossy(p).into_owned()),
+            )
+            .finish()
+    }
+}
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -25,9 +47,75 @@ struct Inner {
 #[derive(Debug, Default)]
 pub(crate) struct NotifyQueue {
     inner: Mutex<Inner>,
+    handlers: RwLock<Handlers>,
+}
+
+/// While it lives, notifies whose name starts with its prefix go to its handler instead of the
+/// inbox; dropping it ends that.
+#[derive(Debug)]
+pub struct NotifyService {
+    queue: Arc<NotifyQueue>,
+    id: u64,
+}
+
+impl Drop for NotifyService {
+    fn drop(&mut self) {
+        write(&self.queue.handlers)
+            .by_prefix
+            .retain(|(id, _, _)| *id != self.id);
+    }
 }
 
 impl NotifyQueue {
+    /// Routes names starting with `prefix` to `f`.
+    pub(crate) fn serve(
+        self: &Arc<Self>,
+        prefix: Vec<u8>,
+        f: Arc<NotifyHandler>,
+    ) -> Result<NotifyService> {
+        let mut h = write(&self.handlers);
+        if prefix.is_empty() {
+            return Err(Error::InvalidParam {
+                what: "notify service prefix is empty (it would take every notify)".into(),
+            });
+        }
+        if let Some((_, p, _)) = h
+            .by_prefix
+            .iter()
+            .find(|(_, p, _)| p.starts_with(&prefix) || prefix.starts_with(p))
+        {
+            return Err(Error::InvalidParam {
+                what: format!(
+                    "notify service prefix {:?} overlaps the served prefix {:?}",
+                    String::from_utf8_lossy(&prefix),
+                    String::from_utf8_lossy(p)
+                ),
+            });
+        }
+        h.next += 1;
+        let id = h.next;
+        h.by_prefix.push((id, prefix, f));
+        Ok(NotifyService {
+            queue: self.clone(),
+            id,
+        })
+    }
+
+    /// Delivers a received notify: to the handler serving its name (whose status is the
+    /// answer), else into the inbox (`SUCCESS`, or `RESOURCE_EXHAUSTED` past the budget).
+    pub(crate) fn deliver(&self, n: Notify) -> Status {
+        let served = read(&self.handlers)
+            .by_prefix
+            .iter()
+            .find(|(_, p, _)| n.name.starts_with(p))
+            .map(|(_, _, f)| f.clone());
+        match served {
+            Some(f) => f(&n),
+            None if self.offer(n) => Status::Success,
+            None => Status::ResourceExhausted,
+        }
+    }
+
     /// Queues a notify; `false` if its sender already has the maximum pending.
     pub(crate) fn offer(&self, n: Notify) -> bool {
         let wakers = {
@@ -57,8 +145,8 @@ impl NotifyQueue {
         Some(n)
     }
 
-    /// Takes a notify frame from `peer` on `link` and returns the ack to send back
-    /// (RESOURCE_EXHAUSTED when that link already has the maximum pending).
+    /// Takes a notify frame from `peer` on `link` and returns the ack to send back (a served
+    /// name's status, or RESOURCE_EXHAUSTED when that link already has the maximum pending).
     pub(crate) fn receive(
         &self,
         peer: &str,
@@ -67,17 +155,12 @@ impl NotifyQueue {
         name: Vec<u8>,
         msg: Vec<u8>,
     ) -> hixl_core::wire::Message {
-        let ok = self.offer(Notify {
+        let status = self.deliver(Notify {
             from: peer.to_string(),
             link,
             name,
             msg,
         });
-        let status = if ok {
-            hixl_core::Status::Success
-        } else {
-            hixl_core::Status::ResourceExhausted
-        };
         hixl_core::wire::Message::NotifyAck {
             seq,
             status: status.code(),

@@ -400,3 +400,77 @@ async fn regions_registered_after_connect_become_visible() {
         "deregistered region still advertised"
     );
 }
+
+/// Served notifies: a handler answers them (its status is the sender's result) on the control
+/// connection (tcp) and on the fabric channel; other names still reach the inbox; dropping the
+/// service hands its names back to the inbox. The target sees its initiators' liveness.
+async fn served_notifies_answer_the_sender(transport: &str) {
+    let (t, i, _remote, _local, peer) = pair_over(4096, transport).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let svc = t
+        .serve_notifies("svc.", move |n: &hixl_core::Notify| {
+            let _ = tx.send((n.link, n.msg.clone()));
+            if n.msg == b"yes" {
+                Status::Success
+            } else {
+                Status::ParamInvalid
+            }
+        })
+        .unwrap();
+    // overlapping and empty prefixes are refused, naming the prefix
+    let e = t.serve_notifies("svc.x", |_: &hixl_core::Notify| Status::Success);
+    assert!(e.unwrap_err().to_string().contains("svc.x"));
+    let e = t.serve_notifies("sv", |_: &hixl_core::Notify| Status::Success);
+    assert!(e.unwrap_err().to_string().contains("\"svc.\""));
+    assert!(t
+        .serve_notifies("", |_: &hixl_core::Notify| Status::Success)
+        .is_err());
+    peer.notify("svc.ask", "yes").await.unwrap();
+    let e = peer.notify("svc.ask", "no").await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Remote {
+                status: Status::ParamInvalid,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    peer.notify("plain", "inbox").await.unwrap();
+    let (link, msg) = rx.recv().await.unwrap();
+    assert_eq!(msg, b"yes");
+    assert_eq!(rx.recv().await.unwrap().1, b"no");
+    let inbox = t.take_notifies();
+    assert_eq!(inbox.len(), 1, "served notifies never reach the inbox");
+    assert_eq!(inbox[0].name, b"plain");
+    assert_eq!(inbox[0].link, link, "the handler sees the same link id");
+    // served notifies do not use the sender's budget
+    for _ in 0..hixl_core::NOTIFY_MAX_PENDING + 10 {
+        peer.notify("svc.ask", "yes").await.unwrap();
+    }
+    drop(svc);
+    peer.notify("svc.ask", "no").await.unwrap();
+    assert_eq!(t.take_notifies()[0].msg, b"no");
+    assert!(t.initiator_connected(link));
+    assert!(!t.initiator_connected(link ^ 0xdead_beef));
+    i.disconnect(t.local_engine()).await.unwrap();
+    let deadline = std::time::Instant::now() + T;
+    while t.initiator_connected(link) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "link still seen alive"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_notifies_answer_the_sender_tcp() {
+    served_notifies_answer_the_sender("tcp").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_notifies_answer_the_sender_fabric() {
+    served_notifies_answer_the_sender("auto").await
+}

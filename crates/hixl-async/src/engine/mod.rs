@@ -21,7 +21,7 @@ use crate::addr::{engine_name, EngineAddr};
 use crate::link::Link;
 use crate::link::LinkCx;
 use crate::notify::NotifyQueue;
-use crate::notify::NotifyStream;
+use crate::notify::{NotifyService, NotifyStream};
 use crate::server::Server;
 use crate::sync::lock;
 
@@ -188,6 +188,34 @@ impl Engine {
         NotifyStream {
             queue: self.inner.notifies.clone(),
         }
+    }
+
+    /// Serves notifies whose name starts with `prefix` with `handler` instead of queuing
+    /// them: the handler runs on the task that received the notify (it must not block), and
+    /// the status it returns is what the sender's [`Peer::notify`] returns (`SUCCESS`: `Ok`;
+    /// any other: [`hixl_core::Error::Remote`] carrying it). This is a request/answer on
+    /// the link, used by layers above the engine (the KV layer's leases). Served notifies do
+    /// not count against the sender's notify budget. Serving ends when the returned
+    /// [`NotifyService`] is dropped.
+    ///
+    /// # Errors
+    /// [`Error::InvalidParam`] for an empty prefix or one overlapping a served prefix.
+    pub fn serve_notifies(
+        &self,
+        prefix: impl Into<Vec<u8>>,
+        handler: impl Fn(&Notify) -> hixl_core::Status + Send + Sync + 'static,
+    ) -> Result<NotifyService> {
+        self.inner.notifies.serve(prefix.into(), Arc::new(handler))
+    }
+
+    /// Whether the initiator link `link` (a [`Notify::link`]) is still connected to this
+    /// engine. `false` once it closed, died or was never known.
+    pub fn initiator_connected(&self, link: u64) -> bool {
+        self.inner.server.as_ref().is_some_and(|s| {
+            s.cx.sessions
+                .get(link)
+                .is_some_and(|sess| !sess.state.is_dead())
+        })
     }
 
     /// Returns and clears every received notify (HIXL `GetNotifies`).

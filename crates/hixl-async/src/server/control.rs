@@ -153,8 +153,8 @@ impl Server {
                 tracing::debug!(peer = %sess.peer, session = sess.id, "initiator connected");
             }
             Event::NotifyOffered { seq, notify } => {
-                let queued = self.cx.notifies.offer(notify);
-                let _ = session.ack_notify(seq, queued);
+                let status = self.cx.notifies.deliver(notify);
+                let _ = session.ack_notify_status(seq, status);
             }
             Event::TransportMessage(m) => {
                 let taken = self

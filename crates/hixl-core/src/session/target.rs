@@ -503,6 +503,20 @@ impl TargetSession {
     /// [`Error::SessionNotPending`] for a seq that was not offered or is answered already; the
     /// session's cause once closed.
     pub fn ack_notify(&mut self, seq: u64, queued: bool) -> Result<()> {
+        let status = if queued {
+            Status::Success
+        } else {
+            Status::ResourceExhausted
+        };
+        self.ack_notify_status(seq, status)
+    }
+
+    /// Answers an offered notify with `status` (a notify the application served itself:
+    /// `SUCCESS`, or the status it refused it with, which the sender's `notify` returns).
+    ///
+    /// # Errors
+    /// As [`TargetSession::ack_notify`].
+    pub fn ack_notify_status(&mut self, seq: u64, status: Status) -> Result<()> {
         self.core.alive()?;
         if !self.offered.remove(&seq) {
             return Err(Error::SessionNotPending {
@@ -510,7 +524,10 @@ impl TargetSession {
                 id: seq,
             });
         }
-        self.notify_ack(seq, queued);
+        self.core.send(Message::NotifyAck {
+            seq,
+            status: status.code(),
+        });
         Ok(())
     }
 
