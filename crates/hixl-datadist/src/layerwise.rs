@@ -25,7 +25,8 @@ pub struct LayerTarget {
 /// What a layer-wise transfer did.
 #[derive(Debug)]
 pub struct LayerwiseReport {
-    /// One result per target, in order.
+    /// One result per target, in order. A failed target's error lists every (layer, block)
+    /// pair that did not land there (`DataDistError::failed`); the rest landed.
     pub results: Vec<Result<()>>,
     /// Layers moved.
     pub layers: u32,
@@ -134,11 +135,23 @@ impl LlmDataDist {
                 },
                 Some((i, res)) = inflight.next(), if !inflight.is_empty() => {
                     if let Err(e) = res {
-                        if results[i].is_ok() {
-                            results[i] = Err(e);
+                        match &mut results[i] {
+                            // The first failed layer gives the status; later ones add their
+                            // (layer, block) pairs.
+                            Err(first) => {
+                                let mut all = std::mem::take(&mut first.failed).into_vec();
+                                all.extend_from_slice(&e.failed);
+                                first.failed = all.into_boxed_slice();
+                            }
+                            ok => *ok = Err(e),
                         }
                     }
                 }
+            }
+        }
+        for r in &mut results {
+            if let Err(e) = r {
+                e.failed.sort_unstable();
             }
         }
         LayerwiseReport {

@@ -13,6 +13,7 @@
 pub mod cache;
 mod datadist;
 mod layerwise;
+pub mod lease;
 pub mod models;
 pub mod options;
 pub mod status;
@@ -21,6 +22,7 @@ pub mod table;
 pub use cache::{
     BlocksCacheKey, CacheDesc, CacheIndex, CacheKey, DataType, KvCacheExtParam, Placement,
 };
-pub use datadist::{Cache, ClusterInfo, LlmDataDist, LlmRole, MAX_CLUSTERS_PER_CALL};
+pub use datadist::{Cache, ClusterInfo, LeaseEvents, LlmDataDist, LlmRole, MAX_CLUSTERS_PER_CALL};
 pub use layerwise::{LayerTarget, LayerwiseReport};
-pub use status::{DataDistError, LlmStatus, Result};
+pub use lease::{EndedLease, LeaseEnd, LeaseGrant};
+pub use status::{BlockFailure, DataDistError, LlmStatus, Result};

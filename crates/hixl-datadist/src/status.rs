@@ -32,6 +32,12 @@ pub enum LlmStatus {
     Timeout = 0x5010_B01A,
     /// Out of memory.
     OutOfMemory = 0x5010_B01C,
+    /// hixl extension: the pull's lease ended (done, expired, link down or revoked) or never
+    /// existed; nothing was moved.
+    LeaseEnded = 0x5010_B100,
+    /// hixl extension: a live lease holds the blocks (or cache) the call would lease again,
+    /// overwrite or unregister.
+    LeaseHeld = 0x5010_B101,
     /// Generic failure.
     Failed = 0xFFFF_FFFF,
 }
@@ -58,6 +64,8 @@ impl LlmStatus {
             LlmStatus::FeatureNotEnabled => "LLM_FEATURE_NOT_ENABLED",
             LlmStatus::Timeout => "LLM_TIMEOUT",
             LlmStatus::OutOfMemory => "LLM_OUT_OF_MEMORY",
+            LlmStatus::LeaseEnded => "LLM_LEASE_ENDED",
+            LlmStatus::LeaseHeld => "LLM_LEASE_HELD",
             LlmStatus::Failed => "LLM_FAILED",
         }
     }
@@ -69,6 +77,19 @@ impl std::fmt::Display for LlmStatus {
     }
 }
 
+/// One (layer, block) pair of a block transfer that did not land.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockFailure {
+    /// Layer at the source.
+    pub src_layer: u32,
+    /// Layer at the destination.
+    pub dst_layer: u32,
+    /// Block at the source.
+    pub src_block: u64,
+    /// Block at the destination (for a pull: the local block to recompute).
+    pub dst_block: u64,
+}
+
 /// The error of every LLM-DataDist call: a status and what went wrong, naming the value.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error("{status}: {message}")]
@@ -77,6 +98,10 @@ pub struct DataDistError {
     pub status: LlmStatus,
     /// What went wrong.
     pub message: String,
+    /// For a block transfer that failed part-way: the (layer, block) pairs that did not land,
+    /// sorted. Every pair of the call not listed here landed completely. Empty when the call
+    /// failed before moving anything (then nothing landed) or is not a block transfer.
+    pub failed: Box<[BlockFailure]>,
     /// The transfer engine's error underneath, if one caused this.
     #[source]
     pub source: Option<Error>,
@@ -91,6 +116,7 @@ impl DataDistError {
         DataDistError {
             status,
             message: message.into(),
+            failed: Box::default(),
             source: None,
         }
     }
@@ -114,6 +140,7 @@ impl From<Error> for DataDistError {
         DataDistError {
             status,
             message: e.to_string(),
+            failed: Box::default(),
             source: Some(e),
         }
     }

@@ -247,9 +247,10 @@ impl LlmDataDist {
     /// Unregisters a cache (HIXL: an unknown id is SUCCESS). Waits for transfers touching it.
     ///
     /// # Errors
-    /// Engine errors only.
+    /// `LLM_LEASE_HELD` while a live lease covers the cache; engine errors.
     pub async fn unregister_kv_cache(&self, cache_id: i64) -> Result<()> {
         let inner = self.inner()?;
+        self.check_cache_not_leased(cache_id)?;
         let local = inner
             .state
             .lock()

@@ -189,6 +189,21 @@ impl LlmDataDist {
         })
     }
 
+    /// The peer of a linked cluster.
+    pub(super) fn linked_peer(&self, cluster_id: u64) -> Result<Peer> {
+        let inner = self.inner()?;
+        let st = inner.state.lock().map_err(|_| poisoned())?;
+        st.links
+            .get(&cluster_id)
+            .map(|l| l.peer.clone())
+            .ok_or_else(|| {
+                DataDistError::new(
+                    LlmStatus::NotYetLink,
+                    format!("cluster {cluster_id} is not linked"),
+                )
+            })
+    }
+
     /// The cache table of a linked cluster, as last read.
     ///
     /// # Errors

@@ -23,7 +23,7 @@ impl LlmDataDist {
     /// `LLM_KV_CACHE_NOT_EXIST` for a cache not registered here; `LLM_PARAM_INVALID` for lists
     /// of different lengths, a block past a cache's end, caches of different tensor counts or
     /// block sizes, a destination block named twice, or (within one cache) a block both copied
-    /// from and written.
+    /// from and written; `LLM_LEASE_HELD` for a destination block a live lease holds.
     pub async fn copy_kv_blocks(
         &self,
         src: &Cache,
@@ -105,6 +105,7 @@ impl LlmDataDist {
             }
         }
         let (s, d): (Vec<u64>, Vec<u64>) = pairs.iter().copied().unzip();
+        self.check_not_leased(dst.cache_id, &d)?;
         let runs = coalesce(&s, &d, src.desc.units()?, dst.desc.units()?)?;
         let tensors: Vec<(Region, Region)> = (0..src.desc.num_tensors as usize)
             .filter_map(|t| Some((src.tensor(t)?.clone(), dst.tensor(t)?.clone())))

@@ -5,15 +5,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hixl_async::{Engine, HostBuffer, Peer, Region};
+use hixl_async::{Engine, HostBuffer, NotifyService, Peer, Region};
 use hixl_core::Access;
 
 use crate::cache::CacheDesc;
+use crate::lease::{EndedLease, LeaseTable};
 use crate::options::DataDistOptions;
 use crate::status::{DataDistError, LlmStatus, Result};
 use crate::table::{CacheEntry, CacheTable, TABLE_REGION};
 
 mod caches;
+mod leases;
+pub use leases::LeaseEvents;
 mod links;
 mod local;
 mod transfers;
@@ -82,6 +85,16 @@ struct Inner {
     engine: Engine,
     opts: DataDistOptions,
     state: Mutex<State>,
+    /// The leases this cluster granted (it owns their blocks).
+    leases: Mutex<LeaseTable>,
+    /// Ended leases, to [`LlmDataDist::lease_events`]' stream.
+    ended_tx: futures::channel::mpsc::UnboundedSender<EndedLease>,
+    ended_rx: Mutex<Option<futures::channel::mpsc::UnboundedReceiver<EndedLease>>>,
+    /// Rings the lease reaper when deadlines change.
+    reaper_wake: Arc<tokio::sync::Notify>,
+    reaper: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Answers the lease protocol's notifies while it lives.
+    lease_service: Mutex<Option<NotifyService>>,
 }
 
 /// One cluster's LLM-DataDist instance (prefill or decode side of disaggregated inference).
@@ -170,6 +183,7 @@ impl LlmDataDist {
             b = b.option(k, v);
         }
         let engine = b.build().await?;
+        let (ended_tx, ended_rx) = futures::channel::mpsc::unbounded();
         let inner = Arc::new(Inner {
             engine,
             opts,
@@ -177,7 +191,14 @@ impl LlmDataDist {
                 next_id: 1,
                 ..State::default()
             }),
+            leases: Mutex::new(LeaseTable::default()),
+            ended_tx,
+            ended_rx: Mutex::new(Some(ended_rx)),
+            reaper_wake: Arc::new(tokio::sync::Notify::new()),
+            reaper: Mutex::new(None),
+            lease_service: Mutex::new(None),
         });
+        leases::start(&inner)?;
         self.inner = Some(inner);
         self.publish().await
     }
@@ -201,6 +222,7 @@ impl LlmDataDist {
     /// Closes every link and stops the engine.
     pub async fn finalize(&mut self) {
         if let Some(inner) = self.inner.take() {
+            leases::stop(&inner);
             inner.engine.shutdown(Duration::from_secs(1)).await;
         }
     }

@@ -1,6 +1,8 @@
 //! Pull and push of blocks and of whole batch entries between a local cache and a linked
 //! peer's cache.
 
+use std::time::Duration;
+
 use hixl_async::Peer;
 use hixl_core::{OpDesc, TransferOp};
 
@@ -9,7 +11,7 @@ use crate::cache::{
     block_descs, coalesce, layer_tensors, BlocksCacheKey, CacheDesc, CacheIndex, CacheKey,
     KvCacheExtParam, Run, Side,
 };
-use crate::status::{DataDistError, Result};
+use crate::status::{BlockFailure, DataDistError, Result};
 use crate::table::{CacheEntry, CacheTable};
 
 impl LlmDataDist {
@@ -22,10 +24,16 @@ impl LlmDataDist {
         runs: &[Run],
         ext: &KvCacheExtParam,
     ) -> Result<()> {
-        self.move_runs(peer, remote, local, runs, ext, false).await
+        let t = self.inner()?.opts.sync_wait;
+        self.move_runs(peer, remote, local, runs, ext, false, t)
+            .await
     }
 
-    async fn move_runs(
+    /// Moves `runs` of every layer of `ext` between `local` and `remote`: one transfer per
+    /// layer, all in flight at once, so that a failure names the layers (and so the
+    /// (layer, block) pairs) that did not land while the others are known to have landed.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn move_runs(
         &self,
         peer: &Peer,
         remote: &CacheEntry,
@@ -33,8 +41,8 @@ impl LlmDataDist {
         runs: &[Run],
         ext: &KvCacheExtParam,
         pull: bool,
+        timeout: Duration,
     ) -> Result<()> {
-        let inner = self.inner()?;
         let (src_desc, src_addrs, dst_desc, dst_addrs) = if pull {
             (
                 &remote.desc,
@@ -53,29 +61,70 @@ impl LlmDataDist {
         let n = ext.tensor_num_per_layer;
         let src_t = layer_tensors(ext.src_layer_range.as_ref(), n, src_desc.num_tensors)?;
         let dst_t = layer_tensors(ext.dst_layer_range.as_ref(), n, dst_desc.num_tensors)?;
-        let descs = block_descs(
-            Side {
-                addrs: src_addrs,
-                stride: src_desc.stride()?,
-            },
-            Side {
-                addrs: dst_addrs,
-                stride: dst_desc.stride()?,
-            },
-            src_t,
-            dst_t,
-            runs,
-            pull,
-        )?;
+        if src_t.len() != dst_t.len() {
+            return Err(DataDistError::param(format!(
+                "source layers cover {} tensors, destination layers {}",
+                src_t.len(),
+                dst_t.len()
+            )));
+        }
+        let src = Side {
+            addrs: src_addrs,
+            stride: src_desc.stride()?,
+        };
+        let dst = Side {
+            addrs: dst_addrs,
+            stride: dst_desc.stride()?,
+        };
+        let layers: Vec<(u32, u32)> = (src_t.start / n..src_t.end / n)
+            .zip(dst_t.start / n..dst_t.end / n)
+            .collect();
+        let mut plans = Vec::with_capacity(layers.len());
+        for &(sl, dl) in &layers {
+            plans.push(block_descs(
+                src,
+                dst,
+                sl * n..sl * n + n,
+                dl * n..dl * n + n,
+                runs,
+                pull,
+            )?);
+        }
         let op = if pull {
             TransferOp::Read
         } else {
             TransferOp::Write
         };
-        peer.transfer(op, &descs)
-            .timeout(inner.opts.sync_wait)
-            .await?;
-        Ok(())
+        let results =
+            futures::future::join_all(plans.iter().map(|d| peer.transfer(op, d).timeout(timeout)))
+                .await;
+        let mut first: Option<hixl_core::Error> = None;
+        let mut failed = Vec::new();
+        let mut failed_layers = 0;
+        for (&(src_layer, dst_layer), r) in layers.iter().zip(results) {
+            let Err(e) = r else { continue };
+            first.get_or_insert(e);
+            failed_layers += 1;
+            for r in runs {
+                failed.extend((0..r.count).map(|i| BlockFailure {
+                    src_layer,
+                    dst_layer,
+                    src_block: r.src + i,
+                    dst_block: r.dst + i,
+                }));
+            }
+        }
+        let Some(cause) = first else { return Ok(()) };
+        let mut e = DataDistError::from(cause);
+        e.message = format!(
+            "{failed_layers} of {} layers did not land ({} (layer, block) pairs; the others landed): {}",
+            layers.len(),
+            failed.len(),
+            e.message
+        );
+        failed.sort_unstable();
+        e.failed = failed.into_boxed_slice();
+        Err(e)
     }
 
     /// Moves `src_blocks` to `dst_blocks` between `local` and the peer cache `pick` selects:
@@ -99,7 +148,8 @@ impl LlmDataDist {
             (local.desc.units()?, remote.desc.units()?)
         };
         let runs = coalesce(src_blocks, dst_blocks, src_units, dst_units)?;
-        self.move_runs(&peer, &remote, local, &runs, ext, pull)
+        let t = self.inner()?.opts.sync_wait;
+        self.move_runs(&peer, &remote, local, &runs, ext, pull, t)
             .await
     }
 
@@ -265,7 +315,9 @@ impl LlmDataDist {
         } else {
             coalesce(&[l], &[r], local.desc.units()?, remote.desc.units()?)?
         };
-        self.move_runs(peer, remote, local, &runs, ext, pull).await
+        let t = self.inner()?.opts.sync_wait;
+        self.move_runs(peer, remote, local, &runs, ext, pull, t)
+            .await
     }
 
     /// The descriptors a block transfer would post (for benchmarks and tests).

@@ -1,0 +1,384 @@
+//! Leases, wired: the owner's side (grant, revoke, the stream of ended leases, the notify
+//! service that answers pullers, the reaper that applies TTLs and link deaths) and the
+//! puller's side (a leased pull: acquire, READ, release). The rules are in [`crate::lease`].
+
+use std::collections::HashSet;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use hixl_core::{Error, Notify, Status};
+
+use super::{poisoned, Cache, Inner, LlmDataDist};
+use crate::cache::{coalesce, BlocksCacheKey, KvCacheExtParam};
+use crate::lease::{EndedLease, Frame, LeaseGrant, LEASE_NOTIFY};
+use crate::status::{DataDistError, LlmStatus, Result};
+
+/// How often the reaper checks the links of bound leases (a killed puller's link closes at
+/// once; a silent one is ended by the engine's heartbeats, then seen here).
+const LINK_POLL: Duration = Duration::from_millis(20);
+
+/// The owner's stream of ended leases (see [`LlmDataDist::lease_events`]).
+pub type LeaseEvents = futures::channel::mpsc::UnboundedReceiver<EndedLease>;
+
+/// Starts answering lease frames and the reaper.
+pub(super) fn start(inner: &Arc<Inner>) -> Result<()> {
+    let weak = Arc::downgrade(inner);
+    let svc = inner
+        .engine
+        .serve_notifies(LEASE_NOTIFY, move |n: &Notify| match weak.upgrade() {
+            Some(inner) => on_frame(&inner, n),
+            None => Status::Failed,
+        })?;
+    *inner.lease_service.lock().map_err(|_| poisoned())? = Some(svc);
+    let task = tokio::spawn(reaper(Arc::downgrade(inner), inner.reaper_wake.clone()));
+    *inner.reaper.lock().map_err(|_| poisoned())? = Some(task.abort_handle());
+    Ok(())
+}
+
+/// Stops both (finalize).
+pub(super) fn stop(inner: &Inner) {
+    if let Ok(mut s) = inner.lease_service.lock() {
+        s.take();
+    }
+    if let Some(r) = inner.reaper.lock().ok().and_then(|mut r| r.take()) {
+        r.abort();
+    }
+}
+
+fn emit(inner: &Inner, ended: Vec<EndedLease>) {
+    for e in ended {
+        tracing::debug!(
+            request = e.request_id,
+            lease = e.lease_id,
+            "lease ended: {:?}",
+            e.why
+        );
+        let _ = inner.ended_tx.unbounded_send(e);
+    }
+}
+
+/// The owner's answer to a lease frame from a puller.
+fn on_frame(inner: &Inner, n: &Notify) -> Status {
+    let frame = Frame::decode(&n.msg);
+    let Ok(mut t) = inner.leases.lock() else {
+        return Status::Failed;
+    };
+    let (r, ended) = t.on_frame(frame, n.link, Instant::now());
+    drop(t);
+    emit(inner, ended);
+    inner.reaper_wake.notify_one();
+    match r {
+        Ok(()) => Status::Success,
+        Err(why) => {
+            tracing::debug!(peer = %n.from, "lease frame {frame:?} refused: {why:?}");
+            Status::ParamInvalid
+        }
+    }
+}
+
+/// Ends leases whose time passed or whose puller's link died.
+async fn reaper(inner: Weak<Inner>, wake: Arc<tokio::sync::Notify>) {
+    loop {
+        let (next, bound) = {
+            let Some(inner) = inner.upgrade() else { return };
+            let Ok(mut t) = inner.leases.lock() else {
+                return;
+            };
+            let ended = t.tick(Instant::now(), |l| inner.engine.initiator_connected(l));
+            let next = (t.next_deadline(), t.any_bound());
+            drop(t);
+            emit(&inner, ended);
+            next
+        };
+        let poll = bound.then(|| Instant::now() + LINK_POLL);
+        let at = match (next, poll) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match at {
+            Some(at) => {
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.finish()
+}
+
+impl LlmDataDist {
+    /// Leases `blocks` (the same block ids in each of `caches`) of request `request_id` to
+    /// the peer that will pull them, for `ttl` without progress. Hand the returned grant to
+    /// that peer (it is serializable); its [`LlmDataDist::pull_leased_blocks`] calls are
+    /// checked against the lease before a byte moves. Until the lease ends (reported on
+    /// [`LlmDataDist::lease_events`]) its blocks cannot be leased again, overwritten by a
+    /// local copy, or their cache unregistered.
+    ///
+    /// # Errors
+    /// `LLM_KV_CACHE_NOT_EXIST` for a cache not registered here; `LLM_PARAM_INVALID` for no
+    /// blocks, a block past a cache's end, a block or cache named twice, a zero TTL;
+    /// `LLM_LEASE_HELD` naming a block a live lease holds, and that lease's request.
+    pub fn lease_blocks(
+        &self,
+        request_id: u64,
+        caches: &[&Cache],
+        blocks: &[u64],
+        ttl: Duration,
+    ) -> Result<LeaseGrant> {
+        let inner = self.inner()?;
+        {
+            let st = inner.state.lock().map_err(|_| poisoned())?;
+            for c in caches {
+                if !st.caches.contains_key(&c.cache_id) {
+                    return Err(DataDistError::new(
+                        LlmStatus::KvCacheNotExist,
+                        format!("cache {} is not registered here", c.cache_id),
+                    ));
+                }
+                let units = c.desc.units()?;
+                if let Some(b) = blocks.iter().find(|&&b| b >= units) {
+                    return Err(DataDistError::param(format!(
+                        "block {b} is past cache {}'s {units} blocks",
+                        c.cache_id
+                    )));
+                }
+            }
+        }
+        let ids: Vec<i64> = caches.iter().map(|c| c.cache_id).collect();
+        let grant = inner.leases.lock().map_err(|_| poisoned())?.create(
+            self.cluster_id,
+            request_id,
+            &ids,
+            blocks,
+            ttl,
+            random_u64(),
+            Instant::now(),
+        )?;
+        inner.reaper_wake.notify_one();
+        Ok(grant)
+    }
+
+    /// Ends a lease this cluster granted (the request was aborted): no new pull of it is
+    /// admitted; it is reported ended (`Revoked`) at once, or when the pulls in flight are
+    /// done or past their window.
+    ///
+    /// # Errors
+    /// `LLM_LEASE_ENDED` for a lease that is not live.
+    pub fn end_lease(&self, lease_id: u64) -> Result<()> {
+        let inner = self.inner()?;
+        let ended = {
+            let mut t = inner.leases.lock().map_err(|_| poisoned())?;
+            if !t.revoke(lease_id) {
+                return Err(DataDistError::new(
+                    LlmStatus::LeaseEnded,
+                    format!("lease {lease_id} is not live"),
+                ));
+            }
+            t.tick(Instant::now(), |l| inner.engine.initiator_connected(l))
+        };
+        emit(inner, ended);
+        inner.reaper_wake.notify_one();
+        Ok(())
+    }
+
+    /// The stream of leases this cluster granted that ended, with why; each ended lease's
+    /// blocks may be freed and reused. One stream per instance (a second call fails).
+    ///
+    /// # Errors
+    /// `LLM_FAILED` when the stream was taken already.
+    pub fn lease_events(&self) -> Result<LeaseEvents> {
+        self.inner()?
+            .ended_rx
+            .lock()
+            .map_err(|_| poisoned())?
+            .take()
+            .ok_or_else(|| {
+                DataDistError::new(
+                    LlmStatus::Failed,
+                    "the lease event stream was taken already",
+                )
+            })
+    }
+
+    /// Leases this cluster granted that are live.
+    ///
+    /// # Errors
+    /// `LLM_FAILED` before initialize.
+    pub fn live_leases(&self) -> Result<usize> {
+        Ok(self.inner()?.leases.lock().map_err(|_| poisoned())?.len())
+    }
+
+    /// The live lease holding one of `blocks` of `cache_id`: `LLM_LEASE_HELD` naming it.
+    pub(super) fn check_not_leased(&self, cache_id: i64, blocks: &[u64]) -> Result<()> {
+        let inner = self.inner()?;
+        let t = inner.leases.lock().map_err(|_| poisoned())?;
+        match t.holder(cache_id, blocks) {
+            Some((b, req)) => Err(DataDistError::new(
+                LlmStatus::LeaseHeld,
+                format!("block {b} of cache {cache_id} is leased to request {req}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// A live lease covering `cache_id`: `LLM_LEASE_HELD` naming its request.
+    pub(super) fn check_cache_not_leased(&self, cache_id: i64) -> Result<()> {
+        let inner = self.inner()?;
+        let t = inner.leases.lock().map_err(|_| poisoned())?;
+        match t.holds_cache(cache_id) {
+            Some(req) => Err(DataDistError::new(
+                LlmStatus::LeaseHeld,
+                format!("cache {cache_id} has blocks leased to request {req}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    async fn lease_frame(&self, grant: &LeaseGrant, frame: Frame, timeout: Duration) -> Result<()> {
+        let peer = self.linked_peer(grant.owner)?;
+        peer.notify_timeout(LEASE_NOTIFY, frame.encode(), timeout)
+            .await
+            .map_err(|e| match e {
+                Error::Remote {
+                    status: Status::ParamInvalid,
+                    ..
+                } => DataDistError::new(
+                    LlmStatus::LeaseEnded,
+                    format!(
+                        "lease {} (generation {:#x}) of request {} at cluster {} is not live as presented: it ended (done, expired, link down or revoked), or was never granted with these caches and blocks; nothing was moved",
+                        grant.lease_id, grant.generation, grant.request_id, grant.owner
+                    ),
+                ),
+                e => DataDistError::from(e),
+            })
+    }
+
+    /// Pulls leased blocks of the owner's blocks cache `src` into `dst` (the puller's side of
+    /// [`LlmDataDist::lease_blocks`]). The owner admits the pull only while the lease is live
+    /// and of `grant`'s generation, and keeps the blocks unreused until the pull is done or
+    /// its window (`llm.SyncKvCacheWaitTime`) passed; so a pull never returns bytes of a
+    /// request the blocks were reused for. With `done` the lease ends after a successful pull.
+    /// On a partial failure the error lists the (layer, block) pairs that did not land.
+    ///
+    /// # Errors
+    /// `LLM_LEASE_ENDED` when the lease is not live (nothing moved); `LLM_PARAM_INVALID` for
+    /// blocks or a cache the grant does not cover, or a grant of another cluster than `src`'s;
+    /// otherwise as [`LlmDataDist::pull_kv_blocks`].
+    #[allow(clippy::too_many_arguments)]
+    pub async fn pull_leased_blocks(
+        &self,
+        grant: &LeaseGrant,
+        src: BlocksCacheKey,
+        dst: &Cache,
+        src_blocks: &[u64],
+        dst_blocks: &[u64],
+        ext: &KvCacheExtParam,
+        done: bool,
+    ) -> Result<()> {
+        let window = self.inner()?.opts.sync_wait;
+        if src.cluster_id != grant.owner {
+            return Err(DataDistError::param(format!(
+                "the grant of lease {} is from cluster {}, the cache {src:?} is not",
+                grant.lease_id, grant.owner
+            )));
+        }
+        let leased: HashSet<u64> = grant.blocks.iter().copied().collect();
+        if let Some(b) = src_blocks.iter().find(|b| !leased.contains(b)) {
+            return Err(DataDistError::param(format!(
+                "block {b} is not in lease {} of request {}",
+                grant.lease_id, grant.request_id
+            )));
+        }
+        let (peer, remote) = self.remote_for(src).await?;
+        if !grant.caches.contains(&remote.cache_id) {
+            return Err(DataDistError::param(format!(
+                "cache {} ({src:?}) is not covered by lease {} of request {}",
+                remote.cache_id, grant.lease_id, grant.request_id
+            )));
+        }
+        let runs = coalesce(
+            src_blocks,
+            dst_blocks,
+            remote.desc.units()?,
+            dst.desc.units()?,
+        )?;
+        let ticket = random_u64();
+        let start = Instant::now();
+        self.lease_frame(
+            grant,
+            Frame::Acquire {
+                lease: grant.lease_id,
+                gen: grant.generation,
+                ticket,
+                window_ms: window.as_millis().min(u128::from(u32::MAX)) as u32,
+                digest: grant.digest(),
+            },
+            window,
+        )
+        .await?;
+        // The owner's window opened when it admitted the acquire, after `start`: ending the
+        // pull by `start + window` ends it inside the window.
+        let left = window.saturating_sub(start.elapsed());
+        let res = self
+            .move_runs(&peer, &remote, dst, &runs, ext, true, left)
+            .await;
+        let release = Frame::Release {
+            lease: grant.lease_id,
+            gen: grant.generation,
+            ticket,
+            done: done && res.is_ok(),
+        };
+        // A lost release only delays the lease's end to its TTL or the ticket's window.
+        if let Err(e) = self.lease_frame(grant, release, window).await {
+            tracing::debug!(
+                lease = grant.lease_id,
+                "lease release not acknowledged: {e}"
+            );
+        }
+        res
+    }
+
+    /// Tells the owner the lease's blocks are needed no more (the "done" notify): the owner
+    /// reports the lease ended (`Done`) once no pull of it is in flight.
+    ///
+    /// # Errors
+    /// `LLM_LEASE_ENDED` when the lease is not live; `LLM_NOT_YET_LINK` without a link to the
+    /// owner.
+    pub async fn lease_done(&self, grant: &LeaseGrant) -> Result<()> {
+        let t = self.inner()?.opts.sync_wait;
+        let f = Frame::Release {
+            lease: grant.lease_id,
+            gen: grant.generation,
+            ticket: 0,
+            done: true,
+        };
+        self.lease_frame(grant, f, t).await
+    }
+
+    /// Extends the lease by its TTL (the puller's heartbeat while it still needs the blocks
+    /// but is not pulling yet).
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::lease_done`].
+    pub async fn renew_lease(&self, grant: &LeaseGrant) -> Result<()> {
+        let t = self.inner()?.opts.sync_wait;
+        let f = Frame::Renew {
+            lease: grant.lease_id,
+            gen: grant.generation,
+        };
+        self.lease_frame(grant, f, t).await
+    }
+}
