@@ -1,29 +1,75 @@
-//! A prefill server and a decode server as two processes, for llama-3.1-8b's real KV geometry.
+//! A prefill server and a decode server as two processes, with a real model's KV geometry,
+//! moving requests the way a disaggregated server does: prefill computes a request's KV into
+//! blocks from its allocator, leases them to decode and hands decode the grant (here over a
+//! pipe; in a server, in the request's transfer parameters through the router). Decode pulls
+//! under the lease into blocks of its own allocator, checks the per-block status, and reports
+//! done. Prefill frees a request's blocks only when its lease ends, from the stream of ended
+//! leases, and reuses them for later requests.
 //!
-//! Prefill computes the KV cache layer by layer (simulated: a configurable time per layer,
-//! then the layer's tensors are written) and pushes each layer to decode as soon as it is
-//! ready. Decode verifies every block it received and reports time-to-first-token components:
-//! compute, transfer, and how much of the transfer was hidden under compute.
+//! One request's done report is withheld, as if lost: its lease expires after its TTL and
+//! only then are its blocks freed. Prefill's pool holds three requests, so later requests wait
+//! for leases to end and reuse blocks.
 //!
 //! ```text
-//! cargo run --release -p hixl-examples --example prefill_decode -- [TOKENS] [LAYER_MS] [MODEL]
+//! cargo run --release -p hixl-examples --example prefill_decode -- [TOKENS] [REQUESTS] [MODEL] [TRANSPORT]
 //! ```
-//! defaults: 2048 tokens, 3 ms per layer, llama-3.1-8b (any model of the shipped table works).
+//! defaults: 1024 tokens, 8 requests, llama-3.1-8b, auto (the fabric on one host; tcp forces
+//! sockets).
 
+use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use hixl::datadist::models::{by_name, ModelGeometry};
-use hixl::datadist::{BlocksCacheKey, Cache, ClusterInfo, LayerTarget, LlmDataDist, LlmRole};
+use hixl::datadist::{
+    BlocksCacheKey, Cache, ClusterInfo, KvCacheExtParam, LeaseEnd, LeaseGrant, LlmDataDist, LlmRole,
+};
 
 const PREFILL: u64 = 1;
 const DECODE: u64 = 2;
+/// The request whose done report decode withholds (a lost notify).
+const LOST_DONE: u64 = 3;
+/// A lease's TTL without progress. Decode renews the leases of the requests it has queued
+/// (its heartbeat) every third of it.
+const TTL: Duration = Duration::from_millis(1000);
 
 /// The value every byte of block `b` of tensor `t` holds for request `req`.
 fn kv_byte(req: u64, t: usize, b: u64) -> u8 {
     (req.wrapping_mul(97) ^ (t as u64).wrapping_mul(13) ^ b.wrapping_mul(5)) as u8 | 1
+}
+
+struct Args {
+    tokens: u64,
+    requests: u64,
+    model: String,
+    transport: String,
+}
+
+fn args() -> Args {
+    let a: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    Args {
+        tokens: a.first().and_then(|s| s.parse().ok()).unwrap_or(1024),
+        requests: a.get(1).and_then(|s| s.parse().ok()).unwrap_or(8),
+        model: a.get(2).cloned().unwrap_or_else(|| "llama-3.1-8b".into()),
+        transport: a.get(3).cloned().unwrap_or_else(|| "auto".into()),
+    }
+}
+
+async fn start(cluster: u64, role: LlmRole, transport: &str) -> LlmDataDist {
+    let mut dd = LlmDataDist::new(cluster, role);
+    dd.initialize(&[
+        ("llm.ListenIpInfo", "127.0.0.1:0"),
+        ("llm.SyncKvCacheWaitTime", "10000"),
+        ("hixl.Transport", transport),
+    ])
+    .await
+    .expect("initialize");
+    dd
 }
 
 async fn caches(
@@ -38,156 +84,176 @@ async fn caches(
             cluster_id: cluster,
             model_id: i as u64,
         };
-        out.push((
-            dd.allocate_kv_cache(desc, Some(key))
-                .await
-                .expect("allocate cache"),
-            per_layer,
-        ));
+        let c = dd.allocate_kv_cache(desc, Some(key)).await.expect("cache");
+        out.push((c, per_layer));
     }
     out
 }
 
-fn args() -> (u64, f64, String) {
-    let a: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let tokens = a.first().and_then(|s| s.parse().ok()).unwrap_or(2048);
-    let layer_ms = a.get(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
-    let model = a.get(2).cloned().unwrap_or_else(|| "llama-3.1-8b".into());
-    (tokens, layer_ms, model)
-}
-
-/// Decode: holds the caches, verifies what prefill pushed, reports TTFT components.
-async fn decode(m: ModelGeometry, blocks: u64) {
-    let mut dd = LlmDataDist::new(DECODE, LlmRole::Decoder);
-    dd.initialize(&[("llm.ListenIpInfo", "127.0.0.1:0")])
-        .await
-        .expect("initialize decode");
+/// Decode: pulls each granted request into its own blocks, checks every block, reports done.
+async fn decode(a: Args, m: ModelGeometry, per_request: u64) {
+    let dd = start(DECODE, LlmRole::Decoder, &a.transport).await;
+    // Decode's pool: every request keeps its blocks here (a real server frees them when the
+    // request finishes decoding).
+    let blocks = per_request * a.requests;
     let cs = caches(&dd, &m, DECODE, blocks).await;
-    println!("READY {}", dd.listen_addr().expect("address"));
+    println!("READY -");
     std::io::stdout().flush().ok();
-    let mut notes = dd.engine().expect("engine").notifications();
-    // Prefill notifies after its last layer landed: "req compute_ms exposed_ms alone_ms".
-    let n = notes.next().await.expect("prefill's notify");
-    let msg = String::from_utf8_lossy(&n.msg).to_string();
-    let f: Vec<f64> = msg
-        .split_whitespace()
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let (req, compute, exposed, alone) = (f[0] as u64, f[1], f[2], f[3]);
-    let t = Instant::now();
-    let mut bad = 0u64;
-    for (cache, _) in &cs {
-        let stride = cache.desc.stride().expect("stride") as usize;
-        let mut buf = vec![0u8; stride];
-        for t in 0..cache.tensor_addrs.len() {
-            for b in 0..blocks {
-                cache
-                    .tensor(t)
-                    .expect("tensor")
-                    .read_at(b * stride as u64, &mut buf)
-                    .expect("read");
-                if buf.iter().any(|&x| x != kv_byte(req, t, b)) {
-                    bad += 1;
-                }
-            }
-        }
-    }
-    let blocks_checked: u64 = cs
-        .iter()
-        .map(|(c, _)| c.tensor_addrs.len() as u64 * blocks)
-        .sum();
-    println!(
-        "decode: request {req}: {blocks_checked} blocks verified in {:.1} ms, {bad} wrong",
-        t.elapsed().as_secs_f64() * 1e3
-    );
-    println!(
-        "decode: time to first token = prefill compute {compute:.1} ms + exposed KV transfer {exposed:.1} ms \
-         (the transfer alone takes {alone:.1} ms; {:.0}% of it was hidden under compute)",
-        (1.0 - exposed / alone).clamp(0.0, 1.0) * 100.0
-    );
-    println!("DONE {}", if bad == 0 { "ok" } else { "corrupt" });
-    std::io::stdout().flush().ok();
-    dd.finalize().await;
-}
-
-/// Prefill: computes layer by layer and pushes each layer as soon as it is ready.
-async fn prefill(m: ModelGeometry, blocks: u64, layer_ms: f64, decode_addr: String) {
-    let mut dd = LlmDataDist::new(PREFILL, LlmRole::Prompt);
-    dd.initialize(&[("llm.ListenIpInfo", "127.0.0.1:0")])
-        .await
-        .expect("initialize prefill");
-    let cs = caches(&dd, &m, PREFILL, blocks).await;
-    let peer = ClusterInfo {
-        remote_cluster_id: DECODE,
-        remote_addr: decode_addr.clone(),
+    let mut lines = BufReader::new(std::io::stdin()).lines();
+    let link = lines
+        .next()
+        .and_then(Result::ok)
+        .expect("prefill's address");
+    let ci = ClusterInfo {
+        remote_cluster_id: PREFILL,
+        remote_addr: link,
     };
-    let linked = dd
-        .link_clusters(&[peer], Duration::from_secs(5))
+    let r = dd
+        .link_clusters(&[ci], Duration::from_secs(5))
         .await
         .expect("link");
-    linked
-        .into_iter()
+    r.into_iter()
         .next()
-        .expect("one result")
-        .expect("linked to decode");
-    let ids: Vec<u64> = (0..blocks).collect();
-    let targets: Vec<Vec<LayerTarget>> = cs
-        .iter()
-        .enumerate()
-        .map(|(i, (_, per_layer))| {
-            vec![LayerTarget {
-                dst: BlocksCacheKey {
-                    cluster_id: DECODE,
-                    model_id: i as u64,
-                },
-                src_blocks: ids.clone(),
-                dst_blocks: ids.clone(),
-                tensor_num_per_layer: *per_layer,
-            }]
-        })
-        .collect();
-    // How long the push takes by itself, after compute (warm-up first).
-    let push_all = || async {
-        for (i, (c, per_layer)) in cs.iter().enumerate() {
-            let ext = hixl::datadist::KvCacheExtParam {
+        .expect("one")
+        .expect("linked to prefill");
+    // Grants arrive while decode is busy pulling earlier requests: they wait in a queue whose
+    // leases a task renews, so a queued request's lease does not expire.
+    let dd = std::sync::Arc::new(dd);
+    let queued = std::sync::Arc::new(std::sync::Mutex::new(std::collections::VecDeque::<
+        LeaseGrant,
+    >::new()));
+    let (tx, mut grants) = tokio::sync::mpsc::unbounded_channel::<LeaseGrant>();
+    let q = queued.clone();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            let g: LeaseGrant = serde_json::from_str(&line).expect("a grant");
+            q.lock().expect("queue").push_back(g.clone());
+            if tx.send(g).is_err() {
+                break;
+            }
+        }
+    });
+    let (rdd, rq) = (dd.clone(), queued.clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(TTL / 3).await;
+            let waiting: Vec<LeaseGrant> = rq.lock().expect("queue").iter().cloned().collect();
+            for g in &waiting {
+                let _ = rdd.renew_lease(g).await;
+            }
+        }
+    });
+    let mut next_free = 0u64;
+    while let Some(g) = grants.recv().await {
+        queued
+            .lock()
+            .expect("queue")
+            .retain(|q| q.lease_id != g.lease_id);
+        let mine: Vec<u64> = (next_free..next_free + g.blocks.len() as u64).collect();
+        next_free += g.blocks.len() as u64;
+        let t = Instant::now();
+        let mut not_landed = BTreeSet::new();
+        for (i, (cache, per_layer)) in cs.iter().enumerate() {
+            let key = BlocksCacheKey {
+                cluster_id: PREFILL,
+                model_id: i as u64,
+            };
+            let ext = KvCacheExtParam {
                 tensor_num_per_layer: *per_layer,
                 ..Default::default()
             };
-            let key = BlocksCacheKey {
-                cluster_id: DECODE,
-                model_id: i as u64,
-            };
-            dd.push_kv_blocks(key, c, &ids, &ids, &ext)
+            // The last cache's pull reports done, unless this is the request whose done is lost.
+            let done = i + 1 == cs.len() && g.request_id != LOST_DONE;
+            if let Err(e) = dd
+                .pull_leased_blocks(&g, key, cache, &g.blocks, &mine, &ext, done)
                 .await
-                .expect("push");
+            {
+                // Only the listed (layer, block) pairs are missing; everything else landed.
+                eprintln!("decode: request {}: {e}", g.request_id);
+                not_landed.extend(e.failed.iter().map(|f| f.dst_block));
+                if e.failed.is_empty() {
+                    not_landed.extend(mine.iter().copied());
+                }
+            }
         }
-    };
-    push_all().await;
-    let t = Instant::now();
-    push_all().await;
-    let alone = t.elapsed().as_secs_f64() * 1e3;
-
-    let req = 7;
-    let mut senders = Vec::new();
-    let mut tasks = Vec::new();
-    for ((cache, _), target) in cs.iter().zip(&targets) {
-        let (tx, rx) = futures::channel::mpsc::unbounded::<u32>();
-        senders.push(tx);
-        tasks.push(dd.transfer_layerwise(cache, rx, target));
+        let pulled = t.elapsed();
+        // Check every block that landed; recompute the others (here: count them).
+        let mut wrong = 0u64;
+        for (cache, _) in &cs {
+            let stride = cache.desc.stride().expect("stride") as usize;
+            let mut buf = vec![0u8; stride];
+            for tensor in 0..cache.tensor_addrs.len() {
+                for (&src, &dst) in g.blocks.iter().zip(&mine) {
+                    if not_landed.contains(&dst) {
+                        continue;
+                    }
+                    let r = cache.tensor(tensor).expect("tensor");
+                    r.read_at(dst * stride as u64, &mut buf).expect("read");
+                    if buf.iter().any(|&x| x != kv_byte(g.request_id, tensor, src)) {
+                        wrong += 1;
+                    }
+                }
+            }
+        }
+        println!(
+            "RESULT {} {} {} {:.2}",
+            g.request_id,
+            not_landed.len(),
+            wrong,
+            pulled.as_secs_f64() * 1e3
+        );
+        std::io::stdout().flush().ok();
     }
-    let start = Instant::now();
-    let compute = async {
-        for l in 0..m.layers {
-            tokio::time::sleep(Duration::from_secs_f64(layer_ms / 1e3)).await; // the layer's math
-            for (cache, per_layer) in &cs {
+}
+
+/// Prefill: computes requests into pooled blocks, leases them, frees them when leases end.
+async fn prefill(a: Args, m: ModelGeometry, per_request: u64) -> bool {
+    let dd = start(PREFILL, LlmRole::Prompt, &a.transport).await;
+    let pool = per_request * 3;
+    let cs = caches(&dd, &m, PREFILL, pool).await;
+    let refs: Vec<&Cache> = cs.iter().map(|(c, _)| c).collect();
+    let mut ended = dd.lease_events().expect("lease events");
+    let mut free: BTreeSet<u64> = (0..pool).collect();
+    let mut child = Command::new(std::env::current_exe().expect("exe"))
+        .args(std::env::args().skip(1))
+        .env("HIXL_EXAMPLE_ROLE", "decode")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the decode process");
+    let mut to_decode = child.stdin.take().expect("stdin");
+    let (tx, mut from_decode) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let out = BufReader::new(child.stdout.take().expect("stdout"));
+    std::thread::spawn(move || {
+        for l in out.lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    while from_decode
+        .recv()
+        .await
+        .is_some_and(|l| !l.starts_with("READY"))
+    {}
+    writeln!(to_decode, "{}", dd.listen_addr().expect("address")).expect("pipe");
+    let started = Instant::now();
+    let mut leased_at: HashMap<u64, Instant> = HashMap::new();
+    let (mut received, mut results, mut ok) = (0u64, 0u64, true);
+    let mut next = 1u64;
+    while results < a.requests || !leased_at.is_empty() {
+        // Admit the next request when the pool has room; otherwise wait for a lease to end.
+        if next <= a.requests && free.len() as u64 >= per_request {
+            let blocks: Vec<u64> = free.iter().copied().take(per_request as usize).collect();
+            for b in &blocks {
+                free.remove(b);
+            }
+            // "Compute" the request's KV into its blocks.
+            for (cache, _) in &cs {
                 let stride = cache.desc.stride().expect("stride");
-                let n = *per_layer as usize;
-                for t in l as usize * n..(l as usize + 1) * n {
-                    for b in 0..blocks {
-                        let v = vec![kv_byte(req, t, b); stride as usize];
+                for t in 0..cache.tensor_addrs.len() {
+                    for &b in &blocks {
+                        let v = vec![kv_byte(next, t, b); stride as usize];
                         cache
                             .tensor(t)
                             .expect("tensor")
@@ -196,79 +262,73 @@ async fn prefill(m: ModelGeometry, blocks: u64, layer_ms: f64, decode_addr: Stri
                     }
                 }
             }
-            for tx in &senders {
-                tx.unbounded_send(l).expect("layer signal");
+            let g = dd.lease_blocks(next, &refs, &blocks, TTL).expect("lease");
+            println!(
+                "prefill: request {next}: {} blocks {:?}..: leased (lease {}), grant sent",
+                blocks.len(),
+                &blocks[..blocks.len().min(3)],
+                g.lease_id
+            );
+            writeln!(to_decode, "{}", serde_json::to_string(&g).expect("json")).expect("pipe");
+            leased_at.insert(next, Instant::now());
+            next += 1;
+            continue;
+        }
+        tokio::select! {
+            e = ended.next() => {
+                let e = e.expect("lease stream");
+                let held = leased_at.remove(&e.request_id).map(|t| t.elapsed()).unwrap_or_default();
+                println!(
+                    "prefill: request {}: lease ended ({:?}) after {:.0} ms; {} blocks freed",
+                    e.request_id, e.why, held.as_secs_f64() * 1e3, e.blocks.len()
+                );
+                ok &= (e.why == LeaseEnd::Expired) == (e.request_id == LOST_DONE);
+                free.extend(e.blocks);
+            }
+            l = from_decode.recv() => {
+                let Some(l) = l else { break };
+                let Some(r) = l.strip_prefix("RESULT ") else { println!("{l}"); continue };
+                let f: Vec<f64> = r.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+                println!(
+                    "decode:  request {}: pulled in {:.2} ms; {} blocks to recompute, {} wrong",
+                    f[0], f[3], f[1], f[2]
+                );
+                ok &= f[1] == 0.0 && f[2] == 0.0;
+                received += 1;
+                results += 1;
             }
         }
-        drop(senders);
-        start.elapsed()
-    };
-    let (reports, compute_time) = tokio::join!(futures::future::join_all(tasks), compute);
-    let done = start.elapsed();
-    for r in &reports {
-        for res in &r.results {
-            res.as_ref().expect("layer-wise push");
-        }
     }
-    let compute_ms = compute_time.as_secs_f64() * 1e3;
-    let exposed = done.saturating_sub(compute_time).as_secs_f64() * 1e3;
+    drop(to_decode);
+    let _ = child.wait();
     println!(
-        "prefill: {} layers computed in {compute_ms:.1} ms, every layer pushed as it became ready; last byte landed {exposed:.1} ms after the last layer",
-        m.layers
+        "{received} requests of {:.1} MiB each moved under leases in {:.0} ms; every block verified; \
+         prefill freed each request's blocks only when its lease ended",
+        m.bytes_for(per_request * m.block_tokens) as f64 / 1048576.0,
+        started.elapsed().as_secs_f64() * 1e3
     );
-    let peer = dd
-        .engine()
-        .expect("engine")
-        .peer(&decode_addr)
-        .expect("linked");
-    peer.notify("kv_done", format!("{req} {compute_ms} {exposed} {alone}"))
-        .await
-        .expect("notify");
-    dd.finalize().await;
+    ok && dd.live_leases().expect("leases") == 0 && free.len() as u64 == pool
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let (tokens, layer_ms, model) = args();
-    let m = by_name(&model).expect("known model");
-    let blocks = tokens.div_ceil(m.block_tokens);
+    let a = args();
+    let m = by_name(&a.model).expect("known model");
+    let per_request = a.tokens.div_ceil(m.block_tokens);
     if std::env::var("HIXL_EXAMPLE_ROLE").as_deref() == Ok("decode") {
-        return decode(m, blocks).await;
+        return decode(a, m, per_request).await;
     }
     println!(
-        "{}: {} tokens in {} blocks of {}; {:.1} MiB of KV per request; {layer_ms} ms of compute per layer",
+        "{}: {} requests of {} tokens = {per_request} blocks of {} tokens; prefill's pool holds 3 requests; \
+         request {LOST_DONE}'s done is withheld; lease TTL {} ms",
         m.name,
-        blocks * m.block_tokens,
-        blocks,
+        a.requests,
+        per_request * m.block_tokens,
         m.block_tokens,
-        m.bytes_for(blocks * m.block_tokens) as f64 / 1048576.0
+        TTL.as_millis()
     );
-    let mut child = Command::new(std::env::current_exe().expect("exe"))
-        .args(std::env::args().skip(1))
-        .env("HIXL_EXAMPLE_ROLE", "decode")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the decode process");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let addr = loop {
-        let l = lines.next().expect("decode exited").expect("decode output");
-        if let Some(a) = l.strip_prefix("READY ") {
-            break a.to_string();
-        }
-    };
-    println!("decode process {} listening at {addr}", child.id());
-    prefill(m, blocks, layer_ms, addr).await;
-    let mut ok = false;
-    for l in lines.map_while(Result::ok) {
-        if let Some(v) = l.strip_prefix("DONE ") {
-            ok = v == "ok";
-            break;
-        }
-        println!("{l}");
-    }
-    let _ = child.wait();
-    if !ok {
-        eprintln!("decode found corrupt blocks");
+    if !prefill(a, m, per_request).await {
+        eprintln!("prefill_decode: a request was lost, corrupt, or ended its lease the wrong way");
         std::process::exit(1);
     }
 }

@@ -1,7 +1,7 @@
 //! `hixl bench kv` and its peer `hixl kv-serve`: one request's KV cache of a real model moved
 //! between two LLM-DataDist clusters, plain or layer by layer.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,10 @@ pub struct KvArgs {
     /// Seconds to measure.
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
+    /// Also pull each request under a lease (granted by the peer, released with done) and
+    /// report its cost: requests alternate between plain and leased pulls.
+    #[arg(long)]
+    pub leases: bool,
     /// One JSON object per case.
     #[arg(long)]
     pub json: bool,
@@ -69,6 +73,9 @@ struct KvResult {
     p50_ms: f64,
     engine_same_descs_gbps: Option<f64>,
     ratio_to_engine: Option<f64>,
+    leased_gbps: Option<f64>,
+    leased_p50_ms: Option<f64>,
+    lease_ratio: Option<f64>,
     compute_ms: Option<f64>,
     transfer_ms: Option<f64>,
     exposed_ms: Option<f64>,
@@ -122,19 +129,47 @@ pub async fn serve(a: ServeArgs) -> CliResult {
     ])
     .await
     .map_err(cli)?;
-    let _caches = allocate(&dd, &m, 1, a.blocks).await?;
+    let caches = allocate(&dd, &m, 1, a.blocks).await?;
+    // Ended leases are only drained here: the bench's puller reports done.
+    let mut ended = dd.lease_events().map_err(cli)?;
+    tokio::spawn(async move { while futures::StreamExt::next(&mut ended).await.is_some() {} });
     println!(
         "READY engine={} pid={}",
         dd.listen_addr().map_err(cli)?,
         std::process::id()
     );
     std::io::stdout().flush()?;
-    tokio::task::spawn_blocking(|| {
-        let mut sink = Vec::new();
-        let _ = std::io::stdin().read_to_end(&mut sink);
-    })
-    .await
-    .map_err(cli)?;
+    // Commands on stdin, one per line, until it closes: `lease <request> <ttl_ms>` leases
+    // every block of every cache and answers `GRANT <json>`.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for l in std::io::BufRead::lines(std::io::stdin().lock()) {
+            let Ok(l) = l else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let all: Vec<u64> = (0..a.blocks).collect();
+    let refs: Vec<&Cache> = caches.iter().map(|(c, _)| c).collect();
+    while let Some(l) = rx.recv().await {
+        let mut w = l.split_whitespace();
+        let answer = match (
+            w.next(),
+            w.next().map(str::parse::<u64>),
+            w.next().map(str::parse::<u64>),
+        ) {
+            (Some("lease"), Some(Ok(req)), Some(Ok(ttl))) => {
+                match dd.lease_blocks(req, &refs, &all, Duration::from_millis(ttl)) {
+                    Ok(g) => format!("GRANT {}", serde_json::to_string(&g).map_err(cli)?),
+                    Err(e) => format!("ERROR {e}"),
+                }
+            }
+            _ => format!("ERROR unknown command {l:?}"),
+        };
+        println!("{answer}");
+        std::io::stdout().flush()?;
+    }
     dd.finalize().await;
     Ok(())
 }
@@ -231,10 +266,11 @@ pub async fn bench(a: KvArgs) -> CliResult {
             hpeer.transport()
         );
     }
+    let mut peer = peer;
     let result = if a.layerwise {
         layerwise(&a, &dd, &m, &local, &ids, bytes).await?
     } else {
-        pull(&a, &dd, &m, &local, &ids, bytes, &hpeer).await?
+        pull(&a, &dd, &m, &local, &ids, bytes, &hpeer, &mut peer).await?
     };
     if a.json {
         println!("{}", serde_json::to_string(&result).map_err(cli)?);
@@ -247,7 +283,9 @@ pub async fn bench(a: KvArgs) -> CliResult {
 }
 
 /// Whole requests pulled through the KV layer for the duration, compared with the engine
-/// alone posting the same descriptors.
+/// alone posting the same descriptors; with `--leases`, requests alternate between plain
+/// pulls and pulls under a lease the peer grants.
+#[allow(clippy::too_many_arguments)]
 async fn pull(
     a: &KvArgs,
     dd: &LlmDataDist,
@@ -256,6 +294,7 @@ async fn pull(
     ids: &[u64],
     bytes: u64,
     hpeer: &Peer,
+    peer: &mut Target,
 ) -> CliResult<KvResult> {
     let dur = Duration::from_secs_f64(a.duration);
     // The KV layer: one pull per cache per request (after one to warm both sides' pages).
@@ -270,15 +309,27 @@ async fn pull(
     };
     pull_all().await?;
     let mut lat = Vec::new();
+    let mut leased_lat = Vec::new();
+    let (mut plain_s, mut leased_s) = (0.0f64, 0.0f64);
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed() < dur || n < 3 {
         let t = Instant::now();
         pull_all().await?;
-        lat.push(t.elapsed().as_secs_f64() * 1e3);
+        let s = t.elapsed().as_secs_f64();
+        plain_s += s;
+        lat.push(s * 1e3);
         n += 1;
+        if a.leases {
+            let t = Instant::now();
+            leased_pull(dd, local, ids, peer, n).await?;
+            let s = t.elapsed().as_secs_f64();
+            leased_s += s;
+            leased_lat.push(s * 1e3);
+        }
     }
-    let gbps = (n * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9;
+    let gbps = (n * bytes) as f64 / plain_s / 1e9;
+    let leased_gbps = a.leases.then(|| (n * bytes) as f64 / leased_s / 1e9);
     let (descs, eng) = engine_alone(dd, local, ids, bytes, hpeer, dur).await?;
     Ok(KvResult {
         bench: "kv",
@@ -293,11 +344,41 @@ async fn pull(
         p50_ms: p50(lat),
         engine_same_descs_gbps: Some(eng),
         ratio_to_engine: Some(gbps / eng),
+        leased_gbps,
+        leased_p50_ms: a.leases.then(|| p50(leased_lat)),
+        lease_ratio: leased_gbps.map(|l| l / gbps),
         compute_ms: None,
         transfer_ms: None,
         exposed_ms: None,
         hidden_fraction: None,
     })
+}
+
+/// One request as a server would move it under a lease: the peer (prefill) leases the
+/// request's blocks of every cache and hands the grant over; this side (decode) pulls each
+/// cache under it, the last pull reporting done.
+async fn leased_pull(
+    dd: &LlmDataDist,
+    local: &[(Cache, u32)],
+    ids: &[u64],
+    peer: &mut Target,
+    request: u64,
+) -> CliResult {
+    peer.send_line(&format!("lease {request} 30000"))?;
+    // kv-serve answers each command with one line: GRANT or ERROR.
+    let line = peer.wait_line("", Duration::from_secs(10))?;
+    let json = line
+        .strip_prefix("GRANT ")
+        .ok_or_else(|| CliError(format!("peer refused the lease: {line}")))?;
+    let grant: hixl::datadist::LeaseGrant = serde_json::from_str(json.trim()).map_err(cli)?;
+    for (i, (cache, per_layer)) in local.iter().enumerate() {
+        let (key, ext) = peer_cache(i, *per_layer);
+        let last = i + 1 == local.len();
+        dd.pull_leased_blocks(&grant, key, cache, ids, ids, &ext, last)
+            .await
+            .map_err(cli)?;
+    }
+    Ok(())
 }
 
 /// The engine alone, posting the descriptors of a whole-request pull for the duration (what
@@ -432,6 +513,9 @@ async fn layerwise(
         p50_ms: p50(lat),
         engine_same_descs_gbps: None,
         ratio_to_engine: None,
+        leased_gbps: None,
+        leased_p50_ms: None,
+        lease_ratio: None,
         compute_ms: Some(p50(compute)),
         transfer_ms: Some(alone_ms),
         exposed_ms: Some(exposed_ms),
@@ -445,14 +529,21 @@ async fn layerwise(
 
 fn print_result(r: &KvResult) {
     match r.mode {
-        "pull" => println!(
-            "pull one request: {:.2} GB/s, p50 {:.2} ms per request ({} descriptors); the engine alone with the same descriptors: {:.2} GB/s; ratio {:.2}",
-            r.gbps,
-            r.p50_ms,
-            r.descriptors_per_request,
-            r.engine_same_descs_gbps.unwrap_or(0.0),
-            r.ratio_to_engine.unwrap_or(0.0)
-        ),
+        "pull" => {
+            println!(
+                "pull one request: {:.2} GB/s, p50 {:.2} ms per request ({} descriptors); the engine alone with the same descriptors: {:.2} GB/s; ratio {:.2}",
+                r.gbps,
+                r.p50_ms,
+                r.descriptors_per_request,
+                r.engine_same_descs_gbps.unwrap_or(0.0),
+                r.ratio_to_engine.unwrap_or(0.0)
+            );
+            if let (Some(g), Some(p), Some(x)) = (r.leased_gbps, r.leased_p50_ms, r.lease_ratio) {
+                println!(
+                    "under a lease (grant, acquire, pull, release with done): {g:.2} GB/s, p50 {p:.2} ms per request; {x:.3}x of the plain pull in the same run"
+                );
+            }
+        }
         _ => println!(
             "layer-wise push: request {:.2} ms p50 = compute {:.2} ms + exposed transfer {:.2} ms; the same push alone takes {:.2} ms, so {:.0}% of it is hidden under compute",
             r.p50_ms,
