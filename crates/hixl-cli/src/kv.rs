@@ -27,6 +27,9 @@ pub struct ServeArgs {
     /// `tcp`, `fabric` or `auto`.
     #[arg(long, default_value = "auto")]
     pub transport: String,
+    /// Tokens per block (default: the model's).
+    #[arg(long)]
+    pub block_tokens: Option<u64>,
 }
 
 /// Arguments of `hixl bench kv`.
@@ -50,6 +53,13 @@ pub struct KvArgs {
     /// Seconds to measure.
     #[arg(long, default_value_t = 2.0)]
     pub duration: f64,
+    /// Tokens per block (default: the model's; 16 is vLLM's, 1 SGLang's page size).
+    #[arg(long)]
+    pub block_tokens: Option<u64>,
+    /// Which peer blocks a request's blocks are: `contiguous` (0..n) or `every-other`
+    /// (0, 2, 4, ...: runs that strided descriptors group, one per tensor).
+    #[arg(long, default_value = "contiguous")]
+    pub pattern: String,
     /// Also pull each request under a lease (granted by the peer, released with done) and
     /// report its cost: requests alternate between plain and leased pulls.
     #[arg(long)]
@@ -67,7 +77,20 @@ struct KvResult {
     tokens: u64,
     mode: &'static str,
     bytes_per_request: u64,
+    block_tokens: u64,
+    blocks: u64,
+    pattern: String,
+    /// Strided descriptors the KV layer posts per request.
     descriptors_per_request: usize,
+    /// The same request as plain descriptors (one per piece).
+    pieces_per_request: usize,
+    /// The engine alone posting the plain pieces: GB/s and submit time per request.
+    engine_plain_gbps: Option<f64>,
+    /// Why the plain pieces could not be posted, if they could not.
+    engine_plain_error: Option<String>,
+    submit_plain_us: Option<f64>,
+    /// ... and the strided descriptors.
+    submit_strided_us: Option<f64>,
     requests: u64,
     gbps: f64,
     p50_ms: f64,
@@ -104,9 +127,10 @@ async fn allocate(
     m: &ModelGeometry,
     cluster: u64,
     blocks: u64,
+    block_tokens: u64,
 ) -> CliResult<Vec<(Cache, u32)>> {
     let mut out = Vec::new();
-    for (i, (desc, per_layer)) in m.caches(blocks, m.block_tokens).into_iter().enumerate() {
+    for (i, (desc, per_layer)) in m.caches(blocks, block_tokens).into_iter().enumerate() {
         let key = BlocksCacheKey {
             cluster_id: cluster,
             model_id: i as u64,
@@ -129,7 +153,14 @@ pub async fn serve(a: ServeArgs) -> CliResult {
     ])
     .await
     .map_err(cli)?;
-    let caches = allocate(&dd, &m, 1, a.blocks).await?;
+    let caches = allocate(
+        &dd,
+        &m,
+        1,
+        a.blocks,
+        a.block_tokens.unwrap_or(m.block_tokens),
+    )
+    .await?;
     // Ended leases are only drained here: the bench's puller reports done.
     let mut ended = dd.lease_events().map_err(cli)?;
     tokio::spawn(async move { while futures::StreamExt::next(&mut ended).await.is_some() {} });
@@ -187,6 +218,18 @@ fn check(a: &KvArgs) -> CliResult {
             a.transport
         )));
     }
+    if !matches!(a.pattern.as_str(), "contiguous" | "every-other") {
+        return Err(CliError(format!(
+            "--pattern must be contiguous or every-other, not {:?}",
+            a.pattern
+        )));
+    }
+    if a.layerwise && a.pattern != "contiguous" {
+        return Err(CliError("--layerwise moves contiguous blocks only".into()));
+    }
+    if a.block_tokens == Some(0) {
+        return Err(CliError("--block-tokens must be > 0".into()));
+    }
     if a.tokens == 0
         || a.duration.is_nan()
         || a.duration <= 0.0
@@ -208,7 +251,13 @@ async fn clusters(
     blocks: u64,
 ) -> CliResult<(Target, LlmDataDist, Vec<(Cache, u32)>)> {
     let exe: PathBuf = std::env::current_exe()?;
-    let blocks_s = blocks.to_string();
+    let bt = a.block_tokens.unwrap_or(m.block_tokens);
+    let peer_blocks = if a.pattern == "every-other" {
+        2 * blocks
+    } else {
+        blocks
+    };
+    let (blocks_s, bt_s) = (peer_blocks.to_string(), bt.to_string());
     let peer = Target::spawn_with(
         &exe,
         &[
@@ -217,6 +266,8 @@ async fn clusters(
             &a.model,
             "--blocks",
             &blocks_s,
+            "--block-tokens",
+            &bt_s,
             "--transport",
             &a.transport,
         ],
@@ -229,7 +280,7 @@ async fn clusters(
     ])
     .await
     .map_err(cli)?;
-    let local = allocate(&dd, m, 2, blocks).await?;
+    let local = allocate(&dd, m, 2, blocks, bt).await?;
     let cluster = ClusterInfo {
         remote_cluster_id: 1,
         remote_addr: peer.engine.clone(),
@@ -249,19 +300,26 @@ async fn clusters(
 pub async fn bench(a: KvArgs) -> CliResult {
     check(&a)?;
     let m = by_name(&a.model).map_err(cli)?;
-    let blocks = a.tokens.div_ceil(m.block_tokens);
+    let bt = a.block_tokens.unwrap_or(m.block_tokens);
+    let blocks = a.tokens.div_ceil(bt);
     let (peer, mut dd, local) = clusters(&a, &m, blocks).await?;
     let ids: Vec<u64> = (0..blocks).collect();
-    let bytes = m.bytes_for(blocks * m.block_tokens);
+    let src: Vec<u64> = if a.pattern == "every-other" {
+        ids.iter().map(|b| 2 * b).collect()
+    } else {
+        ids.clone()
+    };
+    let bytes = m.bytes_for(blocks * bt);
     let engine = dd.engine().map_err(cli)?;
     let hpeer = engine.peer(&peer.engine).map_err(cli)?;
     if !a.json {
         println!(
-            "{}: {} tokens = {} blocks of {} tokens; {} of KV per request; peer {}",
+            "{}: {} tokens = {} blocks of {} tokens ({} peer blocks); {} of KV per request; peer {}",
             m.name,
             a.tokens,
             blocks,
-            m.block_tokens,
+            bt,
+            a.pattern,
             human(bytes),
             hpeer.transport()
         );
@@ -270,7 +328,7 @@ pub async fn bench(a: KvArgs) -> CliResult {
     let result = if a.layerwise {
         layerwise(&a, &dd, &m, &local, &ids, bytes).await?
     } else {
-        pull(&a, &dd, &m, &local, &ids, bytes, &hpeer, &mut peer).await?
+        pull(&a, &dd, &m, &local, (&src, &ids), bytes, &hpeer, &mut peer).await?
     };
     if a.json {
         println!("{}", serde_json::to_string(&result).map_err(cli)?);
@@ -291,7 +349,7 @@ async fn pull(
     dd: &LlmDataDist,
     m: &ModelGeometry,
     local: &[(Cache, u32)],
-    ids: &[u64],
+    (src, ids): (&[u64], &[u64]),
     bytes: u64,
     hpeer: &Peer,
     peer: &mut Target,
@@ -301,7 +359,7 @@ async fn pull(
     let pull_all = || async {
         for (i, (cache, per_layer)) in local.iter().enumerate() {
             let (key, ext) = peer_cache(i, *per_layer);
-            dd.pull_kv_blocks(key, cache, ids, ids, &ext)
+            dd.pull_kv_blocks(key, cache, src, ids, &ext)
                 .await
                 .map_err(cli)?;
         }
@@ -322,7 +380,7 @@ async fn pull(
         n += 1;
         if a.leases {
             let t = Instant::now();
-            leased_pull(dd, local, ids, peer, n).await?;
+            leased_pull(dd, local, (src, ids), peer, n).await?;
             let s = t.elapsed().as_secs_f64();
             leased_s += s;
             leased_lat.push(s * 1e3);
@@ -330,20 +388,28 @@ async fn pull(
     }
     let gbps = (n * bytes) as f64 / plain_s / 1e9;
     let leased_gbps = a.leases.then(|| (n * bytes) as f64 / leased_s / 1e9);
-    let (descs, eng) = engine_alone(dd, local, ids, bytes, hpeer, dur).await?;
+    let eng = engine_alone(dd, local, (src, ids), bytes, hpeer, dur).await?;
     Ok(KvResult {
         bench: "kv",
         model: m.name.clone(),
         transport: a.transport.clone(),
-        tokens: ids.len() as u64 * m.block_tokens,
+        tokens: a.tokens,
         mode: "pull",
         bytes_per_request: bytes,
-        descriptors_per_request: descs,
+        block_tokens: a.block_tokens.unwrap_or(m.block_tokens),
+        blocks: ids.len() as u64,
+        pattern: a.pattern.clone(),
+        descriptors_per_request: eng.descs,
+        pieces_per_request: eng.pieces,
+        engine_plain_gbps: eng.plain_gbps.as_ref().ok().copied(),
+        engine_plain_error: eng.plain_gbps.err(),
+        submit_plain_us: Some(eng.submit_plain_us),
+        submit_strided_us: Some(eng.submit_strided_us),
         requests: n,
         gbps,
         p50_ms: p50(lat),
-        engine_same_descs_gbps: Some(eng),
-        ratio_to_engine: Some(gbps / eng),
+        engine_same_descs_gbps: Some(eng.strided_gbps),
+        ratio_to_engine: Some(gbps / eng.strided_gbps),
         leased_gbps,
         leased_p50_ms: a.leases.then(|| p50(leased_lat)),
         lease_ratio: leased_gbps.map(|l| l / gbps),
@@ -360,7 +426,7 @@ async fn pull(
 async fn leased_pull(
     dd: &LlmDataDist,
     local: &[(Cache, u32)],
-    ids: &[u64],
+    (src, ids): (&[u64], &[u64]),
     peer: &mut Target,
     request: u64,
 ) -> CliResult {
@@ -374,32 +440,43 @@ async fn leased_pull(
     for (i, (cache, per_layer)) in local.iter().enumerate() {
         let (key, ext) = peer_cache(i, *per_layer);
         let last = i + 1 == local.len();
-        dd.pull_leased_blocks(&grant, key, cache, ids, ids, &ext, last)
+        dd.pull_leased_blocks(&grant, key, cache, src, ids, &ext, last)
             .await
             .map_err(cli)?;
     }
     Ok(())
 }
 
+/// What the engine alone does with a request's descriptors.
+struct EngineAlone {
+    descs: usize,
+    pieces: usize,
+    strided_gbps: f64,
+    plain_gbps: Result<f64, String>,
+    submit_strided_us: f64,
+    submit_plain_us: f64,
+}
+
 /// The engine alone, posting the descriptors of a whole-request pull for the duration (what
-/// `bench comm` measures): the descriptors per request and the GB/s.
+/// `bench comm` measures), as the KV layer's strided descriptors and as plain pieces, in
+/// alternation: GB/s and the time to submit one request's descriptors.
 async fn engine_alone(
     dd: &LlmDataDist,
     local: &[(Cache, u32)],
-    ids: &[u64],
+    (src, ids): (&[u64], &[u64]),
     bytes: u64,
     hpeer: &Peer,
     dur: Duration,
-) -> CliResult<(usize, f64)> {
+) -> CliResult<EngineAlone> {
     let mut plans = Vec::new();
     for (i, (cache, per_layer)) in local.iter().enumerate() {
         let (_, ext) = peer_cache(i, *per_layer);
-        // Same geometry on both sides: the remote cache's addresses come from the table.
+        let (peer_desc, peer_addrs) = peer_cache_of(dd, i).await?;
         plans.push(
             LlmDataDist::plan_blocks(
-                (&cache.desc, &peer_addrs(dd, i).await?),
+                (&peer_desc, &peer_addrs),
                 (&cache.desc, &cache.tensor_addrs),
-                ids,
+                src,
                 ids,
                 &ext,
                 true,
@@ -407,27 +484,66 @@ async fn engine_alone(
             .map_err(cli)?,
         );
     }
+    let flat: Vec<Vec<hixl::OpDesc>> = plans
+        .iter()
+        .map(|p| hixl::datadist::cache::pieces(p))
+        .collect();
     let descs: usize = plans.iter().map(Vec::len).sum();
+    let pieces: usize = flat.iter().map(Vec::len).sum();
+    let (mut st, mut pt) = (0.0f64, 0.0f64);
+    let (mut ss, mut ps) = (Vec::new(), Vec::new());
+    let mut plain_error = None;
     let start = Instant::now();
     let mut k = 0u64;
-    while start.elapsed() < dur || k < 3 {
-        for p in &plans {
-            hpeer.read(p).await.map_err(cli)?;
+    while start.elapsed() < dur * 2 || k < 3 {
+        let t = Instant::now();
+        let posted: Vec<_> = plans
+            .iter()
+            .map(|p| hpeer.transfer_strided(hixl::TransferOp::Read, p))
+            .collect();
+        ss.push(t.elapsed().as_secs_f64() * 1e6);
+        for f in posted {
+            f.await.map_err(cli)?;
         }
+        st += t.elapsed().as_secs_f64();
         k += 1;
+        if plain_error.is_some() {
+            continue;
+        }
+        let t = Instant::now();
+        let posted: Vec<_> = flat.iter().map(|p| hpeer.read(p)).collect();
+        ps.push(t.elapsed().as_secs_f64() * 1e6);
+        for f in posted {
+            if let Err(e) = f.await {
+                // E.g. more pieces than the fabric's submission ring holds: the plain path
+                // cannot post this request at all.
+                plain_error.get_or_insert(e.to_string());
+            }
+        }
+        pt += t.elapsed().as_secs_f64();
     }
-    Ok((
+    Ok(EngineAlone {
         descs,
-        (k * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9,
-    ))
+        pieces,
+        strided_gbps: (k * bytes) as f64 / st / 1e9,
+        plain_gbps: match plain_error {
+            Some(e) => Err(e),
+            None => Ok((k * bytes) as f64 / pt / 1e9),
+        },
+        submit_strided_us: p50(ss),
+        submit_plain_us: p50(ps),
+    })
 }
 
-/// The peer's tensor addresses of cache `i`, from its published table.
-async fn peer_addrs(dd: &LlmDataDist, i: usize) -> CliResult<Vec<u64>> {
+/// The peer's cache `i`: its geometry and tensor addresses, from its published table.
+async fn peer_cache_of(
+    dd: &LlmDataDist,
+    i: usize,
+) -> CliResult<(hixl::datadist::CacheDesc, Vec<u64>)> {
     let t = dd.peer_table(1).await.map_err(cli)?;
     let (key, _) = peer_cache(i, 1);
     t.by_key(key)
-        .map(|e| e.addrs.clone())
+        .map(|e| (e.desc.clone(), e.addrs.clone()))
         .ok_or_else(|| CliError(format!("peer has no cache {i}")))
 }
 
@@ -504,10 +620,18 @@ async fn layerwise(
         bench: "kv",
         model: m.name.clone(),
         transport: a.transport.clone(),
-        tokens: ids.len() as u64 * m.block_tokens,
+        tokens: a.tokens,
         mode: "layerwise-push",
         bytes_per_request: bytes,
+        block_tokens: a.block_tokens.unwrap_or(m.block_tokens),
+        blocks: ids.len() as u64,
+        pattern: a.pattern.clone(),
         descriptors_per_request: 0,
+        pieces_per_request: 0,
+        engine_plain_gbps: None,
+        engine_plain_error: None,
+        submit_plain_us: None,
+        submit_strided_us: None,
         requests: n,
         gbps: (n * bytes) as f64 / start.elapsed().as_secs_f64() / 1e9,
         p50_ms: p50(lat),
@@ -531,13 +655,27 @@ fn print_result(r: &KvResult) {
     match r.mode {
         "pull" => {
             println!(
-                "pull one request: {:.2} GB/s, p50 {:.2} ms per request ({} descriptors); the engine alone with the same descriptors: {:.2} GB/s; ratio {:.2}",
+                "pull one request: {:.2} GB/s, p50 {:.2} ms per request ({} strided descriptors = {} pieces); the engine alone with the same descriptors: {:.2} GB/s (submit {:.0} us); ratio {:.2}",
                 r.gbps,
                 r.p50_ms,
                 r.descriptors_per_request,
+                r.pieces_per_request,
                 r.engine_same_descs_gbps.unwrap_or(0.0),
+                r.submit_strided_us.unwrap_or(0.0),
                 r.ratio_to_engine.unwrap_or(0.0)
             );
+            match (&r.engine_plain_error, r.engine_plain_gbps) {
+                (Some(e), _) => println!(
+                    "the engine alone with the {} pieces as plain descriptors: refused ({e})",
+                    r.pieces_per_request
+                ),
+                (None, g) => println!(
+                    "the engine alone with the {} pieces as plain descriptors: {:.2} GB/s (submit {:.0} us)",
+                    r.pieces_per_request,
+                    g.unwrap_or(0.0),
+                    r.submit_plain_us.unwrap_or(0.0)
+                ),
+            }
             if let (Some(g), Some(p), Some(x)) = (r.leased_gbps, r.leased_p50_ms, r.lease_ratio) {
                 println!(
                     "under a lease (grant, acquire, pull, release with done): {g:.2} GB/s, p50 {p:.2} ms per request; {x:.3}x of the plain pull in the same run"

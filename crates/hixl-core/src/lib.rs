@@ -21,6 +21,6 @@ pub use options::Options;
 pub use region::{RegionEntry, RegionId, RegionTable, Registered};
 pub use status::Status;
 pub use types::{
-    Access, AsyncConnectStatus, MemDesc, MemKind, Notify, OpDesc, RemoteRegion, TransferOp,
-    TransferStatus, NOTIFY_MAX_LEN, NOTIFY_MAX_PENDING,
+    Access, AsyncConnectStatus, MemDesc, MemKind, Notify, OpDesc, RemoteRegion, StridedDesc,
+    TransferOp, TransferStatus, NOTIFY_MAX_LEN, NOTIFY_MAX_PENDING,
 };

@@ -101,6 +101,82 @@ impl OpDesc {
     }
 }
 
+/// A strided descriptor (as NIXL 1.5's): `count` pieces of `len` bytes, piece `i` between
+/// `local_addr + i × local_stride` and `remote_addr + i × remote_stride`. A block run repeated
+/// across equally spaced tensors, every other block of a cache, or a head slice in each token
+/// of an NHD block is one descriptor instead of `count`. It is checked once, as a whole: the
+/// span of its pieces must lie in one registered region on each side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StridedDesc {
+    /// First piece in the initiator's registered memory.
+    pub local_addr: u64,
+    /// First piece in the peer's remotely accessible memory.
+    pub remote_addr: u64,
+    /// Bytes per piece.
+    pub len: u64,
+    /// Distance between pieces locally (≥ `len` when `count > 1`: pieces never overlap).
+    pub local_stride: u64,
+    /// Distance between pieces at the peer (≥ `len` when `count > 1`).
+    pub remote_stride: u64,
+    /// Pieces (≥ 1).
+    pub count: u64,
+}
+
+impl StridedDesc {
+    /// Piece `i` as a plain descriptor (no check).
+    pub const fn piece(&self, i: u64) -> OpDesc {
+        OpDesc::new(
+            self.local_addr
+                .wrapping_add(i.wrapping_mul(self.local_stride)),
+            self.remote_addr
+                .wrapping_add(i.wrapping_mul(self.remote_stride)),
+            self.len,
+        )
+    }
+
+    /// Bytes moved: `len × count`, if it does not overflow.
+    pub const fn bytes(&self) -> Option<u64> {
+        self.len.checked_mul(self.count)
+    }
+
+    /// The local and remote spans `(addr, len)` from the first piece's start to the last
+    /// piece's end: what must lie in one region on each side.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidParam`] naming the descriptor (`index`) and the value: a zero
+    /// count, a stride shorter than a piece (overlapping pieces), or a span that overflows.
+    pub fn spans(&self, index: usize) -> crate::Result<((u64, u64), (u64, u64))> {
+        let bad = |why: String| crate::Error::InvalidParam {
+            what: format!("strided descriptor {index}: {why}"),
+        };
+        if self.count == 0 {
+            return Err(bad("count is 0".into()));
+        }
+        if self.count > 1 && (self.local_stride < self.len || self.remote_stride < self.len) {
+            return Err(bad(format!(
+                "strides {} (local) and {} (remote) must be at least the piece length {}, or pieces overlap",
+                self.local_stride, self.remote_stride, self.len
+            )));
+        }
+        let span = |stride: u64| {
+            (self.count - 1)
+                .checked_mul(stride)
+                .and_then(|x| x.checked_add(self.len))
+        };
+        match (
+            span(self.local_stride),
+            span(self.remote_stride),
+            self.bytes(),
+        ) {
+            (Some(l), Some(r), Some(_)) => Ok(((self.local_addr, l), (self.remote_addr, r))),
+            _ => Err(bad(format!(
+                "{} pieces of {} bytes with strides {} / {} overflow",
+                self.count, self.len, self.local_stride, self.remote_stride
+            ))),
+        }
+    }
+}
+
 /// State of a link as `ConnectAsync`/`DisconnectAsync` leave it (HIXL `AsyncConnectStatus`):
 /// the status of the latest task queued for that peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

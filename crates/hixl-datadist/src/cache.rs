@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use hixl_core::OpDesc;
+use hixl_core::{OpDesc, StridedDesc};
 use serde::{Deserialize, Serialize};
 
 use crate::status::{DataDistError, Result};
@@ -311,8 +311,62 @@ pub struct Side<'a> {
     pub stride: u64,
 }
 
-/// The descriptors moving `runs` of every tensor in `src_t` to the matching tensor in `dst_t`;
-/// `local_is_dst` picks which side is the initiator's (pull: destination; push: source).
+/// Runs that repeat with constant steps on both sides: `runs` runs of `count` blocks, the
+/// `k`-th from `src + k × src_step` to `dst + k × dst_step` (one strided descriptor per
+/// tensor). Every other block of a cache, or a cache paged one token per block whose blocks
+/// were handed out in a regular order, become one group instead of thousands of runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// First run.
+    pub first: Run,
+    /// Source blocks between the starts of consecutive runs.
+    pub src_step: u64,
+    /// Destination blocks between the starts of consecutive runs.
+    pub dst_step: u64,
+    /// Runs in the group.
+    pub runs: u64,
+}
+
+/// Merges consecutive runs of equal length whose starts advance by constant steps on both
+/// sides (steps at least the run length: pieces never overlap) into groups.
+pub fn group_runs(runs: &[Run]) -> Vec<Group> {
+    let mut out: Vec<Group> = Vec::new();
+    for r in runs {
+        if let Some(g) = out.last_mut() {
+            let last_src = g.first.src + (g.runs - 1) * g.src_step;
+            let last_dst = g.first.dst + (g.runs - 1) * g.dst_step;
+            let fits = r.count == g.first.count
+                && r.src > last_src
+                && r.dst > last_dst
+                && r.src - last_src >= r.count
+                && r.dst - last_dst >= r.count;
+            if fits {
+                let (ss, ds) = (r.src - last_src, r.dst - last_dst);
+                if g.runs == 1 {
+                    g.src_step = ss;
+                    g.dst_step = ds;
+                    g.runs = 2;
+                    continue;
+                }
+                if ss == g.src_step && ds == g.dst_step {
+                    g.runs += 1;
+                    continue;
+                }
+            }
+        }
+        out.push(Group {
+            first: *r,
+            src_step: r.count,
+            dst_step: r.count,
+            runs: 1,
+        });
+    }
+    out
+}
+
+/// The strided descriptors moving `runs` of every tensor in `src_t` to the matching tensor in
+/// `dst_t`: one per tensor and group of runs ([`group_runs`]); `local_is_dst` picks which side
+/// is the initiator's (pull: destination; push: source).
 ///
 /// # Errors
 /// `LLM_PARAM_INVALID` when the tensor ranges differ in length or the block sizes differ.
@@ -323,7 +377,7 @@ pub fn block_descs(
     dst_t: Range<u32>,
     runs: &[Run],
     local_is_dst: bool,
-) -> Result<Vec<OpDesc>> {
+) -> Result<Vec<StridedDesc>> {
     if src_t.len() != dst_t.len() {
         return Err(DataDistError::param(format!(
             "source layers cover {} tensors, destination layers {}",
@@ -337,7 +391,8 @@ pub fn block_descs(
             src.stride, dst.stride
         )));
     }
-    let mut out = Vec::with_capacity(src_t.len() * runs.len());
+    let groups = group_runs(runs);
+    let mut out = Vec::with_capacity(src_t.len() * groups.len());
     for (ts, td) in src_t.zip(dst_t) {
         let (Some(&sa), Some(&da)) = (src.addrs.get(ts as usize), dst.addrs.get(td as usize))
         else {
@@ -345,18 +400,41 @@ pub fn block_descs(
                 "tensor {ts} or {td} does not exist"
             )));
         };
-        for r in runs {
-            let s = sa + r.src * src.stride;
-            let d = da + r.dst * dst.stride;
-            let len = r.count * src.stride;
+        for g in &groups {
+            let s = sa + g.first.src * src.stride;
+            let d = da + g.first.dst * dst.stride;
+            let (ss, ds) = (g.src_step * src.stride, g.dst_step * dst.stride);
+            let len = g.first.count * src.stride;
             out.push(if local_is_dst {
-                OpDesc::new(d, s, len)
+                StridedDesc {
+                    local_addr: d,
+                    remote_addr: s,
+                    len,
+                    local_stride: ds,
+                    remote_stride: ss,
+                    count: g.runs,
+                }
             } else {
-                OpDesc::new(s, d, len)
+                StridedDesc {
+                    local_addr: s,
+                    remote_addr: d,
+                    len,
+                    local_stride: ss,
+                    remote_stride: ds,
+                    count: g.runs,
+                }
             });
         }
     }
     Ok(out)
+}
+
+/// Every piece of `descs` as a plain descriptor.
+pub fn pieces(descs: &[StridedDesc]) -> Vec<OpDesc> {
+    descs
+        .iter()
+        .flat_map(|d| (0..d.count).map(move |i| d.piece(i)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -428,6 +506,46 @@ mod tests {
         assert!(coalesce(&[], &[], 10, 10).is_err());
     }
 
+    #[test]
+    fn runs_with_constant_steps_group() {
+        // every other source block into consecutive destination blocks
+        let src: Vec<u64> = (0..100).map(|i| 2 * i).collect();
+        let dst: Vec<u64> = (0..100).collect();
+        let runs = coalesce(&src, &dst, 200, 100).unwrap();
+        assert_eq!(runs.len(), 100);
+        let g = group_runs(&runs);
+        assert_eq!(
+            g,
+            vec![Group {
+                first: Run {
+                    src: 0,
+                    dst: 0,
+                    count: 1
+                },
+                src_step: 2,
+                dst_step: 1,
+                runs: 100
+            }]
+        );
+        // runs of 3 every 5 blocks, then a break in the pattern
+        let mut src: Vec<u64> = (0..4)
+            .flat_map(|k| (0..3).map(move |i| 5 * k + i))
+            .collect();
+        let mut dst: Vec<u64> = (0..12).collect();
+        src.extend([40, 41]);
+        dst.extend([50, 51]);
+        let g = group_runs(&coalesce(&src, &dst, 64, 64).unwrap());
+        assert_eq!(g.len(), 2);
+        assert_eq!(
+            (g[0].runs, g[0].src_step, g[0].dst_step, g[0].first.count),
+            (4, 5, 3, 3)
+        );
+        assert_eq!((g[1].runs, g[1].first.count), (1, 2));
+        // backwards or overlapping steps do not group
+        let g = group_runs(&coalesce(&[9, 5, 1], &[0, 2, 4], 10, 10).unwrap());
+        assert_eq!(g.len(), 3);
+    }
+
     proptest! {
         // Against a direct model: every (tensor, block) byte the descriptors move goes from
         // src_addr[t] + sb*stride to dst_addr[t'] + db*stride, and nothing else moves.
@@ -442,11 +560,15 @@ mod tests {
             let src_addrs: Vec<u64> = (0..nt as u64).map(|t| 1_000_000 + t * 10_000).collect();
             let dst_addrs: Vec<u64> = (0..nt as u64).map(|t| 5_000_000 + t * 10_000).collect();
             let runs = coalesce(&src_blocks, &dst_blocks, 32, 32).unwrap();
-            let descs = block_descs(
+            let strided = block_descs(
                 Side { addrs: &src_addrs, stride },
                 Side { addrs: &dst_addrs, stride },
                 0..nt, 0..nt, &runs, true,
             ).unwrap();
+            for (i, d) in strided.iter().enumerate() {
+                prop_assert!(d.spans(i).is_ok(), "{:?}", d);
+            }
+            let descs = pieces(&strided);
             let mut got: Vec<(u64, u64)> = Vec::new(); // (remote/src byte, local/dst byte)
             for d in &descs {
                 for i in 0..d.len { got.push((d.remote_addr + i, d.local_addr + i)); }
@@ -462,7 +584,7 @@ mod tests {
             got.sort_unstable();
             want.sort_unstable();
             prop_assert_eq!(got, want);
-            prop_assert!(descs.len() <= nt as usize * pairs.len());
+            prop_assert!(strided.len() <= nt as usize * runs.len());
         }
     }
 }

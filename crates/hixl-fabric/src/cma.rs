@@ -92,6 +92,91 @@ unsafe fn cma(dir: Dir, pid: i32, local: u64, remote: u64, len: u64) -> io::Resu
     Ok(())
 }
 
+/// Pieces per `process_vm_readv`/`writev` call (the kernel's `UIO_MAXIOV`).
+const MAX_IOV: u64 = 1024;
+
+/// Copies `count` pieces of `len` bytes between `local.0 + i × local.1` here and
+/// `remote.0 + i × remote.1` in process `pid` (`write`: to the peer), up to 1024 pieces per
+/// syscall.
+///
+/// # Safety
+/// Every local piece must be valid for writes (reading from the peer) or reads (writing to it)
+/// for the whole call, with no Rust reference over it; a write must have been checked against
+/// what the peer exported.
+///
+/// # Errors
+/// As [`cma_read`].
+pub unsafe fn cma_strided(
+    write: bool,
+    pid: i32,
+    local: (u64, u64),
+    remote: (u64, u64),
+    len: u64,
+    count: u64,
+) -> io::Result<()> {
+    let end = |(base, stride): (u64, u64)| {
+        count
+            .checked_sub(1)
+            .and_then(|c| c.checked_mul(stride))
+            .and_then(|x| x.checked_add(len))
+            .and_then(|x| x.checked_add(base))
+    };
+    if count == 0 || len == 0 {
+        return Ok(());
+    }
+    if end(local).is_none() || end(remote).is_none() || len > CHUNK {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "strided cross-memory attach range overflows the address space or a piece exceeds 1 GiB",
+        ));
+    }
+    let dir = if write { Dir::Write } else { Dir::Read };
+    let mut first = 0u64;
+    while first < count {
+        let n = (count - first).min(MAX_IOV);
+        let iov = |(base, stride): (u64, u64)| -> Vec<libc::iovec> {
+            (first..first + n)
+                .map(|i| libc::iovec {
+                    iov_base: (base + i * stride) as usize as *mut libc::c_void,
+                    iov_len: len as usize,
+                })
+                .collect()
+        };
+        let (l, r) = (iov(local), iov(remote));
+        // SAFETY: n ≤ 1024 iovecs a side; each local one lies inside a piece the caller
+        // vouched for; the remote ones are checked by the kernel against the peer's mappings.
+        let got = unsafe {
+            match dir {
+                Dir::Read => libc::process_vm_readv(pid, l.as_ptr(), n as _, r.as_ptr(), n as _, 0),
+                Dir::Write => {
+                    libc::process_vm_writev(pid, l.as_ptr(), n as _, r.as_ptr(), n as _, 0)
+                }
+            }
+        };
+        let want = n * len;
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let got = got as u64;
+        if got < want {
+            // A short call: finish its pieces one by one (each resumes where it stopped).
+            let (whole, part) = (got / len, got % len);
+            for i in first + whole..first + n {
+                let skip = if i == first + whole { part } else { 0 };
+                let (lp, rp) = (local.0 + i * local.1 + skip, remote.0 + i * remote.1 + skip);
+                // SAFETY: the rest of a piece the caller vouched for.
+                unsafe { cma(dir, pid, lp, rp, len - skip) }?;
+            }
+        }
+        first += n;
+    }
+    Ok(())
+}
+
 /// Checks that this process may read process `pid`'s memory at `remote_addr` by reading one
 /// byte of it. Connect calls this before choosing cross-memory attach for a peer's host regions.
 ///

@@ -55,6 +55,43 @@ pub enum CopyKind {
         /// Bytes.
         len: u64,
     },
+    /// A strided descriptor as one op: `count` pieces of `len` bytes, piece `i` from
+    /// `src + i × src_stride` to `dst + i × dst_stride`, both mapped in this process.
+    StridedMemcpy {
+        /// First piece's source.
+        src: u64,
+        /// First piece's destination.
+        dst: u64,
+        /// Bytes per piece.
+        len: u64,
+        /// Source distance between pieces.
+        src_stride: u64,
+        /// Destination distance between pieces.
+        dst_stride: u64,
+        /// Pieces.
+        count: u64,
+    },
+    /// A strided descriptor by cross-memory attach: `count` pieces of `len` bytes between
+    /// `local + i × local_stride` here and `remote + i × remote_stride` in process `pid`
+    /// (`write`: local → remote), up to 1024 pieces per syscall.
+    StridedCma {
+        /// The peer process.
+        pid: i32,
+        /// First piece, in this process.
+        local: u64,
+        /// First piece, in the peer.
+        remote: u64,
+        /// Bytes per piece.
+        len: u64,
+        /// Distance between pieces here.
+        local_stride: u64,
+        /// Distance between pieces in the peer.
+        remote_stride: u64,
+        /// Pieces.
+        count: u64,
+        /// Local → remote (else remote → local).
+        write: bool,
+    },
 }
 
 impl CopyKind {
@@ -64,6 +101,8 @@ impl CopyKind {
             CopyKind::Memcpy { len, .. }
             | CopyKind::CmaRead { len, .. }
             | CopyKind::CmaWrite { len, .. } => len,
+            CopyKind::StridedMemcpy { len, count, .. }
+            | CopyKind::StridedCma { len, count, .. } => len.saturating_mul(count),
         }
     }
 
@@ -78,6 +117,9 @@ impl CopyKind {
     /// so that `len / max_part` parts fit in memory and in the ring.
     pub fn split(self, max_part: u64) -> Vec<CopyKind> {
         let max_part = max_part.max(1);
+        if let Some(parts) = self.split_strided(max_part) {
+            return parts;
+        }
         let len = self.len();
         let hint = len.div_ceil(max_part).clamp(1, 4096);
         let mut parts = Vec::with_capacity(hint as usize);
@@ -106,6 +148,8 @@ impl CopyKind {
                     remote: remote.wrapping_add(off),
                     len: n,
                 },
+                // Taken by split_strided above.
+                k @ (CopyKind::StridedMemcpy { .. } | CopyKind::StridedCma { .. }) => k,
             });
             off += n;
             if off >= len {
@@ -113,6 +157,75 @@ impl CopyKind {
             }
         }
     }
+}
+
+impl CopyKind {
+    /// A strided op split into ops of whole pieces, at least one piece and otherwise at most
+    /// `max_part` bytes each; `None` for the other kinds.
+    fn split_strided(self, max_part: u64) -> Option<Vec<CopyKind>> {
+        let (len, count) = match self {
+            CopyKind::StridedMemcpy { len, count, .. }
+            | CopyKind::StridedCma { len, count, .. } => (len, count),
+            _ => return None,
+        };
+        let per = (max_part / len.max(1)).max(1);
+        let mut parts = Vec::with_capacity(count.div_ceil(per).clamp(1, 4096) as usize);
+        let mut first = 0;
+        loop {
+            let n = (count - first).min(per);
+            parts.push(match self {
+                CopyKind::StridedMemcpy {
+                    src,
+                    dst,
+                    len,
+                    src_stride,
+                    dst_stride,
+                    ..
+                } => CopyKind::StridedMemcpy {
+                    src: src.wrapping_add(first.wrapping_mul(src_stride)),
+                    dst: dst.wrapping_add(first.wrapping_mul(dst_stride)),
+                    len,
+                    src_stride,
+                    dst_stride,
+                    count: n,
+                },
+                CopyKind::StridedCma {
+                    pid,
+                    local,
+                    remote,
+                    len,
+                    local_stride,
+                    remote_stride,
+                    write,
+                    ..
+                } => CopyKind::StridedCma {
+                    pid,
+                    local: local.wrapping_add(first.wrapping_mul(local_stride)),
+                    remote: remote.wrapping_add(first.wrapping_mul(remote_stride)),
+                    len,
+                    local_stride,
+                    remote_stride,
+                    count: n,
+                    write,
+                },
+                k => k,
+            });
+            first += n;
+            if first >= count {
+                return Some(parts);
+            }
+        }
+    }
+}
+
+/// The last byte's end of `count` pieces of `len` bytes `stride` apart from `base`; `None`
+/// on overflow.
+fn strided_end(base: u64, len: u64, stride: u64, count: u64) -> Option<u64> {
+    count
+        .checked_sub(1)?
+        .checked_mul(stride)?
+        .checked_add(len)?
+        .checked_add(base)
 }
 
 /// One part of a transfer for the copy engine: what to copy and the token its completion
@@ -491,6 +604,10 @@ fn spin_for_work(sh: &Shared) -> bool {
 /// The op's ranges satisfy [`CopyEngine::submit`]'s contract for the duration of the call.
 unsafe fn execute(kind: CopyKind) -> Result<(), Error> {
     match kind {
+        k @ (CopyKind::StridedMemcpy { .. } | CopyKind::StridedCma { .. }) => {
+            // SAFETY: forwarded contract.
+            unsafe { execute_strided(k) }
+        }
         CopyKind::Memcpy { src, dst, len } => {
             if len == 0 {
                 return Ok(());
@@ -537,6 +654,79 @@ unsafe fn execute(kind: CopyKind) -> Result<(), Error> {
                 )
             })
         }
+    }
+}
+
+/// Runs a strided op.
+///
+/// # Safety
+/// As [`execute`].
+unsafe fn execute_strided(kind: CopyKind) -> Result<(), Error> {
+    match kind {
+        CopyKind::StridedMemcpy {
+            src,
+            dst,
+            len,
+            src_stride,
+            dst_stride,
+            count,
+        } => {
+            if len == 0 || count == 0 {
+                return Ok(());
+            }
+            let n = usize::try_from(len)
+                .ok()
+                .filter(|_| src != 0 && dst != 0)
+                .filter(|_| strided_end(src, len, src_stride, count).is_some())
+                .filter(|_| strided_end(dst, len, dst_stride, count).is_some())
+                .ok_or_else(|| Error::InvalidParam {
+                    what: format!(
+                        "strided memcpy {src:#x} -> {dst:#x}, {count} x {len} bytes (strides {src_stride}, {dst_stride}): null or overflowing range"
+                    ),
+                })?;
+            for i in 0..count {
+                let (s, d) = (src + i * src_stride, dst + i * dst_stride);
+                // SAFETY: the caller guarantees every piece's source is readable and
+                // destination writable, with no Rust reference over a destination; the span
+                // was checked not to overflow above; `copy` tolerates overlap.
+                unsafe { std::ptr::copy(s as usize as *const u8, d as usize as *mut u8, n) };
+            }
+            Ok(())
+        }
+        CopyKind::StridedCma {
+            pid,
+            local,
+            remote,
+            len,
+            local_stride,
+            remote_stride,
+            count,
+            write,
+        } => {
+            // SAFETY: the caller guarantees every local piece is valid for the direction.
+            unsafe {
+                crate::cma::cma_strided(
+                    write,
+                    pid,
+                    (local, local_stride),
+                    (remote, remote_stride),
+                    len,
+                    count,
+                )
+            }
+            .map_err(|e| {
+                Error::io(
+                    format!(
+                        "{} pid {pid}: {count} x {len} bytes, local {local:#x} (stride {local_stride}), remote {remote:#x} (stride {remote_stride})",
+                        if write { "process_vm_writev to" } else { "process_vm_readv from" }
+                    ),
+                    e,
+                )
+            })
+        }
+        _ => Err(Error::InvalidParam {
+            what: "a plain copy given to the strided executor".into(),
+        }),
     }
 }
 

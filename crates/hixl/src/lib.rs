@@ -10,8 +10,8 @@
 pub use hixl_async::*;
 pub use hixl_core::{
     options, wire, Access, AsyncConnectStatus, Error, MemDesc, MemKind, Notify, OpDesc, Options,
-    RegionId, RemoteRegion, Result, Status, TransferOp, TransferStatus, NOTIFY_MAX_LEN,
-    NOTIFY_MAX_PENDING,
+    RegionId, RemoteRegion, Result, Status, StridedDesc, TransferOp, TransferStatus,
+    NOTIFY_MAX_LEN, NOTIFY_MAX_PENDING,
 };
 
 /// LLM-DataDist over hixl (feature `datadist`): the KV-cache layer inference servers use.

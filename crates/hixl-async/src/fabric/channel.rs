@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use hixl_core::wire::Message;
-use hixl_core::{Error, OpDesc, Result, Token, TransferOp};
+use hixl_core::{Error, OpDesc, Result, StridedDesc, Token, TransferOp};
 use hixl_fabric::{CopyKind, CopyOp};
 
 use super::client::{FabricLink, FabricStream, Reach};
@@ -192,6 +192,68 @@ impl Batch for FabricBatch<'_> {
             n += 1;
             off += len;
         }
+        Ok(Some(n))
+    }
+
+    fn add_strided(
+        &mut self,
+        index: usize,
+        d: &StridedDesc,
+        _local: &Arc<RegionInner>,
+        rkey: u64,
+        keep: &mut Keeps,
+    ) -> Result<Option<u32>> {
+        let Some(e) = self.ch.link.entry(rkey) else {
+            return Ok(None);
+        };
+        keep.peer(&e.reach);
+        let ((_, _), (remote, span)) = d.spans(index)?;
+        let kind = match &e.reach.reach {
+            Reach::Mapped(m) => {
+                let mapped =
+                    m.translate(remote, e.base, span)
+                        .ok_or_else(|| Error::RemoteOutOfBounds {
+                            peer: self.ch.peer.to_string(),
+                            addr: remote,
+                            len: span,
+                            index,
+                        })?;
+                let (src, dst, src_stride, dst_stride) = if self.write {
+                    (d.local_addr, mapped, d.local_stride, d.remote_stride)
+                } else {
+                    (mapped, d.local_addr, d.remote_stride, d.local_stride)
+                };
+                CopyKind::StridedMemcpy {
+                    src,
+                    dst,
+                    len: d.len,
+                    src_stride,
+                    dst_stride,
+                    count: d.count,
+                }
+            }
+            Reach::Cma => CopyKind::StridedCma {
+                pid: self.ch.link.pid,
+                local: d.local_addr,
+                remote: d.remote_addr,
+                len: d.len,
+                local_stride: d.local_stride,
+                remote_stride: d.remote_stride,
+                count: d.count,
+                write: self.write,
+            },
+        };
+        // One op, split into parts of whole pieces of about the channel's chunk, so that the
+        // streams share a large one.
+        let parts = kind.split(self.ch.chunk);
+        let n = u32::try_from(parts.len()).map_err(|_| Error::ResourceExhausted {
+            what: "more than 2^32 parts in one transfer".into(),
+        })?;
+        self.copies.extend(parts.into_iter().map(|kind| CopyOp {
+            token: self.token,
+            kind,
+            keep: None,
+        }));
         Ok(Some(n))
     }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hixl_core::{Error, OpDesc, RemoteRegion, Result, TransferOp};
+use hixl_core::{Error, OpDesc, RemoteRegion, Result, StridedDesc, TransferOp};
 
 use super::Link;
 use crate::transfer::Transfer;
@@ -61,6 +61,17 @@ impl Peer {
     /// range inside a region the peer exported with the needed access); if any fails, nothing
     /// moves and the returned future resolves with that error.
     pub fn transfer(&self, op: TransferOp, descs: &[OpDesc]) -> Transfer {
+        match self.link.submit(op, descs) {
+            Ok(t) => Transfer::posted(self.link.ops.table.clone(), t, self.link.clone()),
+            Err(e) => Transfer::failed(self.link.ops.table.clone(), e, self.link.name.clone()),
+        }
+    }
+
+    /// Posts a transfer of strided descriptors ([`StridedDesc`]): each is checked once, by
+    /// its spans, and moves as one operation where the transport has one (the fabric: one
+    /// strided copy, or one cross-memory-attach call per 1024 pieces); otherwise as its
+    /// pieces. Same rules as [`Peer::transfer`] otherwise.
+    pub fn transfer_strided(&self, op: TransferOp, descs: &[StridedDesc]) -> Transfer {
         match self.link.submit(op, descs) {
             Ok(t) => Transfer::posted(self.link.ops.table.clone(), t, self.link.clone()),
             Err(e) => Transfer::failed(self.link.ops.table.clone(), e, self.link.name.clone()),

@@ -1,12 +1,65 @@
 //! Submitting a transfer: checking descriptors against the peer's table and the local
 //! regions, and posting them to the link's channels (every descriptor goes to a channel).
 
-use hixl_core::{Access, Error, OpDesc, RemoteRegion, Result, Token, TransferOp};
+use std::sync::Arc;
+
+use hixl_core::{Access, Error, OpDesc, RemoteRegion, Result, StridedDesc, Token, TransferOp};
 
 use super::Link;
 use crate::keep::Keeps;
+use crate::memory::RegionInner;
 use crate::sync::{lock, read};
 use crate::transport::Batch;
+
+/// A descriptor `submit` takes: plain or strided. It is checked once by its spans.
+pub(crate) trait Desc {
+    /// `(addr, len)` of what it touches locally and at the peer.
+    fn spans(&self, index: usize) -> Result<((u64, u64), (u64, u64))>;
+
+    /// Hands it to a channel's batch.
+    fn add_to(
+        &self,
+        b: &mut dyn Batch,
+        index: usize,
+        local: &Arc<RegionInner>,
+        rkey: u64,
+        keep: &mut Keeps,
+    ) -> Result<Option<u32>>;
+}
+
+impl Desc for OpDesc {
+    fn spans(&self, _index: usize) -> Result<((u64, u64), (u64, u64))> {
+        Ok(((self.local_addr, self.len), (self.remote_addr, self.len)))
+    }
+
+    fn add_to(
+        &self,
+        b: &mut dyn Batch,
+        index: usize,
+        local: &Arc<RegionInner>,
+        rkey: u64,
+        keep: &mut Keeps,
+    ) -> Result<Option<u32>> {
+        b.add(index, self, local, rkey, keep)
+    }
+}
+
+impl Desc for StridedDesc {
+    fn spans(&self, index: usize) -> Result<((u64, u64), (u64, u64))> {
+        StridedDesc::spans(self, index)
+    }
+
+    fn add_to(
+        &self,
+        b: &mut dyn Batch,
+        index: usize,
+        local: &Arc<RegionInner>,
+        rkey: u64,
+        keep: &mut Keeps,
+    ) -> Result<Option<u32>> {
+        b.add_strided(index, self, local, rkey, keep)
+    }
+}
 
 impl Link {
     fn remote_rkey(
@@ -42,7 +95,7 @@ impl Link {
     /// Validates every descriptor and routes each to the first of the link's channels that
     /// reaches it (TCP, last, reaches all), then posts the op and the channels' batches.
     /// Nothing is sent unless every descriptor is valid.
-    pub(crate) fn submit(&self, op: TransferOp, descs: &[OpDesc]) -> Result<Token> {
+    pub(crate) fn submit<D: Desc>(&self, op: TransferOp, descs: &[D]) -> Result<Token> {
         if let Some(e) = self.state.error() {
             return Err(e);
         }
@@ -60,12 +113,12 @@ impl Link {
                 let regions = lock(&self.regions);
                 let mut parts = 0u32;
                 'descs: for (i, d) in descs.iter().enumerate() {
-                    let local = regions.lookup_local(i, d.local_addr, d.len)?;
-                    let rkey =
-                        Self::remote_rkey(&table, &self.name, i, d.remote_addr, d.len, need)?;
+                    let ((la, ll), (ra, rl)) = d.spans(i)?;
+                    let local = regions.lookup_local(i, la, ll)?;
+                    let rkey = Self::remote_rkey(&table, &self.name, i, ra, rl, need)?;
                     keeps.region(&local.data);
                     for b in batches.iter_mut() {
-                        if let Some(n) = b.add(i, d, &local.data, rkey, &mut keeps)? {
+                        if let Some(n) = d.add_to(&mut **b, i, &local.data, rkey, &mut keeps)? {
                             parts =
                                 parts
                                     .checked_add(n)

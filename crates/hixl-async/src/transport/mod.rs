@@ -23,7 +23,8 @@ use std::sync::Arc;
 
 use hixl_core::wire::Message;
 use hixl_core::{
-    Access, CompletionSource, Error, MemDesc, OpDesc, RemoteRegion, Result, Token, TransferOp,
+    Access, CompletionSource, Error, MemDesc, OpDesc, RemoteRegion, Result, StridedDesc, Token,
+    TransferOp,
 };
 
 use crate::keep::Keeps;
@@ -271,6 +272,43 @@ pub(crate) trait Batch {
         rkey: u64,
         keep: &mut Keeps,
     ) -> Result<Option<u32>>;
+
+    /// Takes strided descriptor `index` (its whole local span lies in `local`, its remote span
+    /// in the region with key `rkey`: checked once by the caller), as [`Batch::add`] takes a
+    /// plain one. The default adds each piece as a plain descriptor; a transport with a
+    /// strided operation of its own (the fabric's strided copy) takes it as one.
+    ///
+    /// # Errors
+    /// As [`Batch::add`].
+    fn add_strided(
+        &mut self,
+        index: usize,
+        d: &StridedDesc,
+        local: &Arc<RegionInner>,
+        rkey: u64,
+        keep: &mut Keeps,
+    ) -> Result<Option<u32>> {
+        let mut parts = 0u32;
+        for i in 0..d.count {
+            match self.add(index, &d.piece(i), local, rkey, keep)? {
+                Some(n) => {
+                    parts = parts
+                        .checked_add(n)
+                        .ok_or_else(|| Error::ResourceExhausted {
+                            what: "more than 2^32 parts in one transfer".into(),
+                        })?
+                }
+                // Every piece lies in the same two regions: a channel reaches all or none.
+                None if i == 0 => return Ok(None),
+                None => {
+                    return Err(Error::Internal {
+                        what: "a channel reached only some pieces of a strided descriptor",
+                    })
+                }
+            }
+        }
+        Ok(Some(parts))
+    }
 
     /// Posts what was added. Every part resolves through `sink`.
     fn post(self: Box<Self>, sink: &Completions);

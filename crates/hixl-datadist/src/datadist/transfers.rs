@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use hixl_async::Peer;
-use hixl_core::{OpDesc, TransferOp};
+use hixl_core::{StridedDesc, TransferOp};
 
 use super::{Cache, LlmDataDist};
 use crate::cache::{
@@ -95,9 +95,12 @@ impl LlmDataDist {
         } else {
             TransferOp::Write
         };
-        let results =
-            futures::future::join_all(plans.iter().map(|d| peer.transfer(op, d).timeout(timeout)))
-                .await;
+        let results = futures::future::join_all(
+            plans
+                .iter()
+                .map(|d| peer.transfer_strided(op, d).timeout(timeout)),
+        )
+        .await;
         let mut first: Option<hixl_core::Error> = None;
         let mut failed = Vec::new();
         let mut failed_layers = 0;
@@ -320,7 +323,8 @@ impl LlmDataDist {
             .await
     }
 
-    /// The descriptors a block transfer would post (for benchmarks and tests).
+    /// The descriptors a block transfer would post (for benchmarks and tests): strided, one
+    /// per tensor and group of runs.
     ///
     /// # Errors
     /// As [`LlmDataDist::pull_kv_blocks`].
@@ -331,7 +335,7 @@ impl LlmDataDist {
         dst_blocks: &[u64],
         ext: &KvCacheExtParam,
         local_is_dst: bool,
-    ) -> Result<Vec<OpDesc>> {
+    ) -> Result<Vec<StridedDesc>> {
         let runs = coalesce(src_blocks, dst_blocks, src.0.units()?, dst.0.units()?)?;
         let n = ext.tensor_num_per_layer;
         block_descs(
