@@ -8,13 +8,14 @@
 //! - a header that decodes has a known type and a body within `MAX_BODY`;
 //! - every decoded message re-encodes to exactly the bytes it was decoded from (the encoding is
 //!   canonical), and those bytes decode back to an equal message with nothing left over;
-//! - the allocation-free encoders of the data path (`encode_data_req`, `encode_read_resp`,
-//!   `encode_ack`) agree byte for byte with `Message::encode`.
+//! - the allocation-free encoders of the data path (`encode_data_req`, `encode_strided_req`,
+//!   `encode_read_resp`, `encode_ack`) agree byte for byte with `Message::encode`.
 #![no_main]
 
 use bytes::BytesMut;
 use hixl_core::wire::{
-    self, encode_ack, encode_data_req, encode_read_resp, FrameHeader, Message, HEADER_LEN,
+    self, encode_ack, encode_data_req, encode_read_resp, encode_strided_req, FrameHeader, Message,
+    HEADER_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -43,6 +44,8 @@ fn check_round_trip(m: &Message, frame: &[u8]) {
     match m {
         Message::WriteReq(r) => assert_eq!(&encode_data_req(true, r)[..], &enc[..]),
         Message::ReadReq(r) => assert_eq!(&encode_data_req(false, r)[..], &enc[..]),
+        Message::WriteStridedReq(r) => assert_eq!(&encode_strided_req(true, r)[..], &enc[..]),
+        Message::ReadStridedReq(r) => assert_eq!(&encode_strided_req(false, r)[..], &enc[..]),
         Message::ReadResp { id, status, len } => {
             assert_eq!(&encode_read_resp(*id, *status, *len)[..], &enc[..])
         }

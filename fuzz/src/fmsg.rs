@@ -1,7 +1,7 @@
 //! Arbitrary messages: `Arbitrary` mirrors of every [`Message`] variant and of the structures
 //! in them.
 
-use hixl_core::wire::{Channel, DataReq, FabricRegion, Message};
+use hixl_core::wire::{Channel, DataReq, FabricRegion, Message, StridedReq};
 use hixl_core::{Access, MemKind, RemoteRegion};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 
@@ -65,6 +65,36 @@ impl From<FReq> for DataReq {
     }
 }
 
+/// A strided data request with arbitrary fields.
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub struct FStrided {
+    /// Id.
+    pub id: u64,
+    /// Key.
+    pub rkey: u64,
+    /// First piece.
+    pub addr: u64,
+    /// Bytes per piece.
+    pub len: u64,
+    /// Distance.
+    pub stride: u64,
+    /// Pieces.
+    pub count: u64,
+}
+
+impl From<FStrided> for StridedReq {
+    fn from(r: FStrided) -> StridedReq {
+        StridedReq {
+            id: r.id,
+            rkey: r.rkey,
+            addr: r.addr,
+            len: r.len,
+            stride: r.stride,
+            count: r.count,
+        }
+    }
+}
+
 /// Every message of the protocol with arbitrary field values. Encoding one gives a
 /// well-framed message; its body may still be invalid (e.g. a name over the limit).
 #[derive(Arbitrary, Debug, Clone)]
@@ -102,6 +132,8 @@ pub enum FMsg {
     },
     WriteReq(FReq),
     ReadReq(FReq),
+    WriteStridedReq(FStrided),
+    ReadStridedReq(FStrided),
     ReadResp {
         id: u64,
         status: u32,
@@ -183,6 +215,8 @@ impl FMsg {
             FMsg::Disconnect { reason } => Message::Disconnect { reason },
             FMsg::WriteReq(r) => Message::WriteReq(r.into()),
             FMsg::ReadReq(r) => Message::ReadReq(r.into()),
+            FMsg::WriteStridedReq(r) => Message::WriteStridedReq(r.into()),
+            FMsg::ReadStridedReq(r) => Message::ReadStridedReq(r.into()),
             FMsg::ReadResp { id, status, len } => Message::ReadResp { id, status, len },
             FMsg::Ack { id, status } => Message::Ack { id, status },
             FMsg::FabricInfo {

@@ -293,27 +293,57 @@ pub(crate) const SPIN_SLICE: std::time::Duration = std::time::Duration::from_mic
 pub(crate) struct PartRange {
     addr: u64,
     len: u64,
+    /// Bytes per piece and the distance between pieces (a contiguous range: one piece of
+    /// `len`).
+    piece: u64,
+    stride: u64,
 }
 
 impl PartRange {
     /// `len` bytes at `addr`, already checked to lie in a registered region (plain numbers:
-    /// nothing is touched until [`PartRange::raw`]).
+    /// nothing is touched until [`PartRange::raw_at`]).
     pub(crate) fn new(addr: u64, len: u64) -> PartRange {
-        PartRange { addr, len }
+        PartRange {
+            addr,
+            len,
+            piece: len.max(1),
+            stride: len.max(1),
+        }
     }
 
-    /// The bytes, as a range for raw I/O.
+    /// `count` pieces of `piece` bytes, `stride` apart from `addr` (a strided part), the span
+    /// already checked to lie in one registered region and `stride ≥ piece`.
+    pub(crate) fn strided(addr: u64, piece: u64, stride: u64, count: u64) -> PartRange {
+        PartRange {
+            addr,
+            len: piece * count,
+            piece: piece.max(1),
+            stride,
+        }
+    }
+
+    /// Bytes of the part.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// From the part's byte `off` (`< len`) to the end of the piece holding it, as a range
+    /// for raw I/O (the whole rest of a contiguous part).
     ///
     /// # Safety
     /// The part this range belongs to has not been completed, and is not completed (by
     /// anyone) while the returned range is in use: then its op's keep-alive, held by the op
     /// table, keeps the memory valid (see the type's docs).
-    pub(crate) unsafe fn raw(&self) -> RawRange<'_> {
+    pub(crate) unsafe fn raw_at(&self, off: u64) -> RawRange<'_> {
+        let off = off.min(self.len);
+        let (i, within) = (off / self.piece, off % self.piece);
+        let at = self.addr + i * self.stride + within;
+        let n = (self.piece - within).min(self.len - off);
         // SAFETY: by the caller's contract the part is outstanding for the range's whole use,
-        // so the op table holds its op's lease on the region the range lies in (checked by
-        // submit); the region's memory is allocated, mapped and valid. Others may touch it
-        // concurrently: a RawRange never forms a reference over it.
-        unsafe { RawRange::new(self.addr as *mut u8, self.len as usize) }
+        // so the op table holds its op's lease on the region the part's span lies in (checked
+        // by submit, pieces included); the region's memory is allocated, mapped and valid.
+        // Others may touch it concurrently: a RawRange never forms a reference over it.
+        unsafe { RawRange::new(at as *mut u8, n as usize) }
     }
 }
 

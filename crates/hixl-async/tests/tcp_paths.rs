@@ -427,3 +427,112 @@ async fn first_transfer_as_the_link_dies_uring() {
         first_transfer_on_a_dying_link("uring", false).await;
     }
 }
+
+/// Strided requests on the wire: pieces of sizes around the read-ahead stage (16 KiB) and the
+/// gather bounds, many per request and several requests per descriptor (more than
+/// `MAX_STRIDED_PIECES`, and past the chunk size), in flight together with plain ops over
+/// every data connection; both sides' strides differ. Every piece and every gap is checked.
+async fn strided_requests(io: &str, spin: &str) {
+    let len = 32 << 20;
+    let (target, remote) = kv_target(len, spin).await;
+    let init = Engine::builder("127.0.0.1")
+        .option("hixl.Transport", "tcp")
+        .option("hixl.SpinUs", spin)
+        .option("hixl.TcpIo", io)
+        .option("hixl.TcpChunkBytes", "256K")
+        .build()
+        .await
+        .unwrap();
+    uses(&init, io);
+    let local = init.register(HostBuffer::zeroed(len).unwrap()).unwrap();
+    let peer = init.connect(target.local_engine(), T).await.unwrap();
+    let rr = peer.region("kv").unwrap();
+    // (piece, count, local stride, remote stride), each case at its own offsets.
+    let cases: [(u64, u64, u64, u64); 5] = [
+        (1, 3000, 3, 2),
+        (40, 2500, 64, 256),
+        (4096, 300, 4096, 8192),
+        (20_000, 40, 20_480, 30_000),
+        (100_000, 5, 100_000, 150_000),
+    ];
+    for (round, write) in [(0u8, true), (1, false), (2, true)] {
+        let mut descs = Vec::new();
+        let mut at = 0u64;
+        let mut expect = Vec::new();
+        for (k, &(piece, count, ls, rs)) in cases.iter().enumerate() {
+            let (lbase, rbase) = (at, at + 3);
+            let data = pattern((piece * count) as usize, round ^ k as u8);
+            for i in 0..count {
+                let src = &data[(i * piece) as usize..((i + 1) * piece) as usize];
+                if write {
+                    local.write_at(lbase + i * ls, src).unwrap();
+                } else {
+                    remote.write_at(rbase + i * rs, src).unwrap();
+                }
+            }
+            descs.push(hixl_core::StridedDesc {
+                local_addr: local.addr() + lbase,
+                remote_addr: rr.addr + rbase,
+                len: piece,
+                local_stride: ls,
+                remote_stride: rs,
+                count,
+            });
+            expect.push((lbase, rbase, piece, count, ls, rs, data));
+            at += (count * ls.max(rs)).next_multiple_of(4096) + 4096;
+        }
+        // A plain op in flight beside them.
+        let plain = OpDesc::new(local.addr() + at, rr.addr + at, 3 << 20);
+        let op = if write {
+            hixl_core::TransferOp::Write
+        } else {
+            hixl_core::TransferOp::Read
+        };
+        let (a, b) = tokio::join!(
+            peer.transfer_strided(op, &descs),
+            peer.transfer(op, &[plain])
+        );
+        a.unwrap();
+        b.unwrap();
+        for (lbase, rbase, piece, count, ls, rs, data) in expect {
+            let (side, base, stride) = if write {
+                (&remote, rbase, rs)
+            } else {
+                (&local, lbase, ls)
+            };
+            let mut got = vec![0u8; (count * stride) as usize];
+            side.read_at(base, &mut got).unwrap();
+            for i in 0..count as usize {
+                let at = i * stride as usize;
+                let want = &data[i * piece as usize..(i + 1) * piece as usize];
+                assert!(
+                    &got[at..at + piece as usize] == want,
+                    "{io} spin {spin} round {round}: piece {i} of {piece} bytes differs"
+                );
+                if i + 1 < count as usize {
+                    // Nothing ever writes between pieces, on either side.
+                    let gap = &got[at + piece as usize..at + stride as usize];
+                    assert!(
+                        gap.iter().all(|&x| x == 0),
+                        "{io} round {round}: gap {i} written"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strided_requests_epoll() {
+    strided_requests("epoll", "50").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strided_requests_epoll_tasks_only() {
+    strided_requests("epoll", "0").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strided_requests_uring() {
+    strided_requests("uring", "50").await
+}

@@ -1,6 +1,8 @@
 //! The model of `tcp::target::serve_loop`, and the parser of the engine's answers.
 
-use hixl_core::wire::{DataReq, FrameHeader, Message, DATA_REQ_FRAME, HEADER_LEN};
+use hixl_core::wire::{
+    ty, DataReq, FrameHeader, Message, StridedReq, DATA_REQ_BODY, HEADER_LEN, STRIDED_REQ_BODY,
+};
 use hixl_core::Access;
 
 use crate::setup::{Ctx, Reg};
@@ -28,11 +30,50 @@ pub(crate) struct Model {
     pub(crate) w: Vec<u8>,
 }
 
-fn check(regs: &[Reg], req: &DataReq, need: Access) -> Option<Reg> {
-    let r = regs.iter().find(|r| r.rkey == req.rkey)?;
-    let end = req.addr.checked_add(req.len)?;
-    (req.len > 0 && req.addr >= r.addr && end <= r.addr + r.len && r.access.contains(need))
-        .then_some(*r)
+/// A request's pieces: first address, bytes each, distance, count.
+#[derive(Clone, Copy)]
+struct Pieces {
+    rkey: u64,
+    addr: u64,
+    len: u64,
+    stride: u64,
+    count: u64,
+}
+
+impl From<DataReq> for Pieces {
+    fn from(r: DataReq) -> Pieces {
+        Pieces {
+            rkey: r.rkey,
+            addr: r.addr,
+            len: r.len,
+            stride: r.len,
+            count: 1,
+        }
+    }
+}
+
+impl From<StridedReq> for Pieces {
+    fn from(r: StridedReq) -> Pieces {
+        Pieces {
+            rkey: r.rkey,
+            addr: r.addr,
+            len: r.len,
+            stride: r.stride,
+            count: r.count,
+        }
+    }
+}
+
+/// The region that holds every piece with the access, if the request is valid: pieces do
+/// not overlap, and their span lies in the region.
+fn check(regs: &[Reg], p: &Pieces, need: Access) -> Option<Reg> {
+    let r = regs.iter().find(|r| r.rkey == p.rkey)?;
+    if p.len == 0 || p.count == 0 || (p.count > 1 && p.stride < p.len) {
+        return None;
+    }
+    let span = (p.count - 1).checked_mul(p.stride)?.checked_add(p.len)?;
+    let end = p.addr.checked_add(span)?;
+    (p.addr >= r.addr && end <= r.addr + r.len && r.access.contains(need)).then_some(*r)
 }
 
 pub(crate) fn model(ctx: &Ctx, stream: &[u8], w0: Vec<u8>) -> Model {
@@ -44,64 +85,84 @@ pub(crate) fn model(ctx: &Ctx, stream: &[u8], w0: Vec<u8>) -> Model {
         if pos == stream.len() {
             break Stop::Eof;
         }
-        if stream.len() - pos < DATA_REQ_FRAME {
+        // The target stages a header, then (a body of at most a strided request's) the whole
+        // frame, then checks the body's size against the type.
+        if stream.len() - pos < HEADER_LEN {
             break Stop::EofInside;
         }
-        let hdr = &stream[pos..pos + DATA_REQ_FRAME];
-        pos += DATA_REQ_FRAME;
-        let Ok(h) = FrameHeader::decode(hdr) else {
+        let Ok(h) = FrameHeader::decode(&stream[pos..pos + HEADER_LEN]) else {
             break Stop::Protocol;
         };
-        if h.body_len as usize != DATA_REQ_FRAME - HEADER_LEN {
+        let body = h.body_len as usize;
+        if body > STRIDED_REQ_BODY {
             break Stop::Protocol;
         }
-        match Message::decode_body(h.ty, &hdr[HEADER_LEN..]) {
-            Ok(Message::WriteReq(req)) => {
-                let n = (req.len.min((stream.len() - pos) as u64)) as usize;
-                if let Some(r) = check(&regs, &req, Access::REMOTE_WRITE) {
-                    // Only `w` grants remote write.
-                    let off = (req.addr - r.addr) as usize;
-                    w[off..off + n].copy_from_slice(&stream[pos..pos + n]);
-                    pos += n;
-                    if (n as u64) < req.len {
-                        break Stop::EofInside;
-                    }
-                    resps.push(Resp::Ack {
-                        id: req.id,
-                        ok: true,
-                    });
-                } else {
-                    pos += n;
-                    if (n as u64) < req.len {
-                        break Stop::EofInside;
-                    }
-                    resps.push(Resp::Ack {
-                        id: req.id,
-                        ok: false,
-                    });
-                }
-            }
-            Ok(Message::ReadReq(req)) => match check(&regs, &req, Access::REMOTE_READ) {
+        if stream.len() - pos < HEADER_LEN + body {
+            break Stop::EofInside;
+        }
+        let expected = match h.ty {
+            ty::WRITE_REQ | ty::READ_REQ => DATA_REQ_BODY,
+            ty::WRITE_STRIDED_REQ | ty::READ_STRIDED_REQ => STRIDED_REQ_BODY,
+            _ => usize::MAX,
+        };
+        if body != expected {
+            break Stop::Protocol;
+        }
+        let frame = &stream[pos + HEADER_LEN..pos + HEADER_LEN + body];
+        pos += HEADER_LEN + body;
+        let (write, id, p) = match Message::decode_body(h.ty, frame) {
+            Ok(Message::WriteReq(r)) => (true, r.id, Pieces::from(r)),
+            Ok(Message::ReadReq(r)) => (false, r.id, Pieces::from(r)),
+            Ok(Message::WriteStridedReq(r)) => (true, r.id, Pieces::from(r)),
+            Ok(Message::ReadStridedReq(r)) => (false, r.id, Pieces::from(r)),
+            _ => break Stop::Protocol,
+        };
+        // The decoder bounds len × count.
+        let total = p.len * p.count;
+        if write {
+            let n = (total.min((stream.len() - pos) as u64)) as usize;
+            let ok = match check(&regs, &p, Access::REMOTE_WRITE) {
                 Some(r) => {
-                    let off = (req.addr - r.addr) as usize;
+                    // Only `w` grants remote write; the pieces land in order.
+                    for k in 0..n {
+                        let (piece, within) = (k as u64 / p.len, k as u64 % p.len);
+                        let off = (p.addr - r.addr + piece * p.stride + within) as usize;
+                        w[off] = stream[pos + k];
+                    }
+                    true
+                }
+                None => false,
+            };
+            pos += n;
+            if (n as u64) < total {
+                break Stop::EofInside;
+            }
+            resps.push(Resp::Ack { id, ok });
+        } else {
+            match check(&regs, &p, Access::REMOTE_READ) {
+                Some(r) => {
                     let src = if r.rkey == ctx.w.rkey {
                         &w[..]
                     } else {
                         &ctx.r_bytes[..]
                     };
+                    let mut payload = Vec::with_capacity(total as usize);
+                    for k in 0..p.count {
+                        let off = (p.addr - r.addr + k * p.stride) as usize;
+                        payload.extend_from_slice(&src[off..off + p.len as usize]);
+                    }
                     resps.push(Resp::Read {
-                        id: req.id,
+                        id,
                         ok: true,
-                        payload: src[off..off + req.len as usize].to_vec(),
+                        payload,
                     });
                 }
                 None => resps.push(Resp::Read {
-                    id: req.id,
+                    id,
                     ok: false,
                     payload: Vec::new(),
                 }),
-            },
-            _ => break Stop::Protocol,
+            }
         }
     };
     Model { resps, stop, w }

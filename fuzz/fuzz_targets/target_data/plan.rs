@@ -1,6 +1,6 @@
 //! The input: the data connection's hello and the stream sent after it.
 
-use hixl_core::wire::{encode_data_req, DataReq};
+use hixl_core::wire::{encode_data_req, encode_strided_req, DataReq, StridedReq};
 use hixl_fuzz::{generic_step, In, Step, GENERIC_TAGS};
 
 use crate::setup::Ctx;
@@ -57,7 +57,7 @@ pub(crate) fn plan(ctx: &Ctx, data: &[u8]) -> (Hello, Vec<Step>) {
     let mut steps = Vec::new();
     let mut total = 0usize;
     while !i.is_empty() && steps.len() < 256 && total < STREAM_CAP {
-        let tag = i.u8() % (3 + GENERIC_TAGS);
+        let tag = i.u8() % (4 + GENERIC_TAGS);
         let step = match tag {
             0 | 1 => {
                 let id = u64::from(i.u16());
@@ -100,7 +100,46 @@ pub(crate) fn plan(ctx: &Ctx, data: &[u8]) -> (Hello, Vec<Step>) {
                 }
                 Some(Step::Bytes(b))
             }
-            t => generic_step(t - 3, &mut i),
+            3 => {
+                // A strided read or write: pieces aimed like plain requests, strides that
+                // space them, touch (stride = len), overlap or overflow.
+                let write = i.u8() % 2 == 0;
+                let (rkey, addr) = addr_of(ctx, &mut i);
+                let len = u64::from(i.u8() % 64) + u64::from(i.u8() % 2) * i.u64() % 4;
+                let stride = match i.u8() % 4 {
+                    0 => len + u64::from(i.u8()),
+                    1 => len,
+                    2 => len.saturating_sub(1),
+                    _ => i.u64(),
+                };
+                let count = match i.u8() % 4 {
+                    0 => u64::from(i.u8() % 8),
+                    1 => u64::from(i.u16() % 1100),
+                    _ => i.u64(),
+                };
+                let req = StridedReq {
+                    id: u64::from(i.u16()),
+                    rkey,
+                    addr,
+                    len,
+                    stride,
+                    count,
+                };
+                let mut b = encode_strided_req(write, &req).to_vec();
+                if write {
+                    let room = (STREAM_CAP - total).saturating_sub(b.len()) as u64;
+                    let want = len.saturating_mul(count.min(1100));
+                    let n = match i.u8() % 3 {
+                        0 => want.min(room),
+                        1 => want.min(u64::from(i.u16())).min(room),
+                        _ => 0,
+                    } as usize;
+                    let seed = i.u8();
+                    b.extend((0..n).map(|k| seed.wrapping_add((k as u8).wrapping_mul(7))));
+                }
+                Some(Step::Bytes(b))
+            }
+            t => generic_step(t - 4, &mut i),
         };
         if let Some(s) = step {
             if let Step::Bytes(b) = &s {

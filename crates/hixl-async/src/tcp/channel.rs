@@ -13,8 +13,8 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use hixl_core::wire::DataReq;
-use hixl_core::{Error, OpDesc, Result, Token, TransferOp};
+use hixl_core::wire::{DataReq, MAX_STRIDED_PIECES};
+use hixl_core::{Error, OpDesc, Result, StridedDesc, Token, TransferOp};
 
 use super::initiator::{fail_with, DataConn, DataOpener, Part, Queued};
 use crate::context::OpsHandle;
@@ -224,9 +224,87 @@ impl Batch for TcpBatch<'_> {
                     addr: d.remote_addr + off,
                     len,
                 },
+                strided: None,
             });
             self.k = self.k.wrapping_add(1);
             off += len;
+        }
+        Ok(Some(parts))
+    }
+
+    /// A strided descriptor of small pieces goes as strided requests, each of whole pieces
+    /// (at most [`MAX_STRIDED_PIECES`] and about `hixl.TcpChunkBytes`): one request frame and
+    /// one answer for many pieces. Pieces of half a chunk or more gain nothing from it and go
+    /// as plain parts.
+    fn add_strided(
+        &mut self,
+        index: usize,
+        d: &StridedDesc,
+        local: &Arc<RegionInner>,
+        rkey: u64,
+        keep: &mut Keeps,
+    ) -> Result<Option<u32>> {
+        if d.count == 1 || d.len.saturating_mul(2) > self.ch.chunk {
+            // The default: each piece as a plain descriptor.
+            let mut parts = 0u32;
+            for i in 0..d.count {
+                let Some(n) = self.add(index, &d.piece(i), local, rkey, keep)? else {
+                    return Ok(None);
+                };
+                parts = parts
+                    .checked_add(n)
+                    .ok_or_else(|| Error::ResourceExhausted {
+                        what: "more than 2^32 parts in one transfer".into(),
+                    })?;
+            }
+            return Ok(Some(parts));
+        }
+        let n = self.ch.conns.len();
+        if n == 0 {
+            return Ok(None);
+        }
+        if self.per.is_empty() {
+            self.per = (0..n).map(|_| Vec::new()).collect();
+            self.k = if self.ch.wide.load(Ordering::Relaxed) {
+                self.ch.next.fetch_add(1, Ordering::Relaxed)
+            } else {
+                0
+            };
+        }
+        let per_part = (self.ch.chunk / d.len).clamp(1, MAX_STRIDED_PIECES);
+        let parts =
+            u32::try_from(d.count.div_ceil(per_part)).map_err(|_| Error::ResourceExhausted {
+                what: "more than 2^32 parts in one transfer".into(),
+            })?;
+        let mut first = 0;
+        while first < d.count {
+            let wide = self.ch.wide.load(Ordering::Relaxed);
+            if self.bytes >= WIDE_BYTES && !wide {
+                self.ch.wide.store(true, Ordering::Relaxed);
+            }
+            let count = per_part.min(d.count - first);
+            let bytes = count * d.len;
+            self.bytes += bytes;
+            let conn = if wide { self.k % n } else { 0 };
+            self.per[conn].push(Part {
+                token: self.token,
+                write: self.write,
+                local: PartRange::strided(
+                    d.local_addr + first * d.local_stride,
+                    d.len,
+                    d.local_stride,
+                    count,
+                ),
+                req: DataReq {
+                    id: self.token.0,
+                    rkey,
+                    addr: d.remote_addr + first * d.remote_stride,
+                    len: bytes,
+                },
+                strided: Some((d.len, d.remote_stride, count)),
+            });
+            self.k = self.k.wrapping_add(1);
+            first += count;
         }
         Ok(Some(parts))
     }

@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hixl_core::wire::{
-    encode_data_req, DataReq, FrameHeader, Message, ACK_FRAME, DATA_REQ_FRAME, HEADER_LEN,
-    READ_RESP_FRAME,
+    encode_data_req, encode_strided_req, DataReq, FrameHeader, Message, StridedReq, ACK_FRAME,
+    DATA_REQ_FRAME, HEADER_LEN, READ_RESP_FRAME, STRIDED_REQ_FRAME,
 };
 use hixl_core::{Error, Status, Token};
 use tokio::io::unix::AsyncFd;
@@ -51,7 +51,11 @@ pub(crate) struct Part {
     pub(crate) write: bool,
     /// The part's local bytes.
     pub(crate) local: PartRange,
+    /// `len` is the part's bytes (a strided part's pieces together).
     pub(crate) req: DataReq,
+    /// A strided part's remote pieces: bytes per piece, distance, count (sent as one
+    /// strided request).
+    pub(crate) strided: Option<(u64, u64, u64)>,
 }
 
 /// Bytes a submitter sends itself at most; the rest of a large op goes to the writer task,
@@ -149,6 +153,8 @@ struct Tx {
 #[derive(Debug)]
 struct Out {
     write: Option<Part>,
+    /// Its header's bytes in `Tx::head`.
+    hlen: usize,
 }
 
 /// Requests gathered into one `sendmsg` at most, and bytes: a batch of small ops goes out in
@@ -476,11 +482,32 @@ impl Tx {
                 continue;
             }
             let part = p.part;
-            self.head
-                .extend_from_slice(&encode_data_req(part.write, &part.req));
+            let hlen = match part.strided {
+                Some((len, stride, count)) => {
+                    let r = StridedReq {
+                        id: part.req.id,
+                        rkey: part.req.rkey,
+                        addr: part.req.addr,
+                        len,
+                        stride,
+                        count,
+                    };
+                    self.head
+                        .extend_from_slice(&encode_strided_req(part.write, &r));
+                    STRIDED_REQ_FRAME
+                }
+                None => {
+                    self.head
+                        .extend_from_slice(&encode_data_req(part.write, &part.req));
+                    DATA_REQ_FRAME
+                }
+            };
             if part.write {
                 bytes += part.req.len;
-                self.out.push_back(Out { write: Some(part) });
+                self.out.push_back(Out {
+                    write: Some(part),
+                    hlen,
+                });
             } else if let Err(p) = conn.push_rx(part) {
                 done.push(Completion {
                     token: p.token,
@@ -488,7 +515,7 @@ impl Tx {
                 });
                 return Err(lost(&conn.peer, "data connection closed"));
             } else {
-                self.out.push_back(Out { write: None });
+                self.out.push_back(Out { write: None, hlen });
             }
         }
         Ok(())
@@ -557,23 +584,32 @@ impl Tx {
         let mut n = 0;
         let mut hoff = self.head_off;
         let mut skip = self.front_sent;
-        for o in &self.out {
-            let hdr = &self.head[hoff..hoff + DATA_REQ_FRAME];
-            hoff += DATA_REQ_FRAME;
-            if skip < DATA_REQ_FRAME {
+        'outs: for o in &self.out {
+            if n == pieces.len() {
+                break;
+            }
+            let hdr = &self.head[hoff..hoff + o.hlen];
+            hoff += o.hlen;
+            if skip < o.hlen {
                 pieces[n] = Piece::Head(&hdr[skip..]);
                 n += 1;
                 skip = 0;
             } else {
-                skip -= DATA_REQ_FRAME;
+                skip -= o.hlen;
             }
             if let Some(p) = &o.write {
-                // SAFETY: the part has not been completed: it is completed only after it
-                // leaves `out`, and this half (whose lock the caller holds) removes it only
-                // once its payload is out.
-                let payload = unsafe { p.local.raw() }.from(skip);
-                skip = 0;
-                if payload.len() > 0 {
+                // A strided part's payload is its pieces: as many as the iovecs hold (the
+                // next send goes on from where this one stopped).
+                let mut off = std::mem::take(&mut skip) as u64;
+                while off < p.local.len() {
+                    if n == pieces.len() {
+                        break 'outs;
+                    }
+                    // SAFETY: the part has not been completed: it is completed only after it
+                    // leaves `out`, and this half (whose lock the caller holds) removes it
+                    // only once its payload is out.
+                    let payload = unsafe { p.local.raw_at(off) };
+                    off += payload.len() as u64;
                     pieces[n] = Piece::Body(payload);
                     n += 1;
                 }
@@ -587,13 +623,14 @@ impl Tx {
     fn advance(&mut self, conn: &Conn, n: usize, done: &mut Vec<Completion>) -> Result<(), Error> {
         let mut left = self.front_sent + n;
         while let Some(front) = self.out.front() {
-            let len = DATA_REQ_FRAME + front.write.as_ref().map_or(0, Part::local_len);
+            let hlen = front.hlen;
+            let len = hlen + front.write.as_ref().map_or(0, Part::local_len);
             if left < len {
                 break;
             }
             left -= len;
-            self.head_off += DATA_REQ_FRAME;
-            if let Some(Out { write: Some(p) }) = self.out.pop_front() {
+            self.head_off += hlen;
+            if let Some(Out { write: Some(p), .. }) = self.out.pop_front() {
                 // Its ack may already be in the socket: the reader matches it once queued.
                 if let Err(p) = conn.push_rx(p) {
                     done.push(Completion {
@@ -666,13 +703,26 @@ impl Rx {
                 return Ok(Pumped::Idle);
             };
             if let Some(got) = self.payload {
-                // SAFETY: the front part has not been completed: only this half, whose lock
-                // we hold, pops and completes it, after its payload is in.
-                let dst = unsafe { front.local.raw() };
-                let mut got = got + self.stage.take_into(dst.from(got));
-                if got < front.local_len() {
-                    // The rest of the payload, and whatever answers follow it, in one receive.
-                    match self.stage.recv_now(fd, Some(dst.from(got))) {
+                let total = front.local_len();
+                let mut got = got;
+                // What the stage holds goes first, piece by piece (a strided part's pieces
+                // are apart locally).
+                while got < total {
+                    // SAFETY: the front part has not been completed: only this half, whose
+                    // lock we hold, pops and completes it, after its payload is in.
+                    let dst = unsafe { front.local.raw_at(got as u64) };
+                    let took = self.stage.take_into(dst);
+                    got += took;
+                    if took < dst.len() {
+                        break;
+                    }
+                }
+                if got < total {
+                    // SAFETY: as above.
+                    let dst = unsafe { front.local.raw_at(got as u64) };
+                    // The rest of the piece, and whatever follows it (more pieces, answers),
+                    // in one receive.
+                    match self.stage.recv_now(fd, Some(dst)) {
                         Ok(g) if g.is_eof() => {
                             return Err(lost(peer, "connection closed inside a read payload"))
                         }

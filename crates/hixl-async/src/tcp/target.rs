@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use hixl_core::wire::{
-    encode_ack, encode_read_resp, DataReq, FrameHeader, Message, DATA_REQ_FRAME, HEADER_LEN,
+    encode_ack, encode_read_resp, ty, DataReq, FrameHeader, Message, StridedReq, DATA_REQ_BODY,
+    HEADER_LEN, STRIDED_REQ_BODY,
 };
 use hixl_core::{Access, Error};
 use tokio::net::TcpStream;
@@ -28,11 +29,24 @@ const ANSWER_BYTES: u64 = 256 << 10;
 #[derive(Default)]
 struct Answers {
     frames: Vec<u8>,
-    /// Each read payload: where its header ends in `frames`, its lease, address and length.
-    reads: Vec<(usize, Lease, u64, u64)>,
+    /// Each read payload: where its header ends in `frames`, its lease, and its pieces.
+    reads: Vec<(usize, Lease, Pieces)>,
     count: usize,
     bytes: u64,
 }
+
+/// A read's payload at the target: `count` pieces of `len` bytes, `stride` apart from `addr`
+/// (one piece for a plain read).
+#[derive(Clone, Copy)]
+struct Pieces {
+    addr: u64,
+    len: u64,
+    stride: u64,
+    count: u64,
+}
+
+/// Iovecs of one answer `sendmsg` at most.
+const ANSWER_IOV: usize = 2 * ANSWER_READS + 1;
 
 impl Answers {
     fn is_empty(&self) -> bool {
@@ -44,10 +58,10 @@ impl Answers {
         self.count += 1;
     }
 
-    fn push_read(&mut self, frame: &[u8], lease: Lease, addr: u64, len: u64) {
+    fn push_read(&mut self, frame: &[u8], lease: Lease, p: Pieces) {
         self.push(frame);
-        self.reads.push((self.frames.len(), lease, addr, len));
-        self.bytes += len;
+        self.reads.push((self.frames.len(), lease, p));
+        self.bytes += p.len * p.count;
     }
 
     fn full(&self) -> bool {
@@ -62,23 +76,38 @@ impl Answers {
             return Ok(());
         }
         {
-            // At most ANSWER_READS reads: a header run and a payload each, and the last run.
-            let mut pieces = [Piece::Head(&[]); 2 * ANSWER_READS + 1];
+            // Header runs and payload pieces in order, at most ANSWER_IOV per sendmsg (a
+            // strided read's pieces may take several).
+            let mut pieces = [Piece::Head(&[]); ANSWER_IOV];
             let mut n = 0;
             let mut at = 0;
-            for (end, lease, addr, len) in &self.reads {
+            for (end, lease, p) in &self.reads {
+                if n == ANSWER_IOV {
+                    send_answers(sock, &pieces[..n]).await?;
+                    n = 0;
+                }
                 pieces[n] = Piece::Head(&self.frames[at..*end]);
-                // validate checked the bytes lie inside the region, which grants remote read;
-                // the range borrows the lease, which keeps the region registered (and its
-                // memory alive) until the payload is handed to the socket.
-                pieces[n + 1] = Piece::Body(lease.range(*addr, *len)?);
-                n += 2;
+                n += 1;
                 at = *end;
+                for i in 0..p.count {
+                    if n == ANSWER_IOV {
+                        send_answers(sock, &pieces[..n]).await?;
+                        n = 0;
+                    }
+                    // validate checked every piece lies inside the region, which grants
+                    // remote read; the range borrows the lease, which keeps the region
+                    // registered (and its memory alive) until the payload is handed to the
+                    // socket.
+                    pieces[n] = Piece::Body(lease.range(p.addr + i * p.stride, p.len)?);
+                    n += 1;
+                }
+            }
+            if n == ANSWER_IOV {
+                send_answers(sock, &pieces[..n]).await?;
+                n = 0;
             }
             pieces[n] = Piece::Head(&self.frames[at..]);
-            rawio::send_pieces(sock, &pieces[..=n])
-                .await
-                .map_err(|e| io("writing answers", e))?;
+            send_answers(sock, &pieces[..=n]).await?;
         }
         self.frames.clear();
         self.reads.clear();
@@ -86,6 +115,12 @@ impl Answers {
         self.bytes = 0;
         Ok(())
     }
+}
+
+async fn send_answers(sock: &mut Sock, pieces: &[Piece<'_>]) -> Result<(), Error> {
+    rawio::send_pieces(sock, pieces)
+        .await
+        .map_err(|e| io("writing answers", e))
 }
 
 /// Serves one data connection until the peer closes it or sends something invalid.
@@ -131,6 +166,37 @@ fn validate(regions: &Regions, req: &DataReq, need: Access) -> Result<Lease, Err
     Ok(Lease::new(&e.data))
 }
 
+/// Checks a strided request once, by the span of its pieces: pieces may not overlap and the
+/// span must lie in one region with the access.
+fn validate_strided(regions: &Regions, req: &StridedReq, need: Access) -> Result<Lease, Error> {
+    if req.count > 1 && req.stride < req.len {
+        return Err(Error::InvalidParam {
+            what: format!(
+                "strided request: stride {} shorter than its pieces of {} bytes",
+                req.stride, req.len
+            ),
+        });
+    }
+    let span = (req.count - 1)
+        .checked_mul(req.stride)
+        .and_then(|x| x.checked_add(req.len))
+        .ok_or_else(|| Error::InvalidParam {
+            what: format!(
+                "strided request: {} pieces of {} bytes, stride {}, overflow",
+                req.count, req.len, req.stride
+            ),
+        })?;
+    let regions = crate::sync::lock(regions);
+    let e = regions.check_remote(req.rkey, req.addr, span, need)?;
+    Ok(Lease::new(&e.data))
+}
+
+/// A decoded data request, plain or strided.
+enum Req {
+    Plain(DataReq),
+    Strided(StridedReq),
+}
+
 /// Stages a whole request header, flushing gathered answers before blocking for it: `false`
 /// on a clean close between requests.
 async fn next_request(
@@ -141,7 +207,8 @@ async fn next_request(
 ) -> Result<bool, Error> {
     let reading = |e| io("reading request", e);
     let fd = sock.fd();
-    while stage.len() < DATA_REQ_FRAME {
+    // A whole frame: its header says how long (a strided request's is the longest).
+    while stage.len() < frame_len(stage.bytes()) {
         if !answers.is_empty() {
             // No next request waiting: the gathered answers go out before we wait for one.
             match stage.recv_now(fd, None) {
@@ -170,6 +237,20 @@ async fn next_request(
         }
     }
     Ok(true)
+}
+
+/// Bytes of the request frame starting `b`, as far as its header is in: the header alone
+/// until it is, then the whole frame (a body longer than a strided request's is refused once
+/// the header is decoded).
+fn frame_len(b: &[u8]) -> usize {
+    if b.len() < HEADER_LEN {
+        return HEADER_LEN;
+    }
+    match FrameHeader::decode(&b[..HEADER_LEN]) {
+        Ok(h) if (h.body_len as usize) <= STRIDED_REQ_BODY => HEADER_LEN + h.body_len as usize,
+        // Bad or too long: the header alone, for the caller to refuse.
+        _ => HEADER_LEN,
+    }
 }
 
 /// One of the engine's [`TARGET_SPINNERS`] spinning slots, given back when dropped.
@@ -228,65 +309,100 @@ async fn serve_loop(
             answers.flush(sock).await?;
             return Ok(());
         }
-        let hdr = &stage.bytes()[..DATA_REQ_FRAME];
         let proto = |reason: String| Error::Protocol {
             peer: peer.to_string(),
             reason,
         };
-        let h = FrameHeader::decode(hdr).map_err(|e| proto(e.to_string()))?;
-        if h.body_len as usize != DATA_REQ_FRAME - HEADER_LEN {
+        let h =
+            FrameHeader::decode(&stage.bytes()[..HEADER_LEN]).map_err(|e| proto(e.to_string()))?;
+        let body = h.body_len as usize;
+        let expected = match h.ty {
+            ty::WRITE_REQ | ty::READ_REQ => DATA_REQ_BODY,
+            ty::WRITE_STRIDED_REQ | ty::READ_STRIDED_REQ => STRIDED_REQ_BODY,
+            _ => usize::MAX,
+        };
+        if body != expected {
             return Err(proto(format!(
                 "data request frame type {} with body of {} bytes",
                 h.ty, h.body_len
             )));
         }
-        let msg =
-            Message::decode_body(h.ty, &hdr[HEADER_LEN..]).map_err(|e| proto(e.to_string()))?;
-        stage.consume(DATA_REQ_FRAME);
-        match msg {
-            Message::WriteReq(req) => {
-                if !answers.reads.is_empty() {
-                    // A read asked before this write sees the bytes from before it: its
-                    // payload goes out before the write's lands.
-                    answers.flush(sock).await?;
-                }
-                let status = match validate(regions, &req, Access::REMOTE_WRITE) {
-                    Ok(lease) => {
-                        // validate checked the bytes lie inside the region, which grants remote
-                        // write; the range borrows `lease`, which keeps the region registered
-                        // (and its memory alive) until the payload is in.
-                        let dst = lease.range(req.addr, req.len)?;
+        let msg = Message::decode_body(h.ty, &stage.bytes()[HEADER_LEN..HEADER_LEN + body])
+            .map_err(|e| proto(e.to_string()))?;
+        stage.consume(HEADER_LEN + body);
+        let (write, req) = match msg {
+            Message::WriteReq(r) => (true, Req::Plain(r)),
+            Message::ReadReq(r) => (false, Req::Plain(r)),
+            Message::WriteStridedReq(r) => (true, Req::Strided(r)),
+            Message::ReadStridedReq(r) => (false, Req::Strided(r)),
+            other => return Err(proto(format!("unexpected {other:?} on a data connection"))),
+        };
+        let need = if write {
+            Access::REMOTE_WRITE
+        } else {
+            Access::REMOTE_READ
+        };
+        let (id, pieces, checked) = match req {
+            Req::Plain(r) => (
+                r.id,
+                Pieces {
+                    addr: r.addr,
+                    len: r.len,
+                    stride: r.len,
+                    count: 1,
+                },
+                validate(regions, &r, need),
+            ),
+            Req::Strided(r) => (
+                r.id,
+                Pieces {
+                    addr: r.addr,
+                    len: r.len,
+                    stride: r.stride,
+                    count: r.count,
+                },
+                validate_strided(regions, &r, need),
+            ),
+        };
+        // The decoder bounds len × count by MAX_PAYLOAD.
+        let total = pieces.len * pieces.count;
+        if write {
+            if !answers.reads.is_empty() {
+                // A read asked before this write sees the bytes from before it: its payload
+                // goes out before the write's lands.
+                answers.flush(sock).await?;
+            }
+            let status = match checked {
+                Ok(lease) => {
+                    for i in 0..pieces.count {
+                        // validate checked every piece lies inside the region, which grants
+                        // remote write; the range borrows `lease`, which keeps the region
+                        // registered (and its memory alive) until the payload is in.
+                        let dst = lease.range(pieces.addr + i * pieces.stride, pieces.len)?;
                         stage::recv_exact(sock, &mut stage, dst, config.spin)
                             .await
                             .map_err(|e| io("reading write payload", e))?;
-                        drop(lease);
-                        0
                     }
-                    Err(e) => {
-                        tracing::info!(peer, "refused write {:#x}+{}: {e}", req.addr, req.len);
-                        discard(sock, &mut stage, req.len)
-                            .await
-                            .map_err(|e| io("draining refused payload", e))?;
-                        e.status().code()
-                    }
-                };
-                answers.push(&encode_ack(req.id, status));
-            }
-            Message::ReadReq(req) => match validate(regions, &req, Access::REMOTE_READ) {
-                Ok(lease) => {
-                    answers.push_read(
-                        &encode_read_resp(req.id, 0, req.len),
-                        lease,
-                        req.addr,
-                        req.len,
-                    );
+                    drop(lease);
+                    0
                 }
                 Err(e) => {
-                    tracing::info!(peer, "refused read {:#x}+{}: {e}", req.addr, req.len);
-                    answers.push(&encode_read_resp(req.id, e.status().code(), 0));
+                    tracing::info!(peer, "refused write {:#x}+{total}: {e}", pieces.addr);
+                    discard(sock, &mut stage, total)
+                        .await
+                        .map_err(|e| io("draining refused payload", e))?;
+                    e.status().code()
                 }
-            },
-            other => return Err(proto(format!("unexpected {other:?} on a data connection"))),
+            };
+            answers.push(&encode_ack(id, status));
+        } else {
+            match checked {
+                Ok(lease) => answers.push_read(&encode_read_resp(id, 0, total), lease, pieces),
+                Err(e) => {
+                    tracing::info!(peer, "refused read {:#x}+{total}: {e}", pieces.addr);
+                    answers.push(&encode_read_resp(id, e.status().code(), 0));
+                }
+            }
         }
     }
 }

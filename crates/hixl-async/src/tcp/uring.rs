@@ -33,7 +33,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::addr_of_mut;
 use std::sync::Mutex;
 
-use hixl_core::wire::DATA_REQ_FRAME;
+use hixl_core::wire::STRIDED_REQ_FRAME;
 use io_uring::{opcode, types, IoUring};
 
 use super::initiator::GATHER_PARTS;
@@ -43,7 +43,7 @@ use crate::sync::lock;
 /// Iovecs of one send at most: a header and a payload per gathered request.
 const MAX_IOV: usize = 2 * GATHER_PARTS;
 /// Header bytes of one send at most.
-const HEAD_BYTES: usize = GATHER_PARTS * DATA_REQ_FRAME;
+const HEAD_BYTES: usize = GATHER_PARTS * STRIDED_REQ_FRAME;
 /// Ring size: one request in flight, room to spare.
 const ENTRIES: u32 = 4;
 
@@ -355,6 +355,7 @@ fn closed() -> io::Error {
 mod tests {
     use super::*;
     use crate::rawio::RawRange;
+    use hixl_core::wire::DATA_REQ_FRAME;
     use std::io::Read;
     use std::sync::Arc;
 

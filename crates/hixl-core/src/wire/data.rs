@@ -4,12 +4,16 @@
 use bytes::BufMut;
 
 use super::frame::put_header;
-use super::{ty, DataReq, HEADER_LEN};
+use super::{ty, DataReq, StridedReq, HEADER_LEN};
 
 /// Size of the body of a data request frame.
 pub const DATA_REQ_BODY: usize = 32;
 /// Size of a whole `WriteReq`/`ReadReq` frame.
 pub const DATA_REQ_FRAME: usize = HEADER_LEN + DATA_REQ_BODY;
+/// Size of the body of a strided data request frame.
+pub const STRIDED_REQ_BODY: usize = 48;
+/// Size of a whole `WriteStridedReq`/`ReadStridedReq` frame.
+pub const STRIDED_REQ_FRAME: usize = HEADER_LEN + STRIDED_REQ_BODY;
 /// Size of a whole `ReadResp` frame.
 pub const READ_RESP_FRAME: usize = HEADER_LEN + 20;
 /// Size of a whole `Ack` frame.
@@ -28,6 +32,28 @@ pub fn encode_data_req(write: bool, r: &DataReq) -> [u8; DATA_REQ_FRAME] {
     b.put_u64_le(r.rkey);
     b.put_u64_le(r.addr);
     b.put_u64_le(r.len);
+    a
+}
+
+/// Encodes a strided data request frame on the stack.
+pub fn encode_strided_req(write: bool, r: &StridedReq) -> [u8; STRIDED_REQ_FRAME] {
+    let mut a = [0u8; STRIDED_REQ_FRAME];
+    let mut b = &mut a[..];
+    put_header(
+        &mut b,
+        if write {
+            ty::WRITE_STRIDED_REQ
+        } else {
+            ty::READ_STRIDED_REQ
+        },
+        STRIDED_REQ_BODY,
+    );
+    b.put_u64_le(r.id);
+    b.put_u64_le(r.rkey);
+    b.put_u64_le(r.addr);
+    b.put_u64_le(r.len);
+    b.put_u64_le(r.stride);
+    b.put_u64_le(r.count);
     a
 }
 
@@ -70,6 +96,17 @@ mod tests {
         let mut b = BytesMut::new();
         Message::WriteReq(r).encode(&mut b);
         assert_eq!(&b[..], &encode_data_req(true, &r)[..]);
+        let s = StridedReq {
+            id: 9,
+            rkey: 8,
+            addr: 7,
+            len: 6,
+            stride: 10,
+            count: 3,
+        };
+        b.clear();
+        Message::ReadStridedReq(s).encode(&mut b);
+        assert_eq!(&b[..], &encode_strided_req(false, &s)[..]);
         b.clear();
         Message::ReadResp {
             id: 1,

@@ -3,8 +3,8 @@
 use bytes::Buf;
 
 use super::{
-    ty, Channel, DataReq, FabricRegion, Message, WireError, MAX_AUTH, MAX_ENDPOINT, MAX_NAME,
-    MAX_PAYLOAD,
+    ty, Channel, DataReq, FabricRegion, Message, StridedReq, WireError, MAX_AUTH, MAX_ENDPOINT,
+    MAX_NAME, MAX_PAYLOAD, MAX_STRIDED_PIECES,
 };
 use crate::types::{Access, MemKind, RemoteRegion, NOTIFY_MAX_LEN};
 
@@ -120,6 +120,42 @@ impl Message {
                     Message::WriteReq(req)
                 } else {
                     Message::ReadReq(req)
+                }
+            }
+            ty::WRITE_STRIDED_REQ | ty::READ_STRIDED_REQ => {
+                let req = StridedReq {
+                    id: r.u64("id")?,
+                    rkey: r.u64("rkey")?,
+                    addr: r.u64("addr")?,
+                    len: r.u64("len")?,
+                    stride: r.u64("stride")?,
+                    count: r.u64("count")?,
+                };
+                if req.len == 0 || req.len > MAX_PAYLOAD {
+                    return Err(WireError::BadField {
+                        field: "len",
+                        value: req.len,
+                    });
+                }
+                if req.count == 0 || req.count > MAX_STRIDED_PIECES {
+                    return Err(WireError::BadField {
+                        field: "count",
+                        value: req.count,
+                    });
+                }
+                // Both bounded above: len × count cannot overflow.
+                if req.len * req.count > MAX_PAYLOAD {
+                    return Err(WireError::BadField {
+                        field: "len",
+                        value: req.len,
+                    });
+                }
+                // The span's overflow and the pieces' overlap are the target's to refuse
+                // (with a status, the stream staying in frame): the payload size is sound.
+                if ty == ty::WRITE_STRIDED_REQ {
+                    Message::WriteStridedReq(req)
+                } else {
+                    Message::ReadStridedReq(req)
                 }
             }
             ty::READ_RESP => {
@@ -274,6 +310,35 @@ mod tests {
     use super::super::frame::put_header;
     use super::super::message::tests::samples;
     use super::*;
+
+    #[test]
+    fn strided_requests_with_bad_sizes_are_refused_by_field() {
+        let req = |len: u64, count: u64| {
+            let mut b = BytesMut::new();
+            Message::ReadStridedReq(StridedReq {
+                id: 1,
+                rkey: 2,
+                addr: 3,
+                len,
+                stride: len,
+                count,
+            })
+            .encode(&mut b);
+            Message::decode(&mut b)
+        };
+        assert!(matches!(req(8, 1024), Ok(Some(_))));
+        for (len, count, field) in [
+            (8, 0, "count"),
+            (8, MAX_STRIDED_PIECES + 1, "count"),
+            (0, 4, "len"),
+            (MAX_PAYLOAD / 4 + 1, 4, "len"),
+        ] {
+            match req(len, count) {
+                Err(WireError::BadField { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{len} x {count}: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn oversized_counts_and_lengths_are_refused() {

@@ -88,6 +88,19 @@ impl Message {
                     ty::READ_REQ
                 }
             }
+            Message::WriteStridedReq(r) | Message::ReadStridedReq(r) => {
+                out.put_u64_le(r.id);
+                out.put_u64_le(r.rkey);
+                out.put_u64_le(r.addr);
+                out.put_u64_le(r.len);
+                out.put_u64_le(r.stride);
+                out.put_u64_le(r.count);
+                if matches!(self, Message::WriteStridedReq(_)) {
+                    ty::WRITE_STRIDED_REQ
+                } else {
+                    ty::READ_STRIDED_REQ
+                }
+            }
             Message::ReadResp { id, status, len } => {
                 out.put_u64_le(*id);
                 out.put_u32_le(*status);

@@ -44,6 +44,35 @@ pub struct DataReq {
     pub len: u64,
 }
 
+/// A strided data-path request: `count` pieces of `len` bytes, piece `i` at
+/// `addr + i × stride` of the region with `rkey`. The payload (a write's, or a read's answer)
+/// is the pieces back to back: `len × count` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StridedReq {
+    /// Request id, echoed in the answer.
+    pub id: u64,
+    /// Key of the target region.
+    pub rkey: u64,
+    /// First piece's target address.
+    pub addr: u64,
+    /// Bytes per piece.
+    pub len: u64,
+    /// Distance between pieces.
+    pub stride: u64,
+    /// Pieces, 1..=[`MAX_STRIDED_PIECES`].
+    pub count: u64,
+}
+
+/// Pieces of one strided request at most.
+pub const MAX_STRIDED_PIECES: u64 = 1024;
+
+impl StridedReq {
+    /// Payload bytes: `len × count` (checked at decode to fit [`super::MAX_PAYLOAD`]).
+    pub fn bytes(&self) -> u64 {
+        self.len.saturating_mul(self.count)
+    }
+}
+
 /// Every message of the protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -108,6 +137,10 @@ pub enum Message {
     WriteReq(DataReq),
     /// Read target memory.
     ReadReq(DataReq),
+    /// Write the payload that follows into the pieces of target memory.
+    WriteStridedReq(StridedReq),
+    /// Read the pieces of target memory (answered by one `ReadResp` of their bytes).
+    ReadStridedReq(StridedReq),
     /// Answer to a `ReadReq`; a payload of `len` bytes follows when `status` is 0.
     ReadResp {
         /// Request id.
@@ -254,6 +287,22 @@ pub(super) mod tests {
                 rkey: 2,
                 addr: 3,
                 len: 4,
+            }),
+            Message::WriteStridedReq(StridedReq {
+                id: 1,
+                rkey: 2,
+                addr: 3,
+                len: 4,
+                stride: 8,
+                count: 5,
+            }),
+            Message::ReadStridedReq(StridedReq {
+                id: 1,
+                rkey: 2,
+                addr: 3,
+                len: 4,
+                stride: 4,
+                count: 1024,
             }),
             Message::ReadResp {
                 id: 1,

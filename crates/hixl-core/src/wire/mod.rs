@@ -21,12 +21,12 @@ mod message;
 pub mod ty;
 
 pub use data::{
-    encode_ack, encode_data_req, encode_read_resp, ACK_FRAME, DATA_REQ_BODY, DATA_REQ_FRAME,
-    READ_RESP_FRAME,
+    encode_ack, encode_data_req, encode_read_resp, encode_strided_req, ACK_FRAME, DATA_REQ_BODY,
+    DATA_REQ_FRAME, READ_RESP_FRAME, STRIDED_REQ_BODY, STRIDED_REQ_FRAME,
 };
 pub use error::WireError;
 pub use frame::FrameHeader;
-pub use message::{Channel, DataReq, FabricRegion, Message, NO_FD};
+pub use message::{Channel, DataReq, FabricRegion, Message, StridedReq, MAX_STRIDED_PIECES, NO_FD};
 
 /// `"HIXL"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIXL");

@@ -46,5 +46,9 @@ pub const AUTH_CHALLENGE: u8 = 21;
 pub const AUTH_RESPONSE: u8 = 22;
 /// [`super::Message::AuthProof`]
 pub const AUTH_PROOF: u8 = 23;
+/// [`super::Message::WriteStridedReq`]
+pub const WRITE_STRIDED_REQ: u8 = 24;
+/// [`super::Message::ReadStridedReq`]
+pub const READ_STRIDED_REQ: u8 = 25;
 /// The highest type number.
-pub const LAST: u8 = AUTH_PROOF;
+pub const LAST: u8 = READ_STRIDED_REQ;
