@@ -199,10 +199,14 @@ impl Batch for FabricBatch<'_> {
         &mut self,
         index: usize,
         d: &StridedDesc,
-        _local: &Arc<RegionInner>,
+        local: &Arc<RegionInner>,
         rkey: u64,
         keep: &mut Keeps,
     ) -> Result<Option<u32>> {
+        if d.count == 1 || d.len >= self.ch.chunk {
+            // Pieces of a chunk or more: each is split over the streams as a plain copy.
+            return crate::transport::add_pieces(self, index, d, local, rkey, keep);
+        }
         let Some(e) = self.ch.link.entry(rkey) else {
             return Ok(None);
         };

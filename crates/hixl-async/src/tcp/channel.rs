@@ -246,18 +246,7 @@ impl Batch for TcpBatch<'_> {
     ) -> Result<Option<u32>> {
         if d.count == 1 || d.len.saturating_mul(2) > self.ch.chunk {
             // The default: each piece as a plain descriptor.
-            let mut parts = 0u32;
-            for i in 0..d.count {
-                let Some(n) = self.add(index, &d.piece(i), local, rkey, keep)? else {
-                    return Ok(None);
-                };
-                parts = parts
-                    .checked_add(n)
-                    .ok_or_else(|| Error::ResourceExhausted {
-                        what: "more than 2^32 parts in one transfer".into(),
-                    })?;
-            }
-            return Ok(Some(parts));
+            return crate::transport::add_pieces(self, index, d, local, rkey, keep);
         }
         let n = self.ch.conns.len();
         if n == 0 {

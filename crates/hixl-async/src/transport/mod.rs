@@ -288,30 +288,47 @@ pub(crate) trait Batch {
         rkey: u64,
         keep: &mut Keeps,
     ) -> Result<Option<u32>> {
-        let mut parts = 0u32;
-        for i in 0..d.count {
-            match self.add(index, &d.piece(i), local, rkey, keep)? {
-                Some(n) => {
-                    parts = parts
-                        .checked_add(n)
-                        .ok_or_else(|| Error::ResourceExhausted {
-                            what: "more than 2^32 parts in one transfer".into(),
-                        })?
-                }
-                // Every piece lies in the same two regions: a channel reaches all or none.
-                None if i == 0 => return Ok(None),
-                None => {
-                    return Err(Error::Internal {
-                        what: "a channel reached only some pieces of a strided descriptor",
-                    })
-                }
-            }
-        }
-        Ok(Some(parts))
+        add_pieces(self, index, d, local, rkey, keep)
     }
 
     /// Posts what was added. Every part resolves through `sink`.
     fn post(self: Box<Self>, sink: &Completions);
+}
+
+/// Adds each piece of a strided descriptor to `b` as a plain descriptor (the default of
+/// [`Batch::add_strided`], and what a transport does with pieces too large to gain from its
+/// own strided operation).
+///
+/// # Errors
+/// As [`Batch::add`].
+pub(crate) fn add_pieces<B: Batch + ?Sized>(
+    b: &mut B,
+    index: usize,
+    d: &StridedDesc,
+    local: &Arc<RegionInner>,
+    rkey: u64,
+    keep: &mut Keeps,
+) -> Result<Option<u32>> {
+    let mut parts = 0u32;
+    for i in 0..d.count {
+        match b.add(index, &d.piece(i), local, rkey, keep)? {
+            Some(n) => {
+                parts = parts
+                    .checked_add(n)
+                    .ok_or_else(|| Error::ResourceExhausted {
+                        what: "more than 2^32 parts in one transfer".into(),
+                    })?
+            }
+            // Every piece lies in the same two regions: a channel reaches all or none.
+            None if i == 0 => return Ok(None),
+            None => {
+                return Err(Error::Internal {
+                    what: "a channel reached only some pieces of a strided descriptor",
+                })
+            }
+        }
+    }
+    Ok(Some(parts))
 }
 
 /// What a transfer asks of the link that posted it: progress while it spins, and, when it is
