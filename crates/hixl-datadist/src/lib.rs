@@ -18,6 +18,7 @@ pub mod models;
 pub mod options;
 pub mod status;
 pub mod table;
+pub mod tp;
 
 pub use cache::{
     BlocksCacheKey, CacheDesc, CacheIndex, CacheKey, DataType, KvCacheExtParam, Placement,
@@ -26,3 +27,4 @@ pub use datadist::{Cache, ClusterInfo, LeaseEvents, LlmDataDist, LlmRole, MAX_CL
 pub use layerwise::{LayerTarget, LayerwiseReport};
 pub use lease::{EndedLease, LeaseEnd, LeaseGrant};
 pub use status::{BlockFailure, DataDistError, LlmStatus, Result};
+pub use tp::{KvLayout, KvShard};

@@ -33,6 +33,9 @@ pub struct CacheEntry {
     /// Request keys of a contiguous cache, each with the batch entry it names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keys: Vec<(CacheKey, u32)>,
+    /// The KV heads the cache holds, when it is one rank of a tensor-parallel group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::tp::KvShard>,
 }
 
 /// A cluster's published caches.
@@ -127,6 +130,7 @@ mod tests {
                 desc: CacheDesc::host(2, DataType::BFloat16, vec![4, 16]),
                 addrs: vec![0x1000, 0x2000],
                 keys: vec![(CacheKey::new(7, 3), 1)],
+                shard: None,
             }],
         };
         assert_eq!(CacheTable::decode(&t.encode()).unwrap(), t);

@@ -58,6 +58,7 @@ impl LlmDataDist {
                     desc: desc.clone(),
                     addrs: addrs.clone(),
                     keys: keys.iter().zip(0u32..).map(|(&k, b)| (k, b)).collect(),
+                    shard: None,
                 },
                 regions: regions.clone(),
             },

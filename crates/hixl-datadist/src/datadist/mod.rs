@@ -19,6 +19,7 @@ mod leases;
 pub use leases::LeaseEvents;
 mod links;
 mod local;
+mod reshard;
 mod transfers;
 
 /// At most this many clusters per link or unlink call.

@@ -1,0 +1,188 @@
+//! Pulls across tensor-parallel sizes: a decode rank's heads from the prefill ranks that hold
+//! them, each head slice moved by strided descriptors straight into the decode layout.
+
+use std::collections::HashMap;
+
+use hixl_async::Peer;
+use hixl_core::TransferOp;
+
+use super::{poisoned, Cache, LlmDataDist};
+use crate::cache::{coalesce, layer_tensors, BlocksCacheKey, KvCacheExtParam};
+use crate::status::{BlockFailure, DataDistError, LlmStatus, Result};
+use crate::table::CacheEntry;
+use crate::tp::{plan_heads, slice_descs, KvShard, ShardSide};
+
+impl LlmDataDist {
+    /// Declares which KV heads cache `cache_id` holds: rank `shard.tp_rank` of a group of
+    /// `shard.tp_size` (its shape is checked against it). Peers see it in the cache table, and
+    /// [`LlmDataDist::pull_kv_blocks_resharded`] plans with it.
+    ///
+    /// # Errors
+    /// `LLM_KV_CACHE_NOT_EXIST` for an unknown cache; `LLM_PARAM_INVALID` when the shard or
+    /// the cache's shape does not fit.
+    pub async fn set_kv_shard(&self, cache_id: i64, shard: KvShard) -> Result<()> {
+        let inner = self.inner()?;
+        {
+            let mut st = inner.state.lock().map_err(|_| poisoned())?;
+            let l = st.caches.get_mut(&cache_id).ok_or_else(|| {
+                DataDistError::new(
+                    LlmStatus::KvCacheNotExist,
+                    format!("cache {cache_id} is not registered here"),
+                )
+            })?;
+            shard.check(&l.entry.desc)?;
+            l.entry.shard = Some(shard);
+        }
+        self.publish().await
+    }
+
+    /// Pulls `src_blocks` into `dst_blocks` of `dst` (a decode rank's cache with a shard) from
+    /// the prefill ranks' blocks caches `prefill` (one key per prefill rank, each with a shard
+    /// of the same group, all linked): each of `dst`'s heads comes from a prefill rank that
+    /// holds it, as strided descriptors per (layer, prefill rank), all in flight at once. NHD
+    /// and HND layouts, MHA and GQA (replicated heads when the group is larger than the heads),
+    /// and MLA (the latent from one rank, unsplit). On failure the error lists the (layer,
+    /// block) pairs that did not land.
+    ///
+    /// # Errors
+    /// `LLM_PARAM_INVALID` when a cache has no shard, the prefill shards are not one whole
+    /// group, or the layouts differ; otherwise as [`LlmDataDist::pull_kv_blocks`].
+    pub async fn pull_kv_blocks_resharded(
+        &self,
+        prefill: &[BlocksCacheKey],
+        dst: &Cache,
+        src_blocks: &[u64],
+        dst_blocks: &[u64],
+        ext: &KvCacheExtParam,
+    ) -> Result<()> {
+        let inner = self.inner()?;
+        let timeout = inner.opts.sync_wait;
+        let dshard = {
+            let st = inner.state.lock().map_err(|_| poisoned())?;
+            st.caches
+                .get(&dst.cache_id)
+                .and_then(|l| l.entry.shard)
+                .ok_or_else(|| {
+                    DataDistError::param(format!(
+                        "cache {} has no KV shard (set_kv_shard)",
+                        dst.cache_id
+                    ))
+                })?
+        };
+        let tokens = dshard.check(&dst.desc)?;
+        let mut ranks: HashMap<u32, (Peer, CacheEntry, KvShard)> = HashMap::new();
+        let mut ptp = None;
+        for &key in prefill {
+            let (peer, e) = self.remote_for(key).await?;
+            let s = e.shard.ok_or_else(|| {
+                DataDistError::param(format!("prefill cache {key:?} has no KV shard"))
+            })?;
+            if *ptp.get_or_insert(s.tp_size) != s.tp_size {
+                return Err(DataDistError::param(format!(
+                    "prefill cache {key:?} is of TP size {}, another of {}",
+                    s.tp_size,
+                    ptp.unwrap_or(0)
+                )));
+            }
+            if ranks.insert(s.tp_rank, (peer, e, s)).is_some() {
+                return Err(DataDistError::param(format!(
+                    "two prefill caches are TP rank {}",
+                    s.tp_rank
+                )));
+            }
+        }
+        let ptp = ptp.ok_or_else(|| DataDistError::param("no prefill caches"))?;
+        let plan = plan_heads(&dshard, ptp)?;
+        let src_units = ranks
+            .values()
+            .map(|(_, e, _)| e.desc.units())
+            .next()
+            .transpose()?;
+        let runs = coalesce(
+            src_blocks,
+            dst_blocks,
+            src_units.unwrap_or(0),
+            dst.desc.units()?,
+        )?;
+        let n = ext.tensor_num_per_layer;
+        let dst_t = layer_tensors(ext.dst_layer_range.as_ref(), n, dst.desc.num_tensors)?;
+        // (layers, prefill rank) → descriptors.
+        let mut jobs = Vec::new();
+        for slice in &plan {
+            let (peer, e, s) = ranks.get(&slice.prefill_rank).ok_or_else(|| {
+                DataDistError::param(format!(
+                    "heads {:?} are on prefill rank {}, which is not among the caches given",
+                    slice.heads, slice.prefill_rank
+                ))
+            })?;
+            let src_tokens = s.check(&e.desc)?;
+            let src_t = layer_tensors(ext.src_layer_range.as_ref(), n, e.desc.num_tensors)?;
+            if src_t.len() != dst_t.len() || e.desc.data_type != dst.desc.data_type {
+                return Err(DataDistError::param(format!(
+                    "prefill rank {} covers {} tensors of {:?}, decode {} of {:?}",
+                    slice.prefill_rank,
+                    src_t.len(),
+                    e.desc.data_type,
+                    dst_t.len(),
+                    dst.desc.data_type
+                )));
+            }
+            for (sl, dl) in (src_t.start / n..src_t.end / n).zip(dst_t.start / n..dst_t.end / n) {
+                let mut descs = Vec::new();
+                for k in 0..n {
+                    let (ts, td) = ((sl * n + k) as usize, (dl * n + k) as usize);
+                    let (Some(&sa), Some(&da)) = (e.addrs.get(ts), dst.tensor_addrs.get(td)) else {
+                        return Err(DataDistError::param(format!(
+                            "tensor {ts} or {td} does not exist"
+                        )));
+                    };
+                    let elem = dst.desc.data_type.size();
+                    let src = ShardSide {
+                        addr: sa,
+                        shard: *s,
+                        tokens: src_tokens,
+                        elem,
+                    };
+                    let dside = ShardSide {
+                        addr: da,
+                        shard: dshard,
+                        tokens,
+                        elem,
+                    };
+                    descs.extend(slice_descs(&src, &dside, slice, &runs)?);
+                }
+                jobs.push(((sl, dl), peer.clone(), descs));
+            }
+        }
+        let results = futures::future::join_all(
+            jobs.iter()
+                .map(|(_, peer, d)| peer.transfer_strided(TransferOp::Read, d).timeout(timeout)),
+        )
+        .await;
+        let mut first = None;
+        let mut failed = Vec::new();
+        for (((src_layer, dst_layer), _, _), r) in jobs.iter().zip(results) {
+            let Err(e) = r else { continue };
+            first.get_or_insert(e);
+            for r in &runs {
+                failed.extend((0..r.count).map(|i| BlockFailure {
+                    src_layer: *src_layer,
+                    dst_layer: *dst_layer,
+                    src_block: r.src + i,
+                    dst_block: r.dst + i,
+                }));
+            }
+        }
+        let Some(cause) = first else { return Ok(()) };
+        failed.sort_unstable();
+        failed.dedup();
+        let mut e = DataDistError::from(cause);
+        e.message = format!(
+            "{} (layer, block) pairs did not land (the others did): {}",
+            failed.len(),
+            e.message
+        );
+        e.failed = failed.into_boxed_slice();
+        Err(e)
+    }
+}

@@ -1,0 +1,259 @@
+//! Heterogeneous TP between two real processes: a prefill group of P_TP ranks (the child: P
+//! clusters in one process) and decode ranks of D_TP (this process). Each decode rank pulls
+//! its heads of scattered blocks from the prefill ranks that hold them; every byte of every
+//! head slice is checked in the decode layout, and blocks not pulled stay untouched.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hixl_datadist::{
+    BlocksCacheKey, Cache, CacheDesc, ClusterInfo, DataType, KvCacheExtParam, KvLayout, KvShard,
+    LlmDataDist, LlmRole,
+};
+
+const T: Duration = Duration::from_secs(10);
+const HEADS: u32 = 8;
+const HEAD_DIM: u32 = 16;
+const TOKENS: i64 = 4;
+const BLOCKS: i64 = 16;
+/// 2 layers × K, V.
+const TENSORS: u32 = 4;
+
+fn shard(rank: u32, tp: u32, layout: KvLayout) -> KvShard {
+    KvShard {
+        tp_rank: rank,
+        tp_size: tp,
+        total_heads: HEADS,
+        head_dim: HEAD_DIM,
+        layout,
+        mla: false,
+    }
+}
+
+fn desc(s: &KvShard) -> CacheDesc {
+    let h = s.heads().unwrap();
+    let n = i64::from(h.end - h.start);
+    let shape = match s.layout {
+        KvLayout::Nhd => vec![BLOCKS, TOKENS, n, i64::from(HEAD_DIM)],
+        KvLayout::Hnd => vec![BLOCKS, n, TOKENS, i64::from(HEAD_DIM)],
+    };
+    CacheDesc::host(TENSORS, DataType::BFloat16, shape)
+}
+
+/// The byte at (tensor, block, token, global head, byte of the head).
+fn byte(t: usize, b: u64, tok: u64, g: u32, e: u64) -> u8 {
+    ((t as u64) * 131 + b * 37 + tok * 11 + u64::from(g) * 5 + e) as u8 | 0x80
+}
+
+/// Block `b` of tensor `t` of a cache holding `s`'s heads, as the layout lays it out, with
+/// the pattern of source block `src`.
+fn block_bytes(s: &KvShard, t: usize, src: u64) -> Vec<u8> {
+    let h = s.heads().unwrap();
+    let hb = u64::from(HEAD_DIM) * 2;
+    let mut v = Vec::new();
+    match s.layout {
+        KvLayout::Nhd => {
+            for tok in 0..TOKENS as u64 {
+                for g in h.clone() {
+                    v.extend((0..hb).map(|e| byte(t, src, tok, g, e)));
+                }
+            }
+        }
+        KvLayout::Hnd => {
+            for g in h.clone() {
+                for tok in 0..TOKENS as u64 {
+                    v.extend((0..hb).map(|e| byte(t, src, tok, g, e)));
+                }
+            }
+        }
+    }
+    v
+}
+
+fn key(cluster: u64) -> BlocksCacheKey {
+    BlocksCacheKey {
+        cluster_id: cluster,
+        model_id: 0,
+    }
+}
+
+async fn started(cluster: u64, role: LlmRole, transport: &str) -> LlmDataDist {
+    let mut dd = LlmDataDist::new(cluster, role);
+    dd.initialize(&[
+        ("llm.ListenIpInfo", "127.0.0.1:0"),
+        ("hixl.Transport", transport),
+    ])
+    .await
+    .unwrap();
+    dd
+}
+
+fn layout_of(s: &str) -> KvLayout {
+    if s == "hnd" {
+        KvLayout::Hnd
+    } else {
+        KvLayout::Nhd
+    }
+}
+
+/// The prefill group (ignored as a test: `spawn` runs it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the prefill group of the reshard tests; spawn runs it"]
+async fn prefill_group_entry() {
+    let Ok(spec) = std::env::var("HIXL_RESHARD_PREFILL") else {
+        return;
+    };
+    let mut w = spec.split(',');
+    let (ptp, layout, transport) = (
+        w.next().unwrap().parse::<u32>().unwrap(),
+        layout_of(w.next().unwrap()),
+        w.next().unwrap().to_string(),
+    );
+    let mut ranks = Vec::new();
+    let mut addrs = Vec::new();
+    for p in 0..ptp {
+        let dd = started(10 + u64::from(p), LlmRole::Prompt, &transport).await;
+        let s = shard(p, ptp, layout);
+        let c = dd
+            .allocate_kv_cache(desc(&s), Some(key(10 + u64::from(p))))
+            .await
+            .unwrap();
+        dd.set_kv_shard(c.cache_id, s).await.unwrap();
+        let stride = c.desc.stride().unwrap();
+        for t in 0..TENSORS as usize {
+            for b in 0..BLOCKS as u64 {
+                c.tensor(t)
+                    .unwrap()
+                    .write_at(b * stride, &block_bytes(&s, t, b))
+                    .unwrap();
+            }
+        }
+        addrs.push(dd.listen_addr().unwrap());
+        ranks.push((dd, c));
+    }
+    println!("READY {}", addrs.join(" "));
+    // Until the parent closes our stdin.
+    let _ = tokio::task::spawn_blocking(|| std::io::stdin().lines().count()).await;
+}
+
+async fn reshard(ptp: u32, dtp: u32, layout: &str, transport: &str) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "prefill_group_entry",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            "HIXL_RESHARD_PREFILL",
+            format!("{ptp},{layout},{transport}"),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addrs: Vec<String> = loop {
+        let l = lines.next().expect("prefill group exited").unwrap();
+        if let Some(i) = l.find("READY ") {
+            break l[i + 6..].split_whitespace().map(String::from).collect();
+        }
+    };
+    let lay = layout_of(layout);
+    // Scattered blocks with runs on both sides.
+    let src = [1u64, 2, 3, 7, 9, 10, 15];
+    let dst = [0u64, 1, 2, 5, 6, 7, 12];
+    let pulled: std::collections::HashMap<u64, u64> = dst.iter().copied().zip(src).collect();
+    for d in 0..dtp {
+        let dd = started(100 + u64::from(d), LlmRole::Decoder, transport).await;
+        let s = shard(d, dtp, lay);
+        let c = dd.allocate_kv_cache(desc(&s), None).await.unwrap();
+        dd.set_kv_shard(c.cache_id, s).await.unwrap();
+        let clusters: Vec<ClusterInfo> = addrs
+            .iter()
+            .enumerate()
+            .map(|(p, a)| ClusterInfo {
+                remote_cluster_id: 10 + p as u64,
+                remote_addr: a.clone(),
+            })
+            .collect();
+        for r in dd.link_clusters(&clusters, T).await.unwrap() {
+            r.unwrap();
+        }
+        let keys: Vec<BlocksCacheKey> = (0..ptp).map(|p| key(10 + u64::from(p))).collect();
+        dd.pull_kv_blocks_resharded(&keys, &c, &src, &dst, &KvCacheExtParam::default())
+            .await
+            .unwrap();
+        let stride = c.desc.stride().unwrap() as usize;
+        let mut got = vec![0u8; stride];
+        for t in 0..TENSORS as usize {
+            for b in 0..BLOCKS as u64 {
+                c.tensor(t)
+                    .unwrap()
+                    .read_at(b * stride as u64, &mut got)
+                    .unwrap();
+                match pulled.get(&b) {
+                    Some(&from) => assert!(
+                        got == block_bytes(&s, t, from),
+                        "{transport} {layout} P_TP={ptp} D_TP={dtp}: decode rank {d} tensor {t} block {b} (from {from}) differs"
+                    ),
+                    None => assert!(
+                        got.iter().all(|&x| x == 0),
+                        "{transport} {layout}: block {b} was not pulled but written"
+                    ),
+                }
+            }
+        }
+        // A decode rank's heads on a prefill rank that was not given: refused by name.
+        if ptp > 1 {
+            let e = dd
+                .pull_kv_blocks_resharded(&keys[..1], &c, &src, &dst, &KvCacheExtParam::default())
+                .await;
+            if d > 0 {
+                let e = e.unwrap_err();
+                assert!(e.message.contains("prefill rank"), "{e}");
+            }
+        }
+    }
+    drop(child.stdin.take());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_tp4_to_decode_tp2_and_tp1_to_tp2_over_tcp() {
+    for layout in ["nhd", "hnd"] {
+        reshard(4, 2, layout, "tcp").await;
+        reshard(1, 2, layout, "tcp").await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_tp4_to_decode_tp2_and_tp1_to_tp2_over_the_fabric() {
+    for layout in ["nhd", "hnd"] {
+        reshard(4, 2, layout, "fabric").await;
+        reshard(1, 2, layout, "fabric").await;
+    }
+}
+
+/// Cache and shard that do not fit are refused, naming the shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_must_fit_its_cache() {
+    let dd = started(1, LlmRole::Decoder, "tcp").await;
+    let s = shard(0, 2, KvLayout::Nhd);
+    let c: Cache = dd.allocate_kv_cache(desc(&s), None).await.unwrap();
+    let wrong = shard(0, 4, KvLayout::Nhd);
+    let e = dd.set_kv_shard(c.cache_id, wrong).await.unwrap_err();
+    assert!(e.message.contains("does not match the shape"), "{e}");
+    let e = dd
+        .set_kv_shard(c.cache_id, shard(0, 3, KvLayout::Nhd))
+        .await;
+    assert!(e.unwrap_err().message.contains("do not divide"));
+    let e = dd
+        .pull_kv_blocks_resharded(&[key(9)], &c, &[0], &[0], &KvCacheExtParam::default())
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("no KV shard"), "{e}");
+}
