@@ -28,6 +28,12 @@ pub struct ModelGeometry {
     pub block_tokens: u64,
     /// Cache tensors per layer.
     pub caches_per_layer: Vec<CacheKind>,
+    /// KV heads (MHA/GQA models; `None` for MLA).
+    #[serde(default)]
+    pub kv_heads: Option<u32>,
+    /// Elements per head (MHA/GQA models).
+    #[serde(default)]
+    pub head_dim: Option<u32>,
     /// Where the figures come from.
     pub config: String,
 }
@@ -60,6 +66,53 @@ pub fn by_name(name: &str) -> Result<ModelGeometry> {
 }
 
 impl ModelGeometry {
+    /// The paged cache of TP rank `rank` of `tp` (NHD: `[blocks, block_tokens, heads/tp,
+    /// head_dim]`; HND: `[blocks, heads/tp, block_tokens, head_dim]`; K,V,K,V… tensors) and
+    /// its shard, for an MHA/GQA model.
+    ///
+    /// # Errors
+    /// `LLM_PARAM_INVALID` for an MLA model or a TP size the heads do not divide over.
+    pub fn sharded_cache(
+        &self,
+        blocks: u64,
+        block_tokens: u64,
+        rank: u32,
+        tp: u32,
+        layout: crate::tp::KvLayout,
+    ) -> Result<(CacheDesc, crate::tp::KvShard)> {
+        let (Some(h), Some(d)) = (self.kv_heads, self.head_dim) else {
+            return Err(DataDistError::param(format!(
+                "{} has no KV heads to shard (MLA)",
+                self.name
+            )));
+        };
+        let shard = crate::tp::KvShard {
+            tp_rank: rank,
+            tp_size: tp,
+            total_heads: h,
+            head_dim: d,
+            layout,
+            mla: false,
+        };
+        let heads = shard.heads()?;
+        let n_heads = i64::from(heads.end - heads.start);
+        let n = self.caches_per_layer.len() as u32;
+        let desc = CacheDesc::host(
+            self.layers * n,
+            DataType::BFloat16,
+            match layout {
+                crate::tp::KvLayout::Nhd => {
+                    vec![blocks as i64, block_tokens as i64, n_heads, i64::from(d)]
+                }
+                crate::tp::KvLayout::Hnd => {
+                    vec![blocks as i64, n_heads, block_tokens as i64, i64::from(d)]
+                }
+            },
+        );
+        shard.check(&desc)?;
+        Ok((desc, shard))
+    }
+
     /// KV bytes of `tokens` tokens over all layers.
     pub fn bytes_for(&self, tokens: u64) -> u64 {
         let per_token: u64 = self

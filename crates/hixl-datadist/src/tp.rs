@@ -98,10 +98,12 @@ impl KvShard {
         let tokens = match (self.layout, s.as_slice()) {
             (KvLayout::Nhd, [_, t, h, e]) if *h == n && *e == d => *t,
             (KvLayout::Hnd, [_, h, t, e]) if *h == n && *e == d => *t,
-            _ => return Err(DataDistError::param(format!(
+            _ => {
+                return Err(DataDistError::param(format!(
                 "shard of rank {} of {} ({n} heads of {d}, {:?}) does not match the shape {s:?}",
                 self.tp_rank, self.tp_size, self.layout
-            ))),
+            )))
+            }
         };
         if tokens <= 0 {
             return Err(DataDistError::param(format!("shape {s:?} has no tokens")));
