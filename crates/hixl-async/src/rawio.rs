@@ -55,8 +55,7 @@ impl<'a> RawRange<'a> {
         }
     }
 
-    /// The empty range (for a send with nothing but a header).
-    #[cfg(test)]
+    /// The empty range (a placeholder: nothing is ever read or written through it).
     pub(crate) fn empty() -> RawRange<'static> {
         RawRange {
             ptr: std::ptr::NonNull::dangling().as_ptr(),
@@ -314,6 +313,10 @@ impl PartRange {
     /// `count` pieces of `piece` bytes, `stride` apart from `addr` (a strided part), the span
     /// already checked to lie in one registered region and `stride ≥ piece`.
     pub(crate) fn strided(addr: u64, piece: u64, stride: u64, count: u64) -> PartRange {
+        if stride == piece {
+            // Back to back: one contiguous range.
+            return PartRange::new(addr, piece * count);
+        }
         PartRange {
             addr,
             len: piece * count,

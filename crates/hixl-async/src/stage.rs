@@ -92,16 +92,26 @@ impl Stage {
     /// Callers consume what the stage holds before asking the socket for more, so a receive
     /// into `dst` finds the stage empty, and one for the next frame finds less than a frame.
     pub(crate) fn recv_now(&mut self, fd: RawFd, dst: Option<RawRange<'_>>) -> io::Result<Got> {
+        match dst {
+            Some(d) => self.recv_now_into(fd, &[d]),
+            None => self.recv_now_into(fd, &[]),
+        }
+    }
+
+    /// [`Stage::recv_now`] into several ranges in order (the pieces of a strided part, at
+    /// most [`MAX_SCATTER`] of them), then the stage: one `recvmsg` lands many pieces in place.
+    pub(crate) fn recv_now_into(&mut self, fd: RawFd, dsts: &[RawRange<'_>]) -> io::Result<Got> {
         self.make_room();
-        let dst_len = dst.map_or(0, |d| d.len());
-        let mut iov = [rawio::NO_IOV; 2];
+        let mut iov = [rawio::NO_IOV; MAX_SCATTER + 1];
         let mut n_iov = 0;
-        if let Some(d) = dst.filter(|d| d.len() > 0) {
-            iov[0] = libc::iovec {
+        let mut dst_len = 0;
+        for d in dsts.iter().take(MAX_SCATTER).filter(|d| d.len() > 0) {
+            iov[n_iov] = libc::iovec {
                 iov_base: d.as_ptr().cast(),
                 iov_len: d.len(),
             };
-            n_iov = 1;
+            n_iov += 1;
+            dst_len += d.len();
         }
         let spare = &mut self.buf[self.end..];
         iov[n_iov] = libc::iovec {
@@ -109,8 +119,8 @@ impl Stage {
             iov_len: spare.len(),
         };
         n_iov += 1;
-        // The iovecs cover `dst` (writable for its life: contract of RawRange::new) and the
-        // stage's spare bytes, exclusively borrowed (`spare`) until the call returns.
+        // The iovecs cover the ranges (writable for their lives: contract of RawRange::new)
+        // and the stage's spare bytes, exclusively borrowed (`spare`) until the call returns.
         let n = rawio::recvmsg_now(fd, &mut iov[..n_iov])?;
         let into_dst = n.min(dst_len);
         let staged = n - into_dst;
@@ -131,6 +141,9 @@ impl Stage {
         }
     }
 }
+
+/// Ranges one receive scatters into at most (besides the stage).
+pub(crate) const MAX_SCATTER: usize = 64;
 
 /// Receives into `dst` (when given) and then `stage`: at once if bytes are there, else
 /// spinning on nonblocking receives for up to `quiet` (in slices between which the task

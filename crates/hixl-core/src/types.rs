@@ -134,6 +134,23 @@ impl StridedDesc {
         )
     }
 
+    /// The same bytes with back-to-back pieces merged: a descriptor whose pieces touch on
+    /// both sides (both strides equal `len`) is one piece of `len × count` (checked spans do
+    /// not overflow).
+    pub const fn merged(&self) -> StridedDesc {
+        if self.count > 1 && self.local_stride == self.len && self.remote_stride == self.len {
+            StridedDesc {
+                len: self.len.wrapping_mul(self.count),
+                local_stride: self.len.wrapping_mul(self.count),
+                remote_stride: self.len.wrapping_mul(self.count),
+                count: 1,
+                ..*self
+            }
+        } else {
+            *self
+        }
+    }
+
     /// Bytes moved: `len × count`, if it does not overflow.
     pub const fn bytes(&self) -> Option<u64> {
         self.len.checked_mul(self.count)

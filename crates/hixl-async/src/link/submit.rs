@@ -57,7 +57,8 @@ impl Desc for StridedDesc {
         rkey: u64,
         keep: &mut Keeps,
     ) -> Result<Option<u32>> {
-        b.add_strided(index, self, local, rkey, keep)
+        // Checked by its spans already: merging back-to-back pieces cannot overflow.
+        b.add_strided(index, &self.merged(), local, rkey, keep)
     }
 }
 

@@ -38,9 +38,9 @@ use super::uring::{Piece, Uring};
 use crate::completion::Completion;
 use crate::context::OpsHandle;
 use crate::link_state::LinkState;
-use crate::rawio::{self, PartRange, Watched};
+use crate::rawio::{self, PartRange, RawRange, Watched};
 use crate::sink::Completions;
-use crate::stage::Stage;
+use crate::stage::{Stage, MAX_SCATTER};
 use crate::sync::lock;
 
 /// One piece of a transfer on one connection. Its local bytes stay valid until it is
@@ -718,11 +718,18 @@ impl Rx {
                     }
                 }
                 if got < total {
-                    // SAFETY: as above.
-                    let dst = unsafe { front.local.raw_at(got as u64) };
-                    // The rest of the piece, and whatever follows it (more pieces, answers),
-                    // in one receive.
-                    match self.stage.recv_now(fd, Some(dst)) {
+                    // The rest of the payload, piece by piece (up to MAX_SCATTER pieces of a
+                    // strided part), and whatever follows it, in one receive.
+                    let mut dsts = [RawRange::empty(); MAX_SCATTER];
+                    let (mut k, mut at) = (0, got as u64);
+                    while k < MAX_SCATTER && at < total as u64 {
+                        // SAFETY: as above.
+                        let d = unsafe { front.local.raw_at(at) };
+                        at += d.len() as u64;
+                        dsts[k] = d;
+                        k += 1;
+                    }
+                    match self.stage.recv_now_into(fd, &dsts[..k]) {
                         Ok(g) if g.is_eof() => {
                             return Err(lost(peer, "connection closed inside a read payload"))
                         }

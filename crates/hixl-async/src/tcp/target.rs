@@ -89,6 +89,17 @@ impl Answers {
                 pieces[n] = Piece::Head(&self.frames[at..*end]);
                 n += 1;
                 at = *end;
+                // Back-to-back pieces go out as one range.
+                let p = if p.stride == p.len {
+                    Pieces {
+                        len: p.len * p.count,
+                        stride: p.len * p.count,
+                        count: 1,
+                        ..*p
+                    }
+                } else {
+                    *p
+                };
                 for i in 0..p.count {
                     if n == ANSWER_IOV {
                         send_answers(sock, &pieces[..n]).await?;
@@ -372,6 +383,17 @@ async fn serve_loop(
                 // goes out before the write's lands.
                 answers.flush(sock).await?;
             }
+            // Back-to-back pieces land as one range.
+            let pieces = if pieces.stride == pieces.len {
+                Pieces {
+                    len: total,
+                    stride: total,
+                    count: 1,
+                    ..pieces
+                }
+            } else {
+                pieces
+            };
             let status = match checked {
                 Ok(lease) => {
                     for i in 0..pieces.count {
