@@ -36,6 +36,11 @@ fn thousands_of_descriptors_per_call() {
 }
 
 #[test]
+fn strided_descriptors_as_one_chain() {
+    transfers::strided_descriptors_as_one_chain();
+}
+
+#[test]
 fn a_dropped_transfer_posts_nothing_more_from_its_backlog() {
     transfers::a_dropped_transfer_posts_nothing_more_from_its_backlog();
 }
