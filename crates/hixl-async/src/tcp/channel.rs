@@ -156,6 +156,37 @@ impl<'a> TcpBatch<'a> {
         }
     }
 
+    /// The link's data connections, with a part list for each once the batch takes its first
+    /// descriptor; `None` without connections.
+    fn start(&mut self) -> Option<usize> {
+        let n = self.ch.conns.len();
+        if n == 0 {
+            return None;
+        }
+        if self.per.is_empty() {
+            self.per = (0..n).map(|_| Vec::new()).collect();
+            self.k = if self.ch.wide.load(Ordering::Relaxed) {
+                self.ch.next.fetch_add(1, Ordering::Relaxed)
+            } else {
+                0
+            };
+        }
+        Some(n)
+    }
+
+    /// The connection of the next part, of `bytes` bytes: the first while the channel is
+    /// narrow, then round robin (the channel widens past `WIDE_BYTES` in one batch).
+    fn place(&mut self, n: usize, bytes: u64) -> usize {
+        let wide = self.ch.wide.load(Ordering::Relaxed);
+        if self.bytes >= WIDE_BYTES && !wide {
+            self.ch.wide.store(true, Ordering::Relaxed);
+        }
+        self.bytes += bytes;
+        let conn = if wide { self.k % n } else { 0 };
+        self.k = self.k.wrapping_add(1);
+        conn
+    }
+
     /// [`Batch::post`] without the box: hands each connection its parts; those of a dead
     /// connection fail with the link's cause.
     fn post_now(self, sink: &Completions) {
@@ -188,32 +219,17 @@ impl Batch for TcpBatch<'_> {
         rkey: u64,
         _keep: &mut Keeps,
     ) -> Result<Option<u32>> {
-        let n = self.ch.conns.len();
-        if n == 0 {
+        let Some(n) = self.start() else {
             return Ok(None);
-        }
-        if self.per.is_empty() {
-            self.per = (0..n).map(|_| Vec::new()).collect();
-            self.k = if self.ch.wide.load(Ordering::Relaxed) {
-                self.ch.next.fetch_add(1, Ordering::Relaxed)
-            } else {
-                0
-            };
-        }
+        };
         let parts =
             u32::try_from(d.len.div_ceil(self.ch.chunk)).map_err(|_| Error::ResourceExhausted {
                 what: "more than 2^32 parts in one transfer".into(),
             })?;
         let mut off = 0;
         while off < d.len {
-            let wide = self.ch.wide.load(Ordering::Relaxed);
-            if self.bytes >= WIDE_BYTES && !wide {
-                self.ch.wide.store(true, Ordering::Relaxed);
-            }
             let len = self.ch.chunk.min(d.len - off);
-            self.bytes += len;
-            // Narrow: every part on the first connection.
-            let conn = if wide { self.k % n } else { 0 };
+            let conn = self.place(n, len);
             self.per[conn].push(Part {
                 token: self.token,
                 write: self.write,
@@ -226,7 +242,6 @@ impl Batch for TcpBatch<'_> {
                 },
                 strided: None,
             });
-            self.k = self.k.wrapping_add(1);
             off += len;
         }
         Ok(Some(parts))
@@ -248,18 +263,9 @@ impl Batch for TcpBatch<'_> {
             // The default: each piece as a plain descriptor.
             return crate::transport::add_pieces(self, index, d, local, rkey, keep);
         }
-        let n = self.ch.conns.len();
-        if n == 0 {
+        let Some(n) = self.start() else {
             return Ok(None);
-        }
-        if self.per.is_empty() {
-            self.per = (0..n).map(|_| Vec::new()).collect();
-            self.k = if self.ch.wide.load(Ordering::Relaxed) {
-                self.ch.next.fetch_add(1, Ordering::Relaxed)
-            } else {
-                0
-            };
-        }
+        };
         let per_part = (self.ch.chunk / d.len).clamp(1, MAX_STRIDED_PIECES);
         let parts =
             u32::try_from(d.count.div_ceil(per_part)).map_err(|_| Error::ResourceExhausted {
@@ -267,14 +273,9 @@ impl Batch for TcpBatch<'_> {
             })?;
         let mut first = 0;
         while first < d.count {
-            let wide = self.ch.wide.load(Ordering::Relaxed);
-            if self.bytes >= WIDE_BYTES && !wide {
-                self.ch.wide.store(true, Ordering::Relaxed);
-            }
             let count = per_part.min(d.count - first);
             let bytes = count * d.len;
-            self.bytes += bytes;
-            let conn = if wide { self.k % n } else { 0 };
+            let conn = self.place(n, bytes);
             self.per[conn].push(Part {
                 token: self.token,
                 write: self.write,
@@ -292,7 +293,6 @@ impl Batch for TcpBatch<'_> {
                 },
                 strided: Some((d.len, d.remote_stride, count)),
             });
-            self.k = self.k.wrapping_add(1);
             first += count;
         }
         Ok(Some(parts))
