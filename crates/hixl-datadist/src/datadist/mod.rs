@@ -98,6 +98,13 @@ struct Inner {
     lease_service: Mutex<Option<NotifyService>>,
 }
 
+impl Drop for Inner {
+    /// An instance dropped without `finalize`: its lease reaper stops with it.
+    fn drop(&mut self) {
+        leases::stop(self);
+    }
+}
+
 /// One cluster's LLM-DataDist instance (prefill or decode side of disaggregated inference).
 ///
 /// An inference server creates one at start, registers its KV caches, links to a peer cluster
