@@ -55,7 +55,8 @@ impl<'a> RawRange<'a> {
         }
     }
 
-    /// The empty range (a placeholder: nothing is ever read or written through it).
+    /// The empty range (for a send with nothing but a header).
+    #[cfg(test)]
     pub(crate) fn empty() -> RawRange<'static> {
         RawRange {
             ptr: std::ptr::NonNull::dangling().as_ptr(),

@@ -92,20 +92,34 @@ impl Stage {
     /// Callers consume what the stage holds before asking the socket for more, so a receive
     /// into `dst` finds the stage empty, and one for the next frame finds less than a frame.
     pub(crate) fn recv_now(&mut self, fd: RawFd, dst: Option<RawRange<'_>>) -> io::Result<Got> {
+        // The common receive: one range at most, so a two-iovec array (no larger one to fill
+        // per syscall).
+        let mut iov = [rawio::NO_IOV; 2];
         match dst {
-            Some(d) => self.recv_now_into(fd, &[d]),
-            None => self.recv_now_into(fd, &[]),
+            Some(d) => self.recv_iov(fd, &[d], &mut iov),
+            None => self.recv_iov(fd, &[], &mut iov),
         }
     }
 
     /// [`Stage::recv_now`] into several ranges in order (the pieces of a strided part, at
     /// most [`MAX_SCATTER`] of them), then the stage: one `recvmsg` lands many pieces in place.
     pub(crate) fn recv_now_into(&mut self, fd: RawFd, dsts: &[RawRange<'_>]) -> io::Result<Got> {
-        self.make_room();
         let mut iov = [rawio::NO_IOV; MAX_SCATTER + 1];
+        self.recv_iov(fd, dsts, &mut iov)
+    }
+
+    /// One `recvmsg` into the non-empty ranges of `dsts` (as many as `iov` holds, less one)
+    /// and then the stage's free room, with `iov` as the iovec array.
+    fn recv_iov(
+        &mut self,
+        fd: RawFd,
+        dsts: &[RawRange<'_>],
+        iov: &mut [libc::iovec],
+    ) -> io::Result<Got> {
+        self.make_room();
         let mut n_iov = 0;
         let mut dst_len = 0;
-        for d in dsts.iter().take(MAX_SCATTER).filter(|d| d.len() > 0) {
+        for d in dsts.iter().filter(|d| d.len() > 0).take(iov.len() - 1) {
             iov[n_iov] = libc::iovec {
                 iov_base: d.as_ptr().cast(),
                 iov_len: d.len(),

@@ -20,7 +20,8 @@ pub use op_table::{Completed, OpTable, Phase, Token};
 pub use options::Options;
 pub use region::{RegionEntry, RegionId, RegionTable, Registered};
 pub use status::Status;
+pub use types::{strided_span, TransferStatus, NOTIFY_MAX_LEN, NOTIFY_MAX_PENDING};
 pub use types::{
     Access, AsyncConnectStatus, MemDesc, MemKind, Notify, OpDesc, RemoteRegion, StridedDesc,
-    TransferOp, TransferStatus, NOTIFY_MAX_LEN, NOTIFY_MAX_PENDING,
+    TransferOp,
 };

@@ -101,6 +101,19 @@ impl OpDesc {
     }
 }
 
+/// Bytes from the first of `count` pieces of `len` bytes, `stride` apart, to the end of the
+/// last: `(count - 1) × stride + len`; `None` for no pieces or on overflow. The one place this
+/// arithmetic lives (descriptors, the TCP target, the copy engine and CMA check spans with it).
+pub const fn strided_span(len: u64, stride: u64, count: u64) -> Option<u64> {
+    let Some(c) = count.checked_sub(1) else {
+        return None;
+    };
+    let Some(x) = c.checked_mul(stride) else {
+        return None;
+    };
+    x.checked_add(len)
+}
+
 /// A strided descriptor (as NIXL 1.5's): `count` pieces of `len` bytes, piece `i` between
 /// `local_addr + i × local_stride` and `remote_addr + i × remote_stride`. A block run repeated
 /// across equally spaced tensors, every other block of a cache, or a head slice in each token
@@ -175,11 +188,7 @@ impl StridedDesc {
                 self.local_stride, self.remote_stride, self.len
             )));
         }
-        let span = |stride: u64| {
-            (self.count - 1)
-                .checked_mul(stride)
-                .and_then(|x| x.checked_add(self.len))
-        };
+        let span = |stride| strided_span(self.len, stride, self.count);
         match (
             span(self.local_stride),
             span(self.remote_stride),

@@ -247,6 +247,8 @@ pub fn slice_descs(
     }
     let hb = src.head_bytes();
     let n = u64::from(h.end - h.start);
+    // A token row's bytes on each side (NHD).
+    let (s_row, d_row) = (src.heads_n()? * hb, dst.heads_n()? * hb);
     let (s_off, d_off) = (u64::from(h.start - sh.start), u64::from(h.start - dh.start));
     Ok(runs
         .iter()
@@ -265,8 +267,8 @@ pub fn slice_descs(
                 local_addr: dst.addr + r.dst * db + d_off * hb,
                 remote_addr: src.addr + r.src * sb + s_off * hb,
                 len: n * hb,
-                local_stride: dst.heads_n().unwrap_or(n) * hb,
-                remote_stride: src.heads_n().unwrap_or(n) * hb,
+                local_stride: d_row,
+                remote_stride: s_row,
                 count: r.count * src.tokens,
             },
         })

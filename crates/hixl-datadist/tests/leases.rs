@@ -503,7 +503,6 @@ async fn an_owner_killed_mid_pull_fails_only_what_did_not_land() {
             assert_eq!(check_landed(&c, &[], 64), 16 * 64);
         }
         Err(e) => {
-            eprintln!("owner killed mid-pull: {e}");
             assert!(!e.failed.is_empty(), "a failure names its pairs: {e}");
             let landed = check_landed(&c, &e.failed, 64);
             assert_eq!(landed + e.failed.len(), 16 * 64, "{e}");

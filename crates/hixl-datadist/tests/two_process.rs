@@ -167,6 +167,18 @@ fn spawn_child(model: &str, transport: &str) -> Child {
 }
 
 impl Child {
+    /// Sends the child a notify and returns its VERIFY answer.
+    async fn ask(&mut self, dd: &LlmDataDist, name: &str, msg: &str) -> String {
+        let engine = dd.engine().unwrap();
+        engine
+            .peer(&self.addr)
+            .unwrap()
+            .notify(name, msg)
+            .await
+            .unwrap();
+        self.wait_verify()
+    }
+
     fn wait_verify(&mut self) -> String {
         loop {
             let l = self.lines.next().expect("child exited").unwrap();
@@ -241,14 +253,7 @@ async fn pull_and_push(model: &str, transport: &str) {
             .await
             .unwrap();
     }
-    let engine = dd.engine().unwrap();
-    engine
-        .peer(&child.addr)
-        .unwrap()
-        .notify("verify", "23")
-        .await
-        .unwrap();
-    assert_eq!(child.wait_verify(), "ok");
+    assert_eq!(child.ask(&dd, "verify", "23").await, "ok");
     // contiguous caches by index: pull entry 3 into local entry 5, push it to remote entry 6,
     // pull remote entry 6 back into local entry 1: both hold entry 3's bytes
     let table = dd.peer_table(1).await.unwrap();
@@ -297,13 +302,7 @@ async fn pull_and_push(model: &str, transport: &str) {
         .unwrap_err();
     assert_eq!(e.status, LlmStatus::KvCacheNotExist, "{e}");
     assert!(e.message.contains("req_id: 999"), "{e}");
-    engine
-        .peer(&child.addr)
-        .unwrap()
-        .notify("remove_key", "103")
-        .await
-        .unwrap();
-    assert_eq!(child.wait_verify(), "removed true");
+    assert_eq!(child.ask(&dd, "remove_key", "103").await, "removed true");
     let e = dd
         .pull_kv_cache_by_key(CacheKey::new(1, 103), &mine, 2, &ext)
         .await
@@ -314,13 +313,7 @@ async fn pull_and_push(model: &str, transport: &str) {
         .await
         .unwrap_err();
     assert_eq!(e.status, LlmStatus::KvCacheNotExist, "{e}");
-    engine
-        .peer(&child.addr)
-        .unwrap()
-        .notify("remove_key", "103")
-        .await
-        .unwrap();
-    assert_eq!(child.wait_verify(), "removed false");
+    assert_eq!(child.ask(&dd, "remove_key", "103").await, "removed false");
     // errors name what is wrong
     let bad = dd
         .pull_kv_blocks(

@@ -114,13 +114,9 @@ pub unsafe fn cma_strided(
     len: u64,
     count: u64,
 ) -> io::Result<()> {
-    let end = |(base, stride): (u64, u64)| {
-        count
-            .checked_sub(1)
-            .and_then(|c| c.checked_mul(stride))
-            .and_then(|x| x.checked_add(len))
-            .and_then(|x| x.checked_add(base))
-    };
+    let end =
+        |(base, stride): (u64, u64)| hixl_core::strided_span(len, stride, count)?.checked_add(base);
+
     if count == 0 || len == 0 {
         return Ok(());
     }

@@ -218,14 +218,9 @@ impl CopyKind {
     }
 }
 
-/// The last byte's end of `count` pieces of `len` bytes `stride` apart from `base`; `None`
-/// on overflow.
+/// The end of `count` pieces of `len` bytes `stride` apart from `base`; `None` on overflow.
 fn strided_end(base: u64, len: u64, stride: u64, count: u64) -> Option<u64> {
-    count
-        .checked_sub(1)?
-        .checked_mul(stride)?
-        .checked_add(len)?
-        .checked_add(base)
+    hixl_core::strided_span(len, stride, count)?.checked_add(base)
 }
 
 /// One part of a transfer for the copy engine: what to copy and the token its completion

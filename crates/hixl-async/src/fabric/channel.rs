@@ -250,9 +250,7 @@ impl Batch for FabricBatch<'_> {
         // One op, split into parts of whole pieces of about the channel's chunk, so that the
         // streams share a large one.
         let parts = kind.split(self.ch.chunk);
-        let n = u32::try_from(parts.len()).map_err(|_| Error::ResourceExhausted {
-            what: "more than 2^32 parts in one transfer".into(),
-        })?;
+        let n = u32::try_from(parts.len()).map_err(|_| crate::transport::too_many_parts())?;
         self.copies.extend(parts.into_iter().map(|kind| CopyOp {
             token: self.token,
             kind,

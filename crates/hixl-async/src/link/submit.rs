@@ -120,12 +120,9 @@ impl Link {
                     keeps.region(&local.data);
                     for b in batches.iter_mut() {
                         if let Some(n) = d.add_to(&mut **b, i, &local.data, rkey, &mut keeps)? {
-                            parts =
-                                parts
-                                    .checked_add(n)
-                                    .ok_or_else(|| Error::ResourceExhausted {
-                                        what: "more than 2^32 parts in one transfer".into(),
-                                    })?;
+                            parts = parts
+                                .checked_add(n)
+                                .ok_or_else(crate::transport::too_many_parts)?;
                             continue 'descs;
                         }
                     }

@@ -222,10 +222,8 @@ impl Batch for TcpBatch<'_> {
         let Some(n) = self.start() else {
             return Ok(None);
         };
-        let parts =
-            u32::try_from(d.len.div_ceil(self.ch.chunk)).map_err(|_| Error::ResourceExhausted {
-                what: "more than 2^32 parts in one transfer".into(),
-            })?;
+        let parts = u32::try_from(d.len.div_ceil(self.ch.chunk))
+            .map_err(|_| crate::transport::too_many_parts())?;
         let mut off = 0;
         while off < d.len {
             let len = self.ch.chunk.min(d.len - off);
@@ -267,10 +265,8 @@ impl Batch for TcpBatch<'_> {
             return Ok(None);
         };
         let per_part = (self.ch.chunk / d.len).clamp(1, MAX_STRIDED_PIECES);
-        let parts =
-            u32::try_from(d.count.div_ceil(per_part)).map_err(|_| Error::ResourceExhausted {
-                what: "more than 2^32 parts in one transfer".into(),
-            })?;
+        let parts = u32::try_from(d.count.div_ceil(per_part))
+            .map_err(|_| crate::transport::too_many_parts())?;
         let mut first = 0;
         while first < d.count {
             let count = per_part.min(d.count - first);

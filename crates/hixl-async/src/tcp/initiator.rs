@@ -38,7 +38,7 @@ use super::uring::{Piece, Uring};
 use crate::completion::Completion;
 use crate::context::OpsHandle;
 use crate::link_state::LinkState;
-use crate::rawio::{self, PartRange, RawRange, Watched};
+use crate::rawio::{self, PartRange, Watched};
 use crate::sink::Completions;
 use crate::stage::{Stage, MAX_SCATTER};
 use crate::sync::lock;
@@ -718,18 +718,25 @@ impl Rx {
                     }
                 }
                 if got < total {
-                    // The rest of the payload, piece by piece (up to MAX_SCATTER pieces of a
-                    // strided part), and whatever follows it, in one receive.
-                    let mut dsts = [RawRange::empty(); MAX_SCATTER];
-                    let (mut k, mut at) = (0, got as u64);
-                    while k < MAX_SCATTER && at < total as u64 {
-                        // SAFETY: as above.
-                        let d = unsafe { front.local.raw_at(at) };
-                        at += d.len() as u64;
-                        dsts[k] = d;
-                        k += 1;
-                    }
-                    match self.stage.recv_now_into(fd, &dsts[..k]) {
+                    // The rest of the payload, and whatever follows it, in one receive: into
+                    // the rest of a contiguous part, or up to MAX_SCATTER pieces of a strided one.
+                    // SAFETY: as above.
+                    let first = unsafe { front.local.raw_at(got as u64) };
+                    let r = if got + first.len() >= total {
+                        self.stage.recv_now(fd, Some(first))
+                    } else {
+                        let mut dsts = [first; MAX_SCATTER];
+                        let (mut k, mut at) = (1, (got + first.len()) as u64);
+                        while k < MAX_SCATTER && at < total as u64 {
+                            // SAFETY: as above.
+                            let d = unsafe { front.local.raw_at(at) };
+                            at += d.len() as u64;
+                            dsts[k] = d;
+                            k += 1;
+                        }
+                        self.stage.recv_now_into(fd, &dsts[..k])
+                    };
+                    match r {
                         Ok(g) if g.is_eof() => {
                             return Err(lost(peer, "connection closed inside a read payload"))
                         }

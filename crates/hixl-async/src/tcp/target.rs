@@ -188,15 +188,14 @@ fn validate_strided(regions: &Regions, req: &StridedReq, need: Access) -> Result
             ),
         });
     }
-    let span = (req.count - 1)
-        .checked_mul(req.stride)
-        .and_then(|x| x.checked_add(req.len))
-        .ok_or_else(|| Error::InvalidParam {
+    let span = hixl_core::strided_span(req.len, req.stride, req.count).ok_or_else(|| {
+        Error::InvalidParam {
             what: format!(
                 "strided request: {} pieces of {} bytes, stride {}, overflow",
                 req.count, req.len, req.stride
             ),
-        })?;
+        }
+    })?;
     let regions = crate::sync::lock(regions);
     let e = regions.check_remote(req.rkey, req.addr, span, need)?;
     Ok(Lease::new(&e.data))

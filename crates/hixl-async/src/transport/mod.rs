@@ -295,6 +295,13 @@ pub(crate) trait Batch {
     fn post(self: Box<Self>, sink: &Completions);
 }
 
+/// The error of a call that would make more parts than an op counts (2^32).
+pub(crate) fn too_many_parts() -> Error {
+    Error::ResourceExhausted {
+        what: "more than 2^32 parts in one transfer".into(),
+    }
+}
+
 /// Adds each piece of a strided descriptor to `b` as a plain descriptor (the default of
 /// [`Batch::add_strided`], and what a transport does with pieces too large to gain from its
 /// own strided operation).
@@ -315,9 +322,7 @@ pub(crate) fn add_pieces<B: Batch + ?Sized>(
             Some(n) => {
                 parts = parts
                     .checked_add(n)
-                    .ok_or_else(|| Error::ResourceExhausted {
-                        what: "more than 2^32 parts in one transfer".into(),
-                    })?
+                    .ok_or_else(crate::transport::too_many_parts)?
             }
             // Every piece lies in the same two regions: a channel reaches all or none.
             None if i == 0 => return Ok(None),

@@ -125,10 +125,7 @@ impl LlmDataDist {
                 .links
                 .remove(&c.remote_cluster_id);
             out.push(match linked {
-                None => Err(DataDistError::new(
-                    LlmStatus::NotYetLink,
-                    format!("cluster {} is not linked", c.remote_cluster_id),
-                )),
+                None => Err(not_linked(c.remote_cluster_id)),
                 Some(l) => match inner.engine.disconnect(l.peer.name()).await {
                     Ok(()) => Ok(()),
                     Err(_) if force => Ok(()),
@@ -162,12 +159,10 @@ impl LlmDataDist {
         let inner = self.inner()?;
         let (peer, found) = {
             let st = inner.state.lock().map_err(|_| poisoned())?;
-            let l = st.links.get(&cluster_id).ok_or_else(|| {
-                DataDistError::new(
-                    LlmStatus::NotYetLink,
-                    format!("cluster {cluster_id} is not linked"),
-                )
-            })?;
+            let l = st
+                .links
+                .get(&cluster_id)
+                .ok_or_else(|| not_linked(cluster_id))?;
             (l.peer.clone(), pick(&l.table))
         };
         if let (Some(e), false) = (found, fresh) {
@@ -189,19 +184,19 @@ impl LlmDataDist {
         })
     }
 
-    /// The peer of a linked cluster.
-    pub(super) fn linked_peer(&self, cluster_id: u64) -> Result<Peer> {
+    /// `f` of the link to `cluster_id`.
+    fn with_link<R>(&self, cluster_id: u64, f: impl FnOnce(&Linked) -> R) -> Result<R> {
         let inner = self.inner()?;
         let st = inner.state.lock().map_err(|_| poisoned())?;
         st.links
             .get(&cluster_id)
-            .map(|l| l.peer.clone())
-            .ok_or_else(|| {
-                DataDistError::new(
-                    LlmStatus::NotYetLink,
-                    format!("cluster {cluster_id} is not linked"),
-                )
-            })
+            .map(f)
+            .ok_or_else(|| not_linked(cluster_id))
+    }
+
+    /// The peer of a linked cluster.
+    pub(super) fn linked_peer(&self, cluster_id: u64) -> Result<Peer> {
+        self.with_link(cluster_id, |l| l.peer.clone())
     }
 
     /// The cache table of a linked cluster, as last read.
@@ -209,17 +204,7 @@ impl LlmDataDist {
     /// # Errors
     /// `LLM_NOT_YET_LINK`.
     pub async fn peer_table(&self, cluster_id: u64) -> Result<CacheTable> {
-        let inner = self.inner()?;
-        let st = inner.state.lock().map_err(|_| poisoned())?;
-        st.links
-            .get(&cluster_id)
-            .map(|l| l.table.clone())
-            .ok_or_else(|| {
-                DataDistError::new(
-                    LlmStatus::NotYetLink,
-                    format!("cluster {cluster_id} is not linked"),
-                )
-            })
+        self.with_link(cluster_id, |l| l.table.clone())
     }
 
     /// The linked peer and its blocks cache under `key`.
@@ -231,6 +216,13 @@ impl LlmDataDist {
         )
         .await
     }
+}
+
+fn not_linked(cluster_id: u64) -> DataDistError {
+    DataDistError::new(
+        LlmStatus::NotYetLink,
+        format!("cluster {cluster_id} is not linked"),
+    )
 }
 
 /// READs a peer's cache table region. A read can race the owner: a rewrite in place (the

@@ -8,7 +8,7 @@ use hixl_core::TransferOp;
 
 use super::{poisoned, Cache, LlmDataDist};
 use crate::cache::{coalesce, layer_tensors, BlocksCacheKey, KvCacheExtParam};
-use crate::status::{BlockFailure, DataDistError, LlmStatus, Result};
+use crate::status::{DataDistError, LlmStatus, Result};
 use crate::table::CacheEntry;
 use crate::tp::{plan_heads, slice_descs, KvShard, ShardSide};
 
@@ -159,30 +159,7 @@ impl LlmDataDist {
                 .map(|(_, peer, d)| peer.transfer_strided(TransferOp::Read, d).timeout(timeout)),
         )
         .await;
-        let mut first = None;
-        let mut failed = Vec::new();
-        for (((src_layer, dst_layer), _, _), r) in jobs.iter().zip(results) {
-            let Err(e) = r else { continue };
-            first.get_or_insert(e);
-            for r in &runs {
-                failed.extend((0..r.count).map(|i| BlockFailure {
-                    src_layer: *src_layer,
-                    dst_layer: *dst_layer,
-                    src_block: r.src + i,
-                    dst_block: r.dst + i,
-                }));
-            }
-        }
-        let Some(cause) = first else { return Ok(()) };
-        failed.sort_unstable();
-        failed.dedup();
-        let mut e = DataDistError::from(cause);
-        e.message = format!(
-            "{} (layer, block) pairs did not land (the others did): {}",
-            failed.len(),
-            e.message
-        );
-        e.failed = failed.into_boxed_slice();
-        Err(e)
+        let layers: Vec<(u32, u32)> = jobs.iter().map(|(l, _, _)| *l).collect();
+        super::transfers::layer_outcome(&layers, results, &runs)
     }
 }

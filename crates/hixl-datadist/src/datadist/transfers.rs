@@ -101,33 +101,7 @@ impl LlmDataDist {
                 .map(|d| peer.transfer_strided(op, d).timeout(timeout)),
         )
         .await;
-        let mut first: Option<hixl_core::Error> = None;
-        let mut failed = Vec::new();
-        let mut failed_layers = 0;
-        for (&(src_layer, dst_layer), r) in layers.iter().zip(results) {
-            let Err(e) = r else { continue };
-            first.get_or_insert(e);
-            failed_layers += 1;
-            for r in runs {
-                failed.extend((0..r.count).map(|i| BlockFailure {
-                    src_layer,
-                    dst_layer,
-                    src_block: r.src + i,
-                    dst_block: r.dst + i,
-                }));
-            }
-        }
-        let Some(cause) = first else { return Ok(()) };
-        let mut e = DataDistError::from(cause);
-        e.message = format!(
-            "{failed_layers} of {} layers did not land ({} (layer, block) pairs; the others landed): {}",
-            layers.len(),
-            failed.len(),
-            e.message
-        );
-        failed.sort_unstable();
-        e.failed = failed.into_boxed_slice();
-        Err(e)
+        layer_outcome(&layers, results, runs)
     }
 
     /// Moves `src_blocks` to `dst_blocks` between `local` and the peer cache `pick` selects:
@@ -353,4 +327,50 @@ impl LlmDataDist {
             local_is_dst,
         )
     }
+}
+
+/// The outcome of a block transfer made of one transfer per `(src_layer, dst_layer)` (a layer
+/// may have several, one per peer): `Ok` when all landed, else the first failure's error with
+/// every (layer, block) pair of the failed layers in `failed`, sorted; the other pairs landed.
+pub(super) fn layer_outcome(
+    layers: &[(u32, u32)],
+    results: Vec<hixl_core::Result<()>>,
+    runs: &[Run],
+) -> Result<()> {
+    let mut first: Option<hixl_core::Error> = None;
+    let mut failed_layers: Vec<(u32, u32)> = Vec::new();
+    for (&layer, r) in layers.iter().zip(results) {
+        if let Err(e) = r {
+            first.get_or_insert(e);
+            failed_layers.push(layer);
+        }
+    }
+    let Some(cause) = first else { return Ok(()) };
+    failed_layers.sort_unstable();
+    failed_layers.dedup();
+    let mut all: Vec<(u32, u32)> = layers.to_vec();
+    all.sort_unstable();
+    all.dedup();
+    let mut failed = Vec::new();
+    for &(src_layer, dst_layer) in &failed_layers {
+        for r in runs {
+            failed.extend((0..r.count).map(|i| BlockFailure {
+                src_layer,
+                dst_layer,
+                src_block: r.src + i,
+                dst_block: r.dst + i,
+            }));
+        }
+    }
+    failed.sort_unstable();
+    let mut e = DataDistError::from(cause);
+    e.message = format!(
+        "{} of {} layers did not land ({} (layer, block) pairs; the others landed): {}",
+        failed_layers.len(),
+        all.len(),
+        failed.len(),
+        e.message
+    );
+    e.failed = failed.into_boxed_slice();
+    Err(e)
 }
