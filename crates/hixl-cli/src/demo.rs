@@ -54,7 +54,7 @@ pub async fn run(a: Args) -> CliResult {
     target.stop();
     println!(
         "demo ok. Next: `hixl bench comm --op both` (tcp) and `hixl bench comm --transport fabric` measure GB/s and latency against same-run baselines;\n\
-         the KV-cache layer: `cargo run --release -p hixl-examples --example prefill_decode` (prefill pushes each layer as it is computed, decode verifies every block)\n\
+         the KV-cache layer: `cargo run --release -p hixl-examples --example prefill_decode` (decode pulls each request under a lease, checks every block, and prefill frees blocks when leases end)\n\
          and `hixl bench kv --model llama-3.1-8b --tokens 4096 [--layerwise]`."
     );
     Ok(())
