@@ -1,0 +1,53 @@
+//! `hixl._hixl`: the native half of the `hixl` Python package.
+//!
+//! The Python package (`python/hixl`) is the API users see; this module gives it what needs
+//! Rust: the engine ([`engine`]), awaitable ops completed through a per-loop eventfd
+//! ([`op`], [`waker`]), and LLM-DataDist ([`datadist`]).
+//!
+//! Threads: one tokio runtime per process ([`runtime`]) runs every engine's tasks. No thread of
+//! it ever takes the GIL: a finished op is pushed onto its waker's queue and the waker's eventfd
+//! is written; the event loop's thread (which watches the eventfd with `add_reader`) resolves
+//! the asyncio futures. Blocking calls release the GIL while Rust waits or copies.
+
+use std::sync::OnceLock;
+
+use pyo3::prelude::*;
+
+mod datadist;
+mod engine;
+mod errors;
+mod op;
+mod waker;
+
+pub(crate) use errors::{hixl_err, py_result};
+
+/// The process's runtime: two workers (the engines' connection tasks), started on first use.
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("hixl-py")
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            // Without a runtime nothing can run; there is no error path from here.
+            Err(e) => {
+                eprintln!("hixl: cannot start the tokio runtime: {e}");
+                std::process::abort()
+            }
+        }
+    })
+}
+
+/// The native module.
+#[pymodule]
+fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    engine::add(m)?;
+    op::add(m)?;
+    waker::add(m)?;
+    datadist::add(m)?;
+    Ok(())
+}
