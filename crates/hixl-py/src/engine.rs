@@ -23,7 +23,11 @@ fn seconds(t: f64) -> PyResult<Duration> {
         Ok(Duration::from_secs_f64(t))
     } else {
         Err(crate::hixl_err(Error::InvalidTimeout {
-            millis: if t.is_finite() { (t * 1000.0) as i64 } else { -1 },
+            millis: if t.is_finite() {
+                (t * 1000.0) as i64
+            } else {
+                -1
+            },
         }))
     }
 }
@@ -248,6 +252,7 @@ impl Engine {
         descs: Vec<(u64, u64, u64)>,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
+        let _rt = runtime().enter();
         let e = self.get()?;
         let descs: Vec<OpDesc> = descs
             .into_iter()
@@ -375,6 +380,7 @@ impl Peer {
     /// Posts a transfer of `descs` (`(local, remote, len)` tuples).
     #[pyo3(signature = (op, descs, timeout=None))]
     fn transfer(&self, op: u8, descs: Vec<(u64, u64, u64)>, timeout: Option<f64>) -> PyResult<Op> {
+        let _rt = runtime().enter();
         let descs: Vec<OpDesc> = descs
             .into_iter()
             .map(|(l, r, n)| OpDesc::new(l, r, n))
@@ -386,6 +392,7 @@ impl Peer {
     /// at `ptr` (the caller holds the array).
     #[pyo3(signature = (op, ptr, n, timeout=None))]
     fn transfer_array(&self, op: u8, ptr: u64, n: usize, timeout: Option<f64>) -> PyResult<Op> {
+        let _rt = runtime().enter();
         let rows = read_u64s::<3>(ptr, n)?;
         let descs: Vec<OpDesc> = rows
             .into_iter()
@@ -404,6 +411,7 @@ impl Peer {
         n: usize,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
+        let _rt = runtime().enter();
         let rows = read_u64s::<6>(ptr, n)?;
         let descs: Vec<StridedDesc> = rows
             .into_iter()
@@ -428,6 +436,7 @@ impl Peer {
         descs: Vec<(u64, u64, u64, u64, u64, u64)>,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
+        let _rt = runtime().enter();
         let descs: Vec<StridedDesc> = descs
             .into_iter()
             .map(|(l, r, len, ls, rs, count)| StridedDesc {

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use pyo3::prelude::*;
 
 mod datadist;
+mod dlpack;
 mod engine;
 mod errors;
 mod op;
@@ -49,5 +50,6 @@ fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     op::add(m)?;
     waker::add(m)?;
     datadist::add(m)?;
+    m.add_function(wrap_pyfunction!(dlpack::dlpack_span, m)?)?;
     Ok(())
 }

@@ -466,3 +466,17 @@ impl Op {
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Op>()
 }
+
+impl Drop for Op {
+    /// A future dropped here (an op nobody awaited) is dropped inside the runtime's context:
+    /// abandoning a transfer may need it.
+    fn drop(&mut self) {
+        let _rt = runtime().enter();
+        let slot = std::mem::replace(&mut *lock(&self.shared.slot), Slot::Polling);
+        if let Slot::Ready(f) = slot {
+            drop(f);
+        } else {
+            *lock(&self.shared.slot) = slot;
+        }
+    }
+}

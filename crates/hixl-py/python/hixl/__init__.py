@@ -1,4 +1,37 @@
-"""hixl: one-sided, zero-copy READ/WRITE between processes and machines."""
+"""hixl: one-sided, zero-copy READ/WRITE between processes and machines, for
+prefill/decode-disaggregated LLM inference.
 
-from ._errors import *  # noqa: F401,F403
-from ._hixl import __version__  # noqa: F401
+``hixl.Engine`` is the engine API (asyncio awaitables, blocking ``.wait()``);
+``hixl.llm_datadist`` is a drop-in for HIXL's ``llm_datadist`` package.
+"""
+
+from ._errors import (AlreadyConnectedError, FailedError, HixlError, HixlTimeoutError,
+                      NotConnectedError, NotifyFailedError, ParamInvalidError,
+                      ResourceExhaustedError, TransferCancelledError, UnsupportedError)
+from ._engine import (Access, Engine, Notify, Op, Peer, Region, RemoteRegion, Transfer,
+                      TransferOp, TransferStatus)
+from ._hixl import __version__
+
+__all__ = [
+    "__version__",
+    "Engine",
+    "Peer",
+    "Region",
+    "RemoteRegion",
+    "Op",
+    "Transfer",
+    "TransferOp",
+    "TransferStatus",
+    "Access",
+    "Notify",
+    "HixlError",
+    "ParamInvalidError",
+    "HixlTimeoutError",
+    "NotConnectedError",
+    "AlreadyConnectedError",
+    "NotifyFailedError",
+    "UnsupportedError",
+    "ResourceExhaustedError",
+    "FailedError",
+    "TransferCancelledError",
+]

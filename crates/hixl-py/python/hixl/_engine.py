@@ -1,0 +1,547 @@
+"""The engine API: `Engine`, `Peer`, `Region`, awaitable `Op`s."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import ctypes
+import os
+import threading
+import weakref
+from enum import IntEnum, IntFlag
+from typing import (Any, AsyncIterator, Callable, Dict, Generator, Generic, List, NamedTuple,
+                    Optional, Sequence, Tuple, TypeVar, Union)
+
+from . import _hixl
+from ._errors import ParamInvalidError
+
+__all__ = [
+    "Access",
+    "TransferOp",
+    "TransferStatus",
+    "RemoteRegion",
+    "Notify",
+    "Op",
+    "Transfer",
+    "Region",
+    "Peer",
+    "Engine",
+]
+
+T = TypeVar("T")
+
+#: How long an awaited transfer is polled on the event loop's thread before the loop waits for
+#: it (microseconds): a small op finishes there with no thread hand-off. ``HIXL_PY_SPIN_US``
+#: overrides it; 0 turns it off.
+SPIN_US = int(os.environ.get("HIXL_PY_SPIN_US", "100"))
+
+
+class Access(IntFlag):
+    """What peers may do with a region."""
+
+    LOCAL = 0
+    REMOTE_READ = 1
+    REMOTE_WRITE = 2
+    REMOTE_RW = 3
+
+
+class TransferOp(IntEnum):
+    """HIXL's ``TransferOp``."""
+
+    READ = 0
+    WRITE = 1
+
+
+class TransferStatus(IntEnum):
+    """HIXL's ``TransferStatus`` (0–3), plus ``CANCELLED`` (hixl)."""
+
+    WAITING = 0
+    COMPLETED = 1
+    TIMED_OUT = 2
+    FAILED = 3
+    CANCELLED = 4
+
+
+class RemoteRegion(NamedTuple):
+    """A region a peer registered: use ``addr`` (+ offsets) as the remote address."""
+
+    addr: int
+    len: int
+    rkey: int
+    access: Access
+    name: Optional[str]
+
+
+class Notify(NamedTuple):
+    """A received notify."""
+
+    sender: str
+    """The sender's engine address."""
+    link: int
+    """The receiving engine's id of the sender's connection."""
+    name: bytes
+    msg: bytes
+
+
+# --- awaitables ------------------------------------------------------------------------------
+
+
+class _LoopBell:
+    """One per event loop: the eventfd Rust rings when an op driven for this loop finishes."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.native = _hixl.Waker()
+        self.waiting: Dict[int, "asyncio.Future[None]"] = {}
+        loop.add_reader(self.native.fileno(), self._ready)
+
+    def _ready(self) -> None:
+        for op_id in self.native.drain():
+            fut = self.waiting.pop(op_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+
+_bells: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBell]" = weakref.WeakKeyDictionary()
+
+
+def _bell(loop: asyncio.AbstractEventLoop) -> _LoopBell:
+    b = _bells.get(loop)
+    if b is None:
+        b = _LoopBell(loop)
+        _bells[loop] = b
+    return b
+
+
+class Op(Generic[T]):
+    """An operation in flight: ``await`` it in asyncio, or ``wait()`` for it from any thread.
+
+    The result is computed once; awaiting or waiting again returns it again (or raises the same
+    error). Cancelling the awaiting task cancels the op.
+    """
+
+    __slots__ = ("_op", "_wrap", "__weakref__")
+
+    def __init__(self, native: Any, wrap: Optional[Callable[[Any], T]] = None) -> None:
+        self._op = native
+        self._wrap = wrap
+
+    def _result(self) -> T:
+        r = self._op.result()
+        return self._wrap(r) if self._wrap is not None else r
+
+    def __await__(self) -> Generator[Any, None, T]:
+        op = self._op
+        if SPIN_US > 0 and op.is_transfer and not op.done():
+            op.spin(SPIN_US)
+        if not op.done():
+            loop = asyncio.get_running_loop()
+            bell = _bell(loop)
+            fut = loop.create_future()
+            bell.waiting[op.id] = fut
+            op.drive(bell.native)
+            try:
+                yield from fut
+            except BaseException:
+                bell.waiting.pop(op.id, None)
+                op.cancel()
+                raise
+        return self._result()
+
+    def wait(self, timeout: Optional[float] = None) -> T:
+        """Blocks until the op finishes (the GIL is released) and returns its result or raises
+        its error. Past ``timeout`` seconds the op is abandoned and ``HixlTimeoutError``
+        raised."""
+        self._op.wait(timeout)
+        return self._result()
+
+    def status(self) -> TransferStatus:
+        """The status now, without waiting."""
+        return TransferStatus(self._op.status())
+
+    def done(self) -> bool:
+        """Whether it finished (in any way)."""
+        return bool(self._op.done())
+
+    def cancel(self) -> bool:
+        """Cancels it: parts not yet sent are never sent; parts already sent may still land
+        until the memory they touch is deregistered (`Engine.deregister` waits for them).
+        Returns whether it was unfinished."""
+        return bool(self._op.cancel())
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.status().name}>"
+
+
+class Transfer(Op[None]):
+    """A posted transfer (HIXL ``TransferReq``)."""
+
+    __slots__ = ()
+
+
+# --- descriptors -----------------------------------------------------------------------------
+
+Desc = Tuple[int, int, int]
+Descs = Union[Sequence[Desc], Any]
+
+
+def _array_ptr(descs: Any, width: int) -> Optional[Tuple[int, int, Any]]:
+    """(pointer, rows, owner) of an N×width uint64 C-contiguous array, converting other integer
+    arrays (through numpy) when needed; None for a non-array."""
+    ai = getattr(descs, "__array_interface__", None)
+    if ai is None:
+        return None
+    shape = ai.get("shape", ())
+    if len(shape) != 2 or shape[1] != width:
+        raise ParamInvalidError(
+            f"descriptor array of shape {tuple(shape)}: expected (N, {width})",
+            value=tuple(shape))
+    if ai.get("typestr") == "<u8" and ai.get("strides") is None:
+        return ai["data"][0], shape[0], descs
+    import numpy as np
+
+    arr = np.asarray(descs)
+    if arr.dtype.kind not in "iu":
+        raise ParamInvalidError(f"descriptor array of dtype {arr.dtype}: expected integers",
+                                value=str(arr.dtype))
+    if arr.dtype.kind == "i" and arr.size and int(arr.min()) < 0:
+        raise ParamInvalidError("descriptor array holds a negative value",
+                                value=int(arr.min()))
+    arr = np.ascontiguousarray(arr, dtype=np.uint64)
+    return arr.ctypes.data, arr.shape[0], arr
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+def _dlpack_span(obj: Any) -> Tuple[int, int, Any]:
+    dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
+    if int(dev[0]) not in (1, 3):  # kDLCPU, kDLCUDAHost (pinned host memory)
+        raise ParamInvalidError(
+            f"a tensor on DLPack device {tuple(dev)} is not host memory; this build registers "
+            "host memory only", value=tuple(dev))
+    capsule = obj.__dlpack__()
+    addr, nbytes = _hixl.dlpack_span(capsule)
+    # The capsule owns a reference to the tensor until it is destroyed (its destructor calls
+    # the producer's deleter): holding it keeps the memory alive.
+    return addr, nbytes, (obj, capsule)
+
+
+def _buffer_span(obj: Any) -> Tuple[int, int, Any]:
+    """(address, length, keepalive) of a writable, contiguous buffer."""
+    if isinstance(obj, memoryview):
+        mv = obj
+    else:
+        try:
+            mv = memoryview(obj)
+        except TypeError:
+            if hasattr(obj, "__dlpack__"):
+                return _dlpack_span(obj)
+            raise ParamInvalidError(
+                f"cannot register a {type(obj).__name__}: it has neither a buffer nor "
+                "__dlpack__", value=type(obj).__name__) from None
+    if mv.readonly:
+        raise ParamInvalidError(f"cannot register a read-only {type(obj).__name__} buffer",
+                                value=type(obj).__name__)
+    if not mv.c_contiguous:
+        raise ParamInvalidError(f"cannot register a non-contiguous {type(obj).__name__} buffer",
+                                value=type(obj).__name__)
+    if mv.nbytes == 0:
+        raise ParamInvalidError("cannot register an empty buffer", value=0)
+    # A ctypes array over the buffer holds a buffer export: the object cannot be resized or
+    # freed while it lives, so the address stays valid until deregistration drops it.
+    flat = mv.cast("B")
+    cbuf = (ctypes.c_char * flat.nbytes).from_buffer(flat)
+    return ctypes.addressof(cbuf), flat.nbytes, (obj, flat, cbuf)
+
+
+class Region:
+    """A registered region of this process's memory."""
+
+    __slots__ = ("_native", "_keep", "_engine", "name", "__weakref__")
+
+    def __init__(self, native: Any, keep: Any, engine: "Engine", name: Optional[str]) -> None:
+        self._native = native
+        self._keep = keep
+        self._engine = engine
+        self.name = name
+
+    @property
+    def addr(self) -> int:
+        """Start address (use ``addr + offset`` in descriptors)."""
+        return int(self._native.addr)
+
+    @property
+    def len(self) -> int:
+        """Length in bytes."""
+        return int(self._native.len)
+
+    def __len__(self) -> int:
+        return self.len
+
+    @property
+    def access(self) -> Access:
+        return Access(self._native.access)
+
+    @property
+    def obj(self) -> Any:
+        """The registered Python object (None for `register_raw` without keepalive)."""
+        k = self._keep
+        return k[0] if isinstance(k, tuple) else k
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Copies bytes out (bounds-checked; for pooled regions, the only way in Python)."""
+        return self._native.read(offset, length)
+
+    def write(self, offset: int, data: bytes) -> None:
+        """Copies bytes in (bounds-checked)."""
+        self._native.write(offset, bytes(data))
+
+    def deregister(self) -> Op[None]:
+        """`Engine.deregister` of this region."""
+        return self._engine.deregister(self)
+
+    def __repr__(self) -> str:
+        return f"<Region {self.addr:#x}+{self.len} {self.name or ''}>"
+
+
+# --- peers and engines -----------------------------------------------------------------------
+
+
+class Peer:
+    """A link to another engine."""
+
+    __slots__ = ("_native",)
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    @property
+    def transport(self) -> str:
+        """How the link moves bytes (``fabric (...)``, ``tcp (...)``, ``verbs (...)``)."""
+        return self._native.transport
+
+    @property
+    def is_connected(self) -> bool:
+        return self._native.is_connected
+
+    @property
+    def regions(self) -> List[RemoteRegion]:
+        """The peer's registered regions."""
+        return [RemoteRegion(a, n, k, Access(acc), nm) for a, n, k, acc, nm in self._native.regions()]
+
+    def region(self, name: str) -> RemoteRegion:
+        """The peer's region registered as ``name`` (raises KeyError)."""
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def transfer(self, op: Union[TransferOp, int], descs: Descs,
+                 timeout: Optional[float] = None) -> Transfer:
+        """Posts a transfer: ``descs`` is a list of ``(local_addr, remote_addr, len)`` or an
+        N×3 ``uint64`` array (the fast path). ``timeout`` in seconds bounds it (the op is then
+        abandoned, status ``TIMED_OUT``)."""
+        arr = _array_ptr(descs, 3)
+        if arr is not None:
+            ptr, n, _owner = arr
+            return Transfer(self._native.transfer_array(int(op), ptr, n, timeout))
+        return Transfer(self._native.transfer(int(op), descs, timeout))
+
+    def read(self, descs: Descs, timeout: Optional[float] = None) -> Transfer:
+        """READ: remote → local."""
+        return self.transfer(TransferOp.READ, descs, timeout)
+
+    def write(self, descs: Descs, timeout: Optional[float] = None) -> Transfer:
+        """WRITE: local → remote."""
+        return self.transfer(TransferOp.WRITE, descs, timeout)
+
+    def transfer_strided(self, op: Union[TransferOp, int], descs: Any,
+                         timeout: Optional[float] = None) -> Transfer:
+        """Posts strided descriptors ``(local, remote, len, local_stride, remote_stride, count)``
+        (a list of tuples or an N×6 ``uint64`` array): each moves ``count`` pieces of ``len``
+        bytes as one request on the wire."""
+        arr = _array_ptr(descs, 6)
+        if arr is not None:
+            ptr, n, _owner = arr
+            return Transfer(self._native.transfer_strided_array(int(op), ptr, n, timeout))
+        return Transfer(self._native.transfer_strided(int(op), descs, timeout))
+
+    def notify(self, name: Union[str, bytes], msg: Union[str, bytes],
+               timeout: float = 1.0) -> Op[None]:
+        """Sends a notify (name and message up to 1024 bytes each)."""
+        n = name.encode() if isinstance(name, str) else bytes(name)
+        m = msg.encode() if isinstance(msg, str) else bytes(msg)
+        return Op(self._native.notify(n, m, timeout))
+
+    def __repr__(self) -> str:
+        return f"<Peer {self.name} {self.transport}>"
+
+
+def _notify(t: Tuple[str, int, bytes, bytes]) -> Notify:
+    return Notify(*t)
+
+
+class _Notifications:
+    def __init__(self, native: Any) -> None:
+        self._native = native
+
+    def __aiter__(self) -> "_Notifications":
+        return self
+
+    async def __anext__(self) -> Notify:
+        return await Op(self._native.next(), _notify)
+
+
+_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_engines_lock = threading.Lock()
+
+
+class Engine:
+    """A hixl engine (HIXL ``Hixl``): registers memory, links to peers, moves bytes.
+
+    ``local_engine`` is ``"ip"`` (initiator only), ``"ip:port"`` (also accepts links) or
+    ``"ip:0"`` (a free port; see ``local_engine`` afterwards). ``options`` are HIXL option
+    keys with string values (``"hixl.Transport": "fabric"``...); unknown keys are refused.
+    """
+
+    def __init__(self, local_engine: str, options: Optional[Dict[str, str]] = None) -> None:
+        pairs = [(str(k), str(v)) for k, v in (options or {}).items()]
+        self._native = _hixl.Engine(local_engine, pairs)
+        self._regions: "weakref.WeakSet[Region]" = weakref.WeakSet()
+        with _engines_lock:
+            _engines.add(self)
+
+    @property
+    def local_engine(self) -> str:
+        """This engine's address, as peers connect to it."""
+        return self._native.local_engine
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    def info(self) -> Dict[str, Any]:
+        """Transport facts: listen address, the TCP I/O path and why, AutoConnect."""
+        return self._native.info()
+
+    # memory
+
+    def register(self, obj: Any, access: Access = Access.REMOTE_RW,
+                 name: Optional[str] = None) -> Region:
+        """Registers a writable, contiguous buffer: bytearray, memoryview, ``numpy.ndarray``,
+        anything with the buffer protocol, or a CPU tensor through ``__dlpack__`` (torch is
+        never imported). The region keeps ``obj`` alive (and unresizable) until deregistered."""
+        addr, nbytes, keep = _buffer_span(obj)
+        native = self._native.register_raw(addr, nbytes, int(access), name)
+        r = Region(native, keep, self, name)
+        self._regions.add(r)
+        return r
+
+    def register_raw(self, addr: int, length: int, access: Access = Access.REMOTE_RW,
+                     name: Optional[str] = None, keepalive: Any = None) -> Region:
+        """Registers ``length`` bytes at ``addr``: memory you keep valid until deregistered
+        (``keepalive`` is held by the region meanwhile)."""
+        native = self._native.register_raw(int(addr), int(length), int(access), name)
+        r = Region(native, keepalive, self, name)
+        self._regions.add(r)
+        return r
+
+    def register_pooled(self, length: int, access: Access = Access.REMOTE_RW,
+                        name: Optional[str] = None) -> Region:
+        """Allocates and registers ``length`` bytes of the engine's shared-memory pool (peers
+        on this host map it directly). Reach it with `Region.read` / `Region.write`."""
+        native = self._native.register_pooled(int(length), int(access), name)
+        r = Region(native, None, self, name)
+        self._regions.add(r)
+        return r
+
+    def deregister(self, region: Region) -> Op[None]:
+        """Deregisters: the op finishes once no op can touch the region any more; then the
+        registered object is released."""
+        inner = Op(self._native.deregister(region._native))
+
+        def release(_: Any) -> None:
+            region._native._forget()
+            region._keep = None
+            self._regions.discard(region)
+
+        return Op(inner._op, release)
+
+    # links
+
+    def connect(self, remote: str, timeout: float = 3.0) -> Op[Peer]:
+        """Links to ``remote`` (``ip:port``); the op yields the `Peer`."""
+        return Op(self._native.connect(remote, timeout), Peer)
+
+    def disconnect(self, remote: str) -> Op[None]:
+        """Closes the link to ``remote``; its ops in flight fail."""
+        return Op(self._native.disconnect(remote))
+
+    def peer(self, remote: str) -> Peer:
+        """The link to ``remote`` (raises NotConnectedError)."""
+        return Peer(self._native.peer(remote))
+
+    def peers(self) -> List[str]:
+        return list(self._native.peers())
+
+    def transfer(self, remote: str, op: Union[TransferOp, int], descs: Sequence[Desc],
+                 timeout: Optional[float] = None) -> Transfer:
+        """A transfer to ``remote`` by name (HIXL ``TransferAsync``); with AutoConnect on, the
+        link is made first."""
+        return Transfer(self._native.transfer(remote, int(op), list(descs), timeout))
+
+    # notifies
+
+    def notifications(self) -> AsyncIterator[Notify]:
+        """``async for n in engine.notifications()``: notifies as they arrive (ends when the
+        engine closes)."""
+        return _Notifications(self._native.notifications())
+
+    def take_notifies(self) -> List[Notify]:
+        """Returns and clears the notifies received so far (HIXL ``GetNotifies``)."""
+        return [Notify(*t) for t in self._native.take_notifies()]
+
+    @property
+    def ops_in_flight(self) -> int:
+        return self._native.ops_in_flight()
+
+    # lifecycle
+
+    def close(self, grace: float = 1.0) -> None:
+        """Closes links and the listener (in-flight ops fail), waits up to ``grace`` seconds
+        for them, and releases registered objects. Idempotent; also run at interpreter exit."""
+        self._native.close(grace)
+        for r in list(self._regions):
+            r._native._forget()
+            r._keep = None
+        self._regions.clear()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "Engine":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Engine {self.local_engine}{' closed' if self.closed else ''}>"
+
+
+@atexit.register
+def _close_all() -> None:
+    with _engines_lock:
+        engines = list(_engines)
+    for e in engines:
+        try:
+            e.close(0.2)
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
