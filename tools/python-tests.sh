@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The Python wheel end to end: builds `hixl` with maturin (release), installs the wheel into a
+# fresh venv (no Rust toolchain on PATH), and runs the Python tests there (pytest; real
+# processes over real sockets and the fabric). Extra arguments go to pytest.
+#
+# Needs python3 >= 3.9 with venv (Debian: python3-venv) and network access to PyPI for
+# maturin, numpy and pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+PY=${PYTHON:-python3}
+work=$root/target/python
+rm -rf "$work/test-venv" "$work/wheels"
+if [ ! -x "$work/build-venv/bin/maturin" ]; then
+  "$PY" -m venv "$work/build-venv"
+  "$work/build-venv/bin/pip" install -q 'maturin>=1.7,<2'
+fi
+"$work/build-venv/bin/maturin" build --release -m crates/hixl-py/Cargo.toml --out "$work/wheels"
+"$PY" -m venv "$work/test-venv"
+# Installing and testing see no cargo or rustc: the wheel needs no toolchain.
+clean_path=/usr/local/bin:/usr/bin:/bin
+env PATH="$clean_path" "$work/test-venv/bin/pip" install -q "$work"/wheels/hixl-*.whl numpy pytest
+cd crates/hixl-py/tests
+env PATH="$clean_path" "$work/test-venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
