@@ -290,7 +290,7 @@ class Region:
 
     def read(self, offset: int, length: int) -> bytes:
         """Copies bytes out (bounds-checked; for pooled regions, the only way in Python)."""
-        return self._native.read(offset, length)
+        return bytes(self._native.read(offset, length))
 
     def write(self, offset: int, data: bytes) -> None:
         """Copies bytes in (bounds-checked)."""
@@ -317,16 +317,16 @@ class Peer:
 
     @property
     def name(self) -> str:
-        return self._native.name
+        return str(self._native.name)
 
     @property
     def transport(self) -> str:
         """How the link moves bytes (``fabric (...)``, ``tcp (...)``, ``verbs (...)``)."""
-        return self._native.transport
+        return str(self._native.transport)
 
     @property
     def is_connected(self) -> bool:
-        return self._native.is_connected
+        return bool(self._native.is_connected)
 
     @property
     def regions(self) -> List[RemoteRegion]:
@@ -462,7 +462,7 @@ class Engine:
     def deregister(self, region: Region) -> Op[None]:
         """Deregisters: the op finishes once no op can touch the region any more; then the
         registered object is released."""
-        inner = Op(self._native.deregister(region._native))
+        inner: Op[None] = Op(self._native.deregister(region._native))
 
         def release(_: Any) -> None:
             region._native._forget()
