@@ -105,6 +105,17 @@ impl Transfer {
         self
     }
 
+    /// Whether the transfer's last poll left it spinning: it saw progress within its link's
+    /// spin period (`hixl.SpinUs`), so polling again soon drives it on this thread; `false`
+    /// once it parked (it waits for its waker) or when it never spun. For callers that poll
+    /// it by hand (a Python event loop's thread) to know when to stop.
+    pub fn spinning(&self) -> bool {
+        match (self.spun, self.link.as_deref(), &self.state) {
+            (Some(t), Some(l), State::Posted(_)) => t.elapsed() < l.spin(),
+            _ => false,
+        }
+    }
+
     /// The op's state without waiting (HIXL `GetTransferStatus`).
     pub fn status(&self) -> TransferStatus {
         match &self.state {

@@ -204,7 +204,8 @@ impl Op {
         self.shared.changed.notify_all();
     }
 
-    /// Polls `f` on this thread until it finishes or `budget` passes (at least once).
+    /// Polls `f` on this thread until it finishes, or stops spinning (a transfer parks once
+    /// its link's spin period passed without progress), or `budget` passes; at least once.
     fn poll_for(f: &mut Fut, budget: Duration) -> Option<Outcome> {
         let _rt = runtime().enter();
         let waker = noop_waker();
@@ -214,10 +215,10 @@ impl Op {
             if let Poll::Ready(o) = Pin::new(&mut *f).poll(&mut cx) {
                 return Some(o);
             }
-            if start.elapsed() >= budget {
+            let spinning = matches!(f, Fut::Transfer(t) if t.spinning());
+            if !spinning || start.elapsed() >= budget {
                 return None;
             }
-            std::hint::spin_loop();
         }
     }
 

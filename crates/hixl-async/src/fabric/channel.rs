@@ -124,9 +124,17 @@ struct FabricBatch<'a> {
     token: Token,
     write: bool,
     copies: Vec<CopyOp>,
+    /// The peer region of the last descriptor (most of a call's go to one region): its rkey
+    /// and how it is reached, kept for the op already.
+    last: Option<(u64, super::client::Entry)>,
 }
 
 impl Batch for FabricBatch<'_> {
+    fn expect(&mut self, descs: usize) {
+        // Most calls' descriptors all go to the fabric, one copy each (up to a chunk).
+        self.copies.reserve(descs.min(1 << 16));
+    }
+
     fn add(
         &mut self,
         index: usize,
@@ -135,12 +143,18 @@ impl Batch for FabricBatch<'_> {
         rkey: u64,
         keep: &mut Keeps,
     ) -> Result<Option<u32>> {
-        let Some(e) = self.ch.link.entry(rkey) else {
+        if !matches!(&self.last, Some((k, _)) if *k == rkey) {
+            let Some(e) = self.ch.link.entry(rkey) else {
+                return Ok(None);
+            };
+            // The op table keeps the peer region reached (mapped) until the op's last copy is
+            // done; its last holder unmaps it and lets a revocation of it finish.
+            keep.peer(&e.reach);
+            self.last = Some((rkey, e));
+        }
+        let Some((_, e)) = &self.last else {
             return Ok(None);
         };
-        // The op table keeps the peer region reached (mapped) until the op's last copy is
-        // done; its last holder unmaps it and lets a revocation of it finish.
-        keep.peer(&e.reach);
         let pid = self.ch.link.pid;
         let mut n = 0;
         let mut off = 0;
@@ -271,6 +285,7 @@ impl<'a> FabricBatch<'a> {
             token,
             write: op == TransferOp::Write,
             copies: Vec::new(),
+            last: None,
         }
     }
 

@@ -63,14 +63,14 @@ impl Desc for StridedDesc {
 }
 
 impl Link {
-    fn remote_rkey(
-        table: &[RemoteRegion],
+    fn remote_region<'t>(
+        table: &'t [RemoteRegion],
         peer: &str,
         index: usize,
         addr: u64,
         len: u64,
         need: Access,
-    ) -> Result<u64> {
+    ) -> Result<&'t RemoteRegion> {
         hixl_core::region::check_range(hixl_core::Side::Remote, index, addr, len)?;
         let i = table.partition_point(|r| r.addr <= addr);
         let r = i
@@ -90,7 +90,7 @@ impl Link {
                 need: need.describe(),
             });
         }
-        Ok(r.rkey)
+        Ok(r)
     }
 
     /// Validates every descriptor and routes each to the first of the link's channels that
@@ -113,11 +113,32 @@ impl Link {
                 let table = read(&self.table);
                 let regions = lock(&self.regions);
                 let mut parts = 0u32;
+                // A call's descriptors mostly fall in the region of the one before (a KV
+                // cache's blocks): that region is tried first, on both sides, before a lookup.
+                let mut last_local: Option<&hixl_core::RegionEntry<Arc<RegionInner>>> = None;
+                let mut last_remote: Option<&RemoteRegion> = None;
+                for b in batches.iter_mut() {
+                    b.expect(descs.len());
+                }
                 'descs: for (i, d) in descs.iter().enumerate() {
                     let ((la, ll), (ra, rl)) = d.spans(i)?;
-                    let local = regions.lookup_local(i, la, ll)?;
-                    let rkey = Self::remote_rkey(&table, &self.name, i, ra, rl, need)?;
-                    keeps.region(&local.data);
+                    let local = match last_local {
+                        Some(e) if ll > 0 && e.contains(la, ll) => e,
+                        _ => {
+                            let e = regions.lookup_local(i, la, ll)?;
+                            keeps.region(&e.data);
+                            last_local = Some(e);
+                            e
+                        }
+                    };
+                    let rkey = match last_remote {
+                        Some(r) if rl > 0 && r.contains(ra, rl) => r.rkey,
+                        _ => {
+                            let r = Self::remote_region(&table, &self.name, i, ra, rl, need)?;
+                            last_remote = Some(r);
+                            r.rkey
+                        }
+                    };
                     for b in batches.iter_mut() {
                         if let Some(n) = d.add_to(&mut **b, i, &local.data, rkey, &mut keeps)? {
                             parts = parts

@@ -141,6 +141,8 @@ struct TcpBatch<'a> {
     bytes: u64,
     /// The channel's withdrawal count before the op could be abandoned.
     withdrawals: u64,
+    /// Descriptors the call has ([`Batch::expect`]).
+    hint: usize,
 }
 
 impl<'a> TcpBatch<'a> {
@@ -153,6 +155,7 @@ impl<'a> TcpBatch<'a> {
             k: 0,
             bytes: 0,
             withdrawals: ch.withdrawals.load(Ordering::Acquire),
+            hint: 0,
         }
     }
 
@@ -164,7 +167,11 @@ impl<'a> TcpBatch<'a> {
             return None;
         }
         if self.per.is_empty() {
-            self.per = (0..n).map(|_| Vec::new()).collect();
+            // While the channel is narrow every part goes to the first connection.
+            let first = self.hint;
+            self.per = (0..n)
+                .map(|i| Vec::with_capacity(if i == 0 { first } else { 0 }))
+                .collect();
             self.k = if self.ch.wide.load(Ordering::Relaxed) {
                 self.ch.next.fetch_add(1, Ordering::Relaxed)
             } else {
@@ -210,6 +217,10 @@ impl<'a> TcpBatch<'a> {
 }
 
 impl Batch for TcpBatch<'_> {
+    fn expect(&mut self, descs: usize) {
+        self.hint = descs.min(1 << 16);
+    }
+
     /// Reaches every descriptor (the link has at least one data connection).
     fn add(
         &mut self,

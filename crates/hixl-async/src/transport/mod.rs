@@ -291,6 +291,10 @@ pub(crate) trait Batch {
         add_pieces(self, index, d, local, rkey, keep)
     }
 
+    /// A hint before the first `add`: the call has `descs` descriptors (a batch may size its
+    /// lists once instead of growing them).
+    fn expect(&mut self, _descs: usize) {}
+
     /// Posts what was added. Every part resolves through `sink`.
     fn post(self: Box<Self>, sink: &Completions);
 }

@@ -30,10 +30,12 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: How long an awaited transfer is polled on the event loop's thread before the loop waits for
-#: it (microseconds): a small op finishes there with no thread hand-off. ``HIXL_PY_SPIN_US``
+#: The longest an awaited transfer is driven on the event loop's thread before the loop waits
+#: for it (microseconds). It is driven there while it makes progress (the engine's own adaptive
+#: spin, ``hixl.SpinUs``), so a small or medium op finishes with no thread hand-off and no
+#: wake-up; this bounds how long other coroutines wait meanwhile. ``HIXL_PY_SPIN_US``
 #: overrides it; 0 turns it off.
-SPIN_US = int(os.environ.get("HIXL_PY_SPIN_US", "100"))
+SPIN_US = int(os.environ.get("HIXL_PY_SPIN_US", "1000"))
 
 
 class Access(IntFlag):
@@ -131,9 +133,7 @@ class Op(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         op = self._op
-        if SPIN_US > 0 and op.is_transfer and not op.done():
-            op.spin(SPIN_US)
-        if not op.done():
+        if not (SPIN_US > 0 and op.spin(SPIN_US)):
             loop = asyncio.get_running_loop()
             bell = _bell(loop)
             fut = loop.create_future()
@@ -151,8 +151,8 @@ class Op(Generic[T]):
         """Blocks until the op finishes (the GIL is released) and returns its result or raises
         its error. Past ``timeout`` seconds the op is abandoned and ``HixlTimeoutError``
         raised."""
-        self._op.wait(timeout)
-        return self._result()
+        r = self._op.wait(timeout)
+        return self._wrap(r) if self._wrap is not None else r
 
     def status(self) -> TransferStatus:
         """The status now, without waiting."""
