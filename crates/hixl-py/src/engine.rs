@@ -247,6 +247,7 @@ impl Engine {
     #[pyo3(signature = (remote, op, descs, timeout=None))]
     fn transfer(
         &self,
+        py: Python<'_>,
         remote: &str,
         op: u8,
         descs: Vec<(u64, u64, u64)>,
@@ -258,7 +259,8 @@ impl Engine {
             .into_iter()
             .map(|(l, r, n)| OpDesc::new(l, r, n))
             .collect();
-        transfer_op(e.transfer(remote, op_of(op)?, &descs), timeout)
+        let op = op_of(op)?;
+        transfer_op(py.detach(|| e.transfer(remote, op, &descs)), timeout)
     }
 
     /// Notifies received since the last call (HIXL `GetNotifies`), as
@@ -379,26 +381,41 @@ impl Peer {
 
     /// Posts a transfer of `descs` (`(local, remote, len)` tuples).
     #[pyo3(signature = (op, descs, timeout=None))]
-    fn transfer(&self, op: u8, descs: Vec<(u64, u64, u64)>, timeout: Option<f64>) -> PyResult<Op> {
+    fn transfer(
+        &self,
+        py: Python<'_>,
+        op: u8,
+        descs: Vec<(u64, u64, u64)>,
+        timeout: Option<f64>,
+    ) -> PyResult<Op> {
         let _rt = runtime().enter();
         let descs: Vec<OpDesc> = descs
             .into_iter()
             .map(|(l, r, n)| OpDesc::new(l, r, n))
             .collect();
-        transfer_op(self.peer.transfer(op_of(op)?, &descs), timeout)
+        let op = op_of(op)?;
+        transfer_op(py.detach(|| self.peer.transfer(op, &descs)), timeout)
     }
 
     /// Posts a transfer of `n` descriptors read from a C-contiguous `uint64` array of `n`×3
     /// at `ptr` (the caller holds the array).
     #[pyo3(signature = (op, ptr, n, timeout=None))]
-    fn transfer_array(&self, op: u8, ptr: u64, n: usize, timeout: Option<f64>) -> PyResult<Op> {
+    fn transfer_array(
+        &self,
+        py: Python<'_>,
+        op: u8,
+        ptr: u64,
+        n: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<Op> {
         let _rt = runtime().enter();
         let rows = read_u64s::<3>(ptr, n)?;
         let descs: Vec<OpDesc> = rows
             .into_iter()
             .map(|[l, r, len]| OpDesc::new(l, r, len))
             .collect();
-        transfer_op(self.peer.transfer(op_of(op)?, &descs), timeout)
+        let op = op_of(op)?;
+        transfer_op(py.detach(|| self.peer.transfer(op, &descs)), timeout)
     }
 
     /// Posts a strided transfer: `n` descriptors `(local, remote, len, local_stride,
@@ -406,6 +423,7 @@ impl Peer {
     #[pyo3(signature = (op, ptr, n, timeout=None))]
     fn transfer_strided_array(
         &self,
+        py: Python<'_>,
         op: u8,
         ptr: u64,
         n: usize,
@@ -424,7 +442,11 @@ impl Peer {
                 count,
             })
             .collect();
-        transfer_op(self.peer.transfer_strided(op_of(op)?, &descs), timeout)
+        let op = op_of(op)?;
+        transfer_op(
+            py.detach(|| self.peer.transfer_strided(op, &descs)),
+            timeout,
+        )
     }
 
     /// Posts a strided transfer of `(local, remote, len, local_stride, remote_stride, count)`
@@ -432,6 +454,7 @@ impl Peer {
     #[pyo3(signature = (op, descs, timeout=None))]
     fn transfer_strided(
         &self,
+        py: Python<'_>,
         op: u8,
         descs: Vec<(u64, u64, u64, u64, u64, u64)>,
         timeout: Option<f64>,
@@ -448,7 +471,11 @@ impl Peer {
                 count,
             })
             .collect();
-        transfer_op(self.peer.transfer_strided(op_of(op)?, &descs), timeout)
+        let op = op_of(op)?;
+        transfer_op(
+            py.detach(|| self.peer.transfer_strided(op, &descs)),
+            timeout,
+        )
     }
 
     /// Sends a notify (name and message of at most 1024 bytes each).

@@ -284,7 +284,15 @@ impl Op {
             return self.done();
         };
         let budget = Duration::from_micros(budget_us);
-        match py.detach(|| Op::poll_for(&mut f, budget)) {
+        // A transfer that finished already (a same-host copy done at submission) is collected
+        // without releasing the GIL: its poll returns at once.
+        let finished = matches!(&f, Fut::Transfer(t) if t.status() != TransferStatus::Waiting);
+        let polled = if finished {
+            Op::poll_for(&mut f, Duration::ZERO)
+        } else {
+            py.detach(|| Op::poll_for(&mut f, budget))
+        };
+        match polled {
             Some(o) => {
                 finish(&self.shared, self.id, o);
                 true
@@ -353,6 +361,14 @@ impl Op {
             None => None,
         };
         if let Some(mut f) = self.take_ready() {
+            // Finished already (a same-host copy done at submission): collect it at once.
+            if matches!(&f, Fut::Transfer(t) if t.status() != TransferStatus::Waiting) {
+                if let Some(o) = Op::poll_for(&mut f, Duration::ZERO) {
+                    drop(f);
+                    finish(&self.shared, self.id, o);
+                    return self.collect(py);
+                }
+            }
             // Drive it here: the fastest path (no thread hand-off).
             let o = py.detach(|| {
                 let _rt = runtime().enter();

@@ -345,18 +345,23 @@ class Peer:
         """Posts a transfer: ``descs`` is a list of ``(local_addr, remote_addr, len)`` or an
         N×3 ``uint64`` array (the fast path). ``timeout`` in seconds bounds it (the op is then
         abandoned, status ``TIMED_OUT``)."""
-        arr = _array_ptr(descs, 3)
-        if arr is not None:
-            ptr, n, _owner = arr
-            return Transfer(self._native.transfer_array(int(op), ptr, n, timeout))
+        if type(descs) is not list:
+            arr = _array_ptr(descs, 3)
+            if arr is not None:
+                ptr, n, _owner = arr
+                return Transfer(self._native.transfer_array(int(op), ptr, n, timeout))
         return Transfer(self._native.transfer(int(op), descs, timeout))
 
     def read(self, descs: Descs, timeout: Optional[float] = None) -> Transfer:
-        """READ: remote → local."""
+        """READ: remote → local (see `transfer`)."""
+        if type(descs) is list:
+            return Transfer(self._native.transfer(0, descs, timeout))
         return self.transfer(TransferOp.READ, descs, timeout)
 
     def write(self, descs: Descs, timeout: Optional[float] = None) -> Transfer:
-        """WRITE: local → remote."""
+        """WRITE: local → remote (see `transfer`)."""
+        if type(descs) is list:
+            return Transfer(self._native.transfer(1, descs, timeout))
         return self.transfer(TransferOp.WRITE, descs, timeout)
 
     def transfer_strided(self, op: Union[TransferOp, int], descs: Any,
