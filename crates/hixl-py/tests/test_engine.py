@@ -137,6 +137,16 @@ def test_notifies_both_ways(spawn, transport):
         assert (n.name, n.msg) == (b"done", b"req-1")
         with pytest.raises(hixl.ParamInvalidError):
             peer.notify("n" * 1025, "m").wait(5)
+        # 4096 undrained notifies from one link fill the receiver's budget
+        async def flood():
+            await asyncio.gather(*(peer.notify("q", str(k)) for k in range(4096)))
+            with pytest.raises(hixl.ResourceExhaustedError) as e:
+                await peer.notify("q", "over")
+            assert e.value.status == 203900
+
+        asyncio.run(flood())
+        assert len(child.ask(cmd="notifies")["notifies"]) == 4096
+        peer.notify("q", "again").wait(5)
     finally:
         eng.close()
 
@@ -234,6 +244,17 @@ def test_errors_name_the_offending_value(spawn):
             eng.register(12345)
         with pytest.raises(hixl.ParamInvalidError):
             eng.register(np.zeros((8, 8))[:, ::2])
+
+        class MockGpuTensor:  # a mock: no GPU here; only its DLPack device says CUDA
+            def __dlpack_device__(self):
+                return (2, 0)
+
+            def __dlpack__(self, stream=None):
+                raise AssertionError("a device tensor is refused before it is exported")
+
+        with pytest.raises(hixl.UnsupportedError) as e:
+            eng.register(MockGpuTensor())
+        assert e.value.value == (2, 0) and e.value.status == 103905
         with pytest.raises(hixl.NotConnectedError) as e:
             eng.peer("127.0.0.1:1")
         assert e.value.value == "127.0.0.1:1"

@@ -13,7 +13,7 @@ from typing import (Any, AsyncIterator, Callable, Dict, Generator, Generic, List
                     Optional, Sequence, Tuple, TypeVar, Union)
 
 from . import _hixl
-from ._errors import ParamInvalidError
+from ._errors import ParamInvalidError, UnsupportedError
 
 __all__ = [
     "Access",
@@ -216,9 +216,9 @@ def _array_ptr(descs: Any, width: int) -> Optional[Tuple[int, int, Any]]:
 def _dlpack_span(obj: Any) -> Tuple[int, int, Any]:
     dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (1, 0)
     if int(dev[0]) not in (1, 3):  # kDLCPU, kDLCUDAHost (pinned host memory)
-        raise ParamInvalidError(
-            f"a tensor on DLPack device {tuple(dev)} is not host memory; this build registers "
-            "host memory only", value=tuple(dev))
+        raise UnsupportedError(
+            f"a tensor on DLPack device {tuple(dev)} is device memory; this build has no device "
+            "runtime (CUDA, Ascend ACL) and registers host memory only", value=tuple(dev))
     capsule = obj.__dlpack__()
     addr, nbytes = _hixl.dlpack_span(capsule)
     # The capsule owns a reference to the tensor until it is destroyed (its destructor calls
