@@ -263,6 +263,28 @@ impl Engine {
         transfer_op(py.detach(|| e.transfer(remote, op, &descs)), timeout)
     }
 
+    /// [`Engine::transfer`] of `n` descriptors from a C-contiguous `uint64` array of `n`×3 at
+    /// `ptr` (the caller holds the array).
+    #[pyo3(signature = (remote, op, ptr, n, timeout=None))]
+    fn transfer_array(
+        &self,
+        py: Python<'_>,
+        remote: &str,
+        op: u8,
+        ptr: u64,
+        n: usize,
+        timeout: Option<f64>,
+    ) -> PyResult<Op> {
+        let _rt = runtime().enter();
+        let e = self.get()?;
+        let descs: Vec<OpDesc> = read_u64s::<3>(ptr, n)?
+            .into_iter()
+            .map(|[l, r, len]| OpDesc::new(l, r, len))
+            .collect();
+        let op = op_of(op)?;
+        transfer_op(py.detach(|| e.transfer(remote, op, &descs)), timeout)
+    }
+
     /// Notifies received since the last call (HIXL `GetNotifies`), as
     /// `(from, link, name, msg)` tuples.
     fn take_notifies(&self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {

@@ -76,6 +76,11 @@ def test_write_and_read_back_every_form_of_buffer(spawn, transport):
         assert dreg.addr == arr.ctypes.data and dreg.len == arr.nbytes
         peer.read([(dreg.addr, rr.addr, arr.nbytes)]).wait(5)
         assert arr.tobytes() == src.tobytes()[: arr.nbytes]
+        # by the peer's name through the engine, with an array
+        arr[:] = 0
+        eng.transfer(peer.name, hixl.TransferOp.READ,
+                     np.array([[dreg.addr, rr.addr, arr.nbytes]], dtype=np.uint64)).wait(5)
+        assert arr.tobytes() == src.tobytes()[: arr.nbytes]
         for r in (reg, breg, mreg, dreg):
             eng.deregister(r).wait(5)
     finally:

@@ -493,11 +493,17 @@ class Engine:
     def peers(self) -> List[str]:
         return list(self._native.peers())
 
-    def transfer(self, remote: str, op: Union[TransferOp, int], descs: Sequence[Desc],
+    def transfer(self, remote: str, op: Union[TransferOp, int], descs: Descs,
                  timeout: Optional[float] = None) -> Transfer:
-        """A transfer to ``remote`` by name (HIXL ``TransferAsync``); with AutoConnect on, the
-        link is made first."""
-        return Transfer(self._native.transfer(remote, int(op), list(descs), timeout))
+        """A transfer to ``remote`` by name (HIXL ``TransferAsync``; descriptors as for
+        `Peer.transfer`); with AutoConnect on, the link is made first."""
+        if type(descs) is not list:
+            arr = _array_ptr(descs, 3)
+            if arr is not None:
+                ptr, n, _owner = arr
+                return Transfer(self._native.transfer_array(remote, int(op), ptr, n, timeout))
+            descs = list(descs)
+        return Transfer(self._native.transfer(remote, int(op), descs, timeout))
 
     # notifies
 
