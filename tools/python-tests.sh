@@ -19,6 +19,8 @@ fi
 "$PY" -m venv "$work/test-venv"
 # Installing and testing see no cargo or rustc: the wheel needs no toolchain.
 clean_path=/usr/local/bin:/usr/bin:/bin
-env PATH="$clean_path" "$work/test-venv/bin/pip" install -q "$work"/wheels/hixl-*.whl numpy pytest
+env PATH="$clean_path" "$work/test-venv/bin/pip" install -q "$work"/wheels/hixl-*.whl numpy pytest mypy
 cd crates/hixl-py/tests
+# The installed package's type stubs and annotations hold together (what editors complete from).
+(cd "$work" && env PATH="$clean_path" "$work/test-venv/bin/python" -m mypy --strict --no-incremental -p hixl)
 env PATH="$clean_path" "$work/test-venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
