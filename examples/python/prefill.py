@@ -40,10 +40,6 @@ async def main() -> None:
             print(f"prefill: {n.sender} says {n.name.decode()} {n.msg.decode()}; "
                   "its blocks can be freed", flush=True)
             break
-        # A server would go on serving. Exiting at once could beat decode's notify ack: on the
-        # fabric the ack and the engine's goodbye travel on different sockets, and decode would
-        # see its notify fail. Linger a moment.
-        await asyncio.sleep(0.5)
 
 
 if __name__ == "__main__":

@@ -475,3 +475,41 @@ async fn a_target_restarted_on_its_port_mid_stream_is_a_new_link() {
         t2.shutdown(Duration::from_millis(10)).await;
     }
 }
+
+/// A notify its receiver saw is never reported failed to its sender because the receiver
+/// closed its engine right after seeing it. On the fabric the ack travels on the fabric
+/// channel and the goodbye on the control connection: the target sends what the channel
+/// queued before the goodbye, and the initiator waits a moment for acks still on their way
+/// instead of failing the notify with the goodbye.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notify_seen_by_a_receiver_that_closes_at_once_succeeds() {
+    use futures::StreamExt;
+    for mode in [Mode::Tcp, Mode::FabricPool] {
+        for round in 0..40 {
+            let target = server(mode).await;
+            let init = client(mode).await;
+            let peer = init
+                .connect(target.local_engine(), T)
+                .await
+                .expect("connect");
+            let mut seen = target.notifications();
+            let receiver = tokio::spawn(async move {
+                let n = seen.next().await.expect("a notify");
+                // Close the moment the notify is seen.
+                target.shutdown(Duration::from_secs(1)).await;
+                n
+            });
+            let sent = peer.notify("done", format!("request-{round}")).await;
+            let n = tokio::time::timeout(T, receiver)
+                .await
+                .expect("the receiver saw the notify")
+                .expect("join");
+            assert_eq!(n.msg, format!("request-{round}").into_bytes());
+            assert!(
+                sent.is_ok(),
+                "{mode:?} round {round}: the receiver saw the notify, yet its sender got {sent:?}"
+            );
+            init.shutdown(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -104,6 +104,10 @@ impl PeerChannel for FabricChannel {
         Some(self.link.send(m))
     }
 
+    fn carries_notifies(&self) -> bool {
+        true
+    }
+
     fn withdraw(&self, token: Token, cause: &Error) {
         if self.backend.copy.queued() > 0 {
             self.backend.copy.cancel_queued(|t| t == token, cause);

@@ -77,6 +77,10 @@ impl Transport for FabricTransport {
         // Same-host peers touch the memory directly: wait until each has stopped.
         Box::pin(super::server::revoke(cx, rkey))
     }
+
+    fn farewell<'a>(&'a self, sess: &'a crate::transport::target::Session) -> BoxFuture<'a, ()> {
+        Box::pin(super::server::flush(sess))
+    }
 }
 
 impl FabricTransport {

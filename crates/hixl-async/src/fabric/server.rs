@@ -31,6 +31,31 @@ type Out = (Message, Vec<OwnedFd>);
 pub(crate) struct FabricChan {
     tx: mpsc::UnboundedSender<Out>,
     revokes: Mutex<HashMap<u64, Vec<oneshot::Sender<()>>>>,
+    /// Frames queued and not yet written (or given up on).
+    unsent: std::sync::atomic::AtomicUsize,
+    /// Rung when `unsent` drops to 0.
+    drained: tokio::sync::Notify,
+}
+
+/// How long closing a session waits for its fabric channel's queued frames.
+const FLUSH_BOUND: Duration = Duration::from_secs(1);
+
+/// Resolves once `sess`'s fabric channel has written what it had queued (at most
+/// [`FLUSH_BOUND`]), or at once without a channel.
+pub(crate) async fn flush(sess: &Session) {
+    let Some(chan) = sess.slot::<FabricChan>(SLOT) else {
+        return;
+    };
+    let wait = async {
+        loop {
+            let drained = chan.drained.notified();
+            if chan.unsent.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            drained.await;
+        }
+    };
+    let _ = tokio::time::timeout(FLUSH_BOUND, wait).await;
 }
 
 /// The exported regions as fabric entries, with a memfd for each pool region; at most
@@ -74,7 +99,27 @@ fn fabric_tables(regions: &Mutex<hixl_core::RegionTable<Arc<RegionInner>>>) -> V
 
 impl FabricChan {
     fn send(&self, m: Message) {
-        let _ = self.tx.send((m, Vec::new()));
+        self.queue((m, Vec::new()));
+    }
+
+    /// Queues a frame for the writer, counted until written.
+    fn queue(&self, out: Out) {
+        self.unsent
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        if self.tx.send(out).is_err() {
+            self.sent();
+        }
+    }
+
+    /// One queued frame is written (or will never be).
+    fn sent(&self) {
+        if self
+            .unsent
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.drained.notify_waiters();
+        }
     }
 }
 
@@ -156,24 +201,50 @@ async fn serve(
     let chan = Arc::new(FabricChan {
         tx,
         revokes: Mutex::new(HashMap::new()),
+        unsent: std::sync::atomic::AtomicUsize::new(0),
+        drained: tokio::sync::Notify::new(),
     });
     if !sess.set_slot(SLOT, chan.clone()) {
         tracing::warn!(peer = %engine, "second fabric channel for one session refused");
         return;
     }
     for t in fabric_tables(&srv.regions) {
-        let _ = chan.tx.send(t);
+        chan.queue(t);
     }
     let s = Arc::new(s);
     let ws = s.clone();
     let peer = sess.peer.clone();
     let wpeer = peer.clone();
+    let wchan = chan.clone();
+    let (stop, mut stopped) = oneshot::channel::<()>();
     let writer = tokio::spawn(async move {
-        while let Some((m, fds)) = rx.recv().await {
+        let mut flushing = false;
+        loop {
+            let out = if flushing {
+                rx.try_recv().ok()
+            } else {
+                tokio::select! {
+                    biased;
+                    o = rx.recv() => o,
+                    _ = &mut stopped => {
+                        // The channel ends: what is queued (notify acks the application may
+                        // have acted on) still goes, then the writer stops.
+                        flushing = true;
+                        continue;
+                    }
+                }
+            };
+            let Some((m, fds)) = out else { break };
             let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-            if send_frame(&ws, &m, &borrowed, &wpeer).await.is_err() {
+            let ok = send_frame(&ws, &m, &borrowed, &wpeer).await.is_ok();
+            wchan.sent();
+            if !ok {
                 break;
             }
+        }
+        // What is still queued will never be written.
+        while rx.try_recv().is_ok() {
+            wchan.sent();
         }
     });
     let err = loop {
@@ -208,7 +279,11 @@ async fn serve(
     sess.clear_slot(SLOT);
     // Without its fabric channel the initiator cannot acknowledge revocations: end the link.
     sess.state.kill(err);
-    writer.abort();
+    let _ = stop.send(());
+    let abort = writer.abort_handle();
+    if tokio::time::timeout(FLUSH_BOUND, writer).await.is_err() {
+        abort.abort();
+    }
 }
 
 /// Sends a fresh fabric table (new pool regions' memfds) to every fabric channel.
@@ -216,7 +291,7 @@ pub(crate) fn broadcast_tables(srv: &TargetCx) {
     for sess in srv.sessions.all() {
         if let Some(chan) = sess.slot::<FabricChan>(SLOT) {
             for t in fabric_tables(&srv.regions) {
-                let _ = chan.tx.send(t);
+                chan.queue(t);
             }
         }
     }

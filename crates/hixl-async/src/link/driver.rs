@@ -64,6 +64,13 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
             transmit(&link, &wtx, m);
         }
         while let Some(e) = session.poll_event() {
+            // A notify the closing session fails may have been acked on a channel already,
+            // its ack on the way (see below): it waits for that, not for the session's word.
+            if let Event::NotifyAcked { result: Err(_), .. } = &e {
+                if session.is_closed() && goodbye(&link) {
+                    continue;
+                }
+            }
             on_event(&link, &mut session, &mut waiters, e);
         }
         if session.is_closed() {
@@ -73,7 +80,15 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
         tokio::select! {
             biased;
             _ = dead.changed() => {
-                // Killed from elsewhere: a data connection or a channel failed.
+                // Killed from elsewhere: a data connection or a channel failed. Acks a channel
+                // read before it failed are queued already: they count.
+                while let Ok(c) = cmds.try_recv() {
+                    if let Command::Acked { seq, status } = c {
+                        let _ = session.handle_frame(now(), Message::NotifyAck { seq, status });
+                    } else if let Command::Notify { reply, .. } = c {
+                        let _ = reply.send(Err(link.lost("link closed")));
+                    }
+                }
                 let cause = link.state.error().unwrap_or_else(|| link.lost("link closed"));
                 session.connection_lost(cause);
             }
@@ -125,6 +140,33 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
     while let Some(m) = session.poll_transmit() {
         transmit(&link, &wtx, m);
     }
+    // The session ended by a goodbye (the peer's or ours), not by a failure: notifies the peer
+    // acked on a channel (the fabric's, whose socket is not this connection's) may still be on
+    // their way, sent before the goodbye. They are awaited a moment before the rest fail.
+    let settle = |c: Command, waiters: &mut HashMap<u64, oneshot::Sender<Result<()>>>| match c {
+        Command::Acked { seq, status } => {
+            if let Some(w) = waiters.remove(&seq) {
+                let _ = w.send(hixl_core::session::notify_ack_result(&peer, status));
+            }
+        }
+        Command::Notify { reply, .. } => {
+            let _ = reply.send(Err(link.lost("link closed")));
+        }
+        _ => {}
+    };
+    // Acks a channel read already are queued: they count, whatever ended the session.
+    while let Ok(c) = cmds.try_recv() {
+        settle(c, &mut waiters);
+    }
+    if goodbye(&link) && !waiters.is_empty() {
+        let until = tokio::time::Instant::now() + LATE_ACKS;
+        while !waiters.is_empty() {
+            match tokio::time::timeout_at(until, cmds.recv()).await {
+                Ok(Some(c)) => settle(c, &mut waiters),
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
     let cause = link
         .state
         .error()
@@ -153,6 +195,15 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
     }
     drop(wtx);
 }
+
+/// Whether the link's session is ending by a goodbye (the peer's or ours, not a failure) on
+/// a link whose notifies travel on a channel.
+fn goodbye(link: &Link) -> bool {
+    link.state.error().is_none() && link.channels.first().is_some_and(|c| c.carries_notifies())
+}
+
+/// How long a link closed by a goodbye waits for notify acks still coming on a channel.
+const LATE_ACKS: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Writes a frame: a notify over the first channel when it carries notifies, anything else
 /// (and notifies without such a channel) on the control connection.

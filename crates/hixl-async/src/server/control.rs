@@ -80,7 +80,12 @@ impl Server {
             tokio::select! {
                 biased;
                 c = cmds.recv() => match c {
-                    Some(m) => self.command(&mut session, &sess, m),
+                    Some(m) => {
+                        if matches!(m, Message::Disconnect { .. }) {
+                            self.farewell(&sess).await;
+                        }
+                        self.command(&mut session, &sess, m)
+                    }
                     None => session.disconnect("session dropped"),
                 },
                 _ = dead.changed() => {
@@ -89,7 +94,10 @@ impl Server {
                     });
                     session.connection_lost(cause);
                 }
-                _ = shutdown.changed() => session.disconnect("engine finalized"),
+                _ = shutdown.changed() => {
+                    self.farewell(&sess).await;
+                    session.disconnect("engine finalized")
+                }
                 m = read_frame(&mut r, &mut buf, &peer) => match m {
                     Ok(m) => {
                         let _ = session.handle_frame(now(), m);
@@ -178,6 +186,15 @@ impl Server {
             | Event::TableUpdated(_)
             | Event::NotifyAcked { .. }
             | Event::Revoked { .. } => {}
+        }
+    }
+
+    /// Before a goodbye: what the transports' channels queued for this initiator (notify
+    /// acks on the fabric channel) goes out first, so that a notify the application saw is
+    /// never reported failed to its sender because the engine closed right after.
+    async fn farewell(&self, sess: &Session) {
+        for t in self.transports.iter() {
+            t.farewell(sess).await;
         }
     }
 

@@ -131,6 +131,13 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
     fn revoke<'a>(&'a self, _cx: &'a TargetCx, _rkey: u64) -> BoxFuture<'a, ()> {
         Box::pin(async {})
     }
+
+    /// The engine is closing `sess`: resolves once what this transport's channel of it has
+    /// queued (notify acks) is sent, so that it goes out before the control connection's
+    /// goodbye (bounded).
+    fn farewell<'a>(&'a self, _sess: &'a Session) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// A channel a transport opened, and what `Peer::transport` says of it.
@@ -219,6 +226,12 @@ pub(crate) trait PeerChannel: Send + Sync + std::fmt::Debug {
     /// carries it. `Some(false)`: the channel is closed.
     fn send_notify(&self, _m: Message) -> Option<bool> {
         None
+    }
+
+    /// Whether [`PeerChannel::send_notify`] carries notifies (their acks then come back on
+    /// this channel, not on the control connection).
+    fn carries_notifies(&self) -> bool {
+        false
     }
 
     /// A frame of the control connection that belongs to this transport (e.g. the peer's

@@ -131,6 +131,13 @@ mod tests;
 pub use initiator::InitiatorSession;
 pub use target::TargetSession;
 
+/// The result a notify's sender gets for the ack status `status` from `peer` (as
+/// [`Event::NotifyAcked`] carries it): for a driver that resolves an ack arriving on a
+/// transport's channel after the session closed.
+pub fn notify_ack_result(peer: &str, status: u32) -> Result<(), Error> {
+    notify::ack_result(peer, status, NOTIFY_MAX_PENDING)
+}
+
 /// How long a target waits for a hello and for the answer to its challenge by default.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
