@@ -167,18 +167,56 @@ fn check_mapped(addr: u64, len: u64, tensor: usize) -> PyResult<()> {
 pub(crate) struct Shared {
     pub(crate) dd: Arc<tokio::sync::RwLock<LlmDataDist>>,
     /// The caches registered through this instance, by id (transfers need their regions).
-    pub(crate) caches: Mutex<HashMap<i64, Cache>>,
+    pub(crate) caches: Mutex<HashMap<i64, (Cache, Option<BlocksCacheKey>)>>,
     events: tokio::sync::Mutex<Option<LeaseEvents>>,
+    /// Held by a registration from its checks until its cache is in `caches`.
+    registering: Mutex<()>,
 }
 
 impl Shared {
+    /// Refuses a registration whose tensors overlap a cache registered here, or whose key is in
+    /// use: the engine would hand back the existing cache's regions, and a failed or later
+    /// unregistration would then take them from under that cache.
+    fn check_new(
+        &self,
+        addrs: &[u64],
+        size: u64,
+        key: Option<BlocksCacheKey>,
+    ) -> Result<(), DataDistError> {
+        let caches = lock(&self.caches);
+        for (id, (c, ckey)) in caches.iter() {
+            if let Some(k) = key.filter(|k| *ckey == Some(*k)) {
+                return Err(DataDistError::param(format!(
+                    "blocks cache key (cluster_id {}, model_id {}) is already used by cache \
+                     {id}; use a distinct model_id",
+                    k.cluster_id, k.model_id
+                )));
+            }
+            let csize = c.desc.tensor_size()?;
+            for (t, &a) in addrs.iter().enumerate() {
+                for (u, &b) in c.tensor_addrs.iter().enumerate() {
+                    if a < b.saturating_add(csize) && b < a.saturating_add(size) {
+                        return Err(DataDistError::param(format!(
+                            "tensor {t} at {a:#x} ({size} bytes) overlaps tensor {u} of cache {id} \
+                             at {b:#x}: a memory range belongs to one cache"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn cache(&self, id: i64) -> PyResult<Cache> {
-        lock(&self.caches).get(&id).cloned().ok_or_else(|| {
-            dd_err(DataDistError::new(
-                LlmStatus::KvCacheNotExist,
-                format!("cache {id} is not registered with this LLMDataDist"),
-            ))
-        })
+        lock(&self.caches)
+            .get(&id)
+            .map(|(c, _)| c.clone())
+            .ok_or_else(|| {
+                dd_err(DataDistError::new(
+                    LlmStatus::KvCacheNotExist,
+                    format!("cache {id} is not registered with this LLMDataDist"),
+                ))
+            })
     }
 }
 
@@ -215,6 +253,7 @@ impl DataDist {
                 dd: Arc::new(tokio::sync::RwLock::new(dd)),
                 caches: Mutex::new(HashMap::new()),
                 events: tokio::sync::Mutex::new(None),
+                registering: Mutex::new(()),
             }),
         })
     }
@@ -367,24 +406,32 @@ impl DataDist {
             model_id,
         });
         let keys: Vec<CacheKey> = cache_keys.into_iter().map(cache_key).collect();
-        let dd = self.shared.dd.clone();
-        let cache = dd_result(run(py, async move {
-            let g = dd.read().await;
-            if keys.is_empty() {
-                // SAFETY: the Python API's contract (documented on register_cache and
-                // register_blocks_cache): each address is memory of `tensor_size` bytes the
-                // caller keeps alive and does not free until unregister_cache or finalize,
-                // as LLM-DataDist requires of the addresses it is given. check_mapped above
-                // refused addresses that are not mapped at all.
-                unsafe { g.register_kv_cache(desc, &addrs, key) }.await
-            } else {
-                // SAFETY: as above.
-                unsafe { g.register_kv_cache_with_keys(desc, &addrs, &keys) }.await
-            }
-        }))?;
-        let out = (cache.cache_id, cache.tensor_addrs.clone());
-        lock(&self.shared.caches).insert(cache.cache_id, cache);
-        Ok(out)
+        let sh = self.shared.clone();
+        let cache = py.detach(|| {
+            // One registration at a time: the overlap check below holds until it is in the map.
+            let _one = lock(&sh.registering);
+            sh.check_new(&addrs, size, key)?;
+            runtime()
+                .block_on(async {
+                    let g = sh.dd.read().await;
+                    if keys.is_empty() {
+                        // SAFETY: the Python API's contract (documented on register_cache and
+                        // register_blocks_cache): each address is memory of `tensor_size` bytes the
+                        // caller keeps alive and does not free until unregister_cache or finalize,
+                        // as LLM-DataDist requires of the addresses it is given. check_mapped above
+                        // refused addresses that are not mapped at all.
+                        unsafe { g.register_kv_cache(desc, &addrs, key) }.await
+                    } else {
+                        // SAFETY: as above.
+                        unsafe { g.register_kv_cache_with_keys(desc, &addrs, &keys) }.await
+                    }
+                })
+                .inspect(|cache| {
+                    lock(&sh.caches).insert(cache.cache_id, (cache.clone(), key));
+                })
+        });
+        let cache = dd_result(cache)?;
+        Ok((cache.cache_id, cache.tensor_addrs.clone()))
     }
 
     /// Unregisters a cache (an unknown id is a no-op).
