@@ -407,3 +407,108 @@ def test_a_peer_that_does_not_finalize_exits_promptly():
     finally:
         dd.finalize()
         peer.close()
+
+
+def test_concurrent_pulls_release_the_gil():
+    peer = Peer(cluster=1, transport="tcp", layers=L, blocks=B, elems=E, seed=SEED, sync_ms=1500)
+    dd = local(cluster=2, transport="tcp", sync_ms=1500)
+    try:
+        assert dd.link_clusters([peer.info()])[0] == S.LLM_SUCCESS
+        guard = filled(96, 2 * L, B, E)
+        dc = blocks_cache(dd, guard)
+        errors = []
+
+        def pull(blocks):
+            try:
+                for _ in range(5):
+                    dd.cache_manager.pull_blocks(BlocksCacheKey(1, 0), dc, blocks, blocks)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=pull, args=([b, b + 4],)) for b in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        expect_blocks(digest(guard), SEED, [(b, b) for b in range(8)],
+                      lambda t, b: value(96, t, b))
+        # while a pull waits on a stopped peer, this thread keeps running Python
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        try:
+            waiting = threading.Thread(target=pull, args=([9],))
+            waiting.start()
+            time.sleep(0.05)
+            n, t0 = 0, time.monotonic()
+            while time.monotonic() - t0 < 0.3:
+                n += 1
+            assert waiting.is_alive()
+            assert n > 10000
+            waiting.join()
+            assert [e.status_code for e in errors] == [S.LLM_TIMEOUT]
+        finally:
+            os.kill(peer.proc.pid, signal.SIGCONT)
+    finally:
+        dd.finalize()
+        peer.close()
+
+
+def test_local_copy_and_swap_blocks():
+    dd = local(cluster=2)
+    try:
+        cm = dd.cache_manager
+        a = filled(61, 2, 8, 16)
+        ca = blocks_cache(dd, a)
+        cm.copy_blocks(ca, {1: [4, 5], 2: [6]})
+        got = digest(a)
+        for t in range(2):
+            assert got[t] == [value(61, t, b) for b in (0, 1, 2, 3, 1, 1, 2, 7)]
+        with pytest.raises(LLMException) as e:
+            cm.copy_blocks(ca, {1: [8]})
+        assert e.value.status_code == S.LLM_PARAM_INVALID
+        b = [np.zeros((8, 16), np.float32) for _ in range(2)]
+        cb = blocks_cache(dd, b, model_id=1)
+        cm.swap_blocks(ca, cb, {0: 7, 3: 2})
+        host = [np.zeros((8, 16), np.float32) for _ in range(2)]
+        cpu = Cache.create_cpu_cache(CacheDesc(2, [8, 16], DataType.DT_FLOAT,
+                                               placement=Placement.HOST),
+                                     [h.ctypes.data for h in host])
+        cm.swap_blocks(cb, cpu, {7: 0, 2: 1})
+        for t in range(2):
+            assert digest(b)[t] == [0.0, 0.0, value(61, t, 3), 0, 0, 0, 0, value(61, t, 0)]
+            assert digest(host)[t] == [value(61, t, 0), value(61, t, 3)] + [0.0] * 6
+        with pytest.raises(LLMException) as e:
+            cm.swap_blocks(cb, cpu, {9: 0})
+        assert e.value.status_code == S.LLM_PARAM_INVALID
+    finally:
+        dd.finalize()
+
+
+def test_llm_config_generates_llm_datadist_option_keys():
+    c = LLMConfig()
+    c.device_id = 3
+    c.sync_kv_timeout = 2500
+    c.listen_ip_info = "127.0.0.1:26000"
+    c.enable_cache_manager = True
+    c.enable_remote_cache_accessible = True
+    c.local_comm_res = ""
+    c.transfer_backend = "hixl"
+    c.link_retry_count = 3
+    c.ge_options = {"hixl.Transport": "tcp"}
+    assert c.generate_options() == {
+        "ge.exec.deviceId": "3", "llm.SyncKvCacheWaitTime": "2500",
+        "llm.listenIpInfo": "127.0.0.1:26000", "llm.EnableCacheManager": "1",
+        "llm.EnableRemoteCacheAccessible": "1", "llm.LocalCommRes": "",
+        "llm.TransferBackend": "hixl", "llm.LinkRetryCount": "3", "hixl.Transport": "tcp"}
+    with pytest.raises(ValueError) as e:
+        c.link_retry_count = 101
+    assert isinstance(e.value, LLMException) and "101" in str(e.value)
+    with pytest.raises(TypeError):
+        c.enable_cache_manager = "yes"
+    assert LLMRole.PROMPT == 1 and LLMRole.DECODER == 2 and LLMRole.MIX == 3
+    assert S.LLM_LEASE_ENDED == 0x5010B100 and S.LLM_LEASE_HELD == 0x5010B101
+    assert S.LLM_PARAM_INVALID == 0x5010B005 and S.LLM_EXIST_LINK == 0x5010B018
+    assert CacheKey(1, 2).prefix_id == 2**64 - 1 and BlocksCacheKey(4).model_id == 0
+    ci = LLMClusterInfo()
+    ci.append_remote_ip_info("10.1.2.3", 26000)
+    assert ci.remote_ip_info_list == [(0x0302010A, 26000)]
