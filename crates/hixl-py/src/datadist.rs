@@ -233,11 +233,19 @@ pub(crate) struct DataDist {
 }
 
 impl Drop for DataDist {
-    /// Dropped without `finalize` (e.g. at interpreter exit): the instance's tasks need the
-    /// runtime's context to stop.
+    /// Dropped without `finalize` (e.g. at interpreter exit): the instance is dropped inside the
+    /// runtime's context, which its engine's tasks need to stop. (A layer-wise task still
+    /// running keeps it alive; the task's own drop ends it.)
     fn drop(&mut self) {
         let _g = runtime().enter();
         lock(&self.shared.caches).clear();
+        if let Ok(mut dd) = self.shared.dd.try_write() {
+            let role = dd.role();
+            drop(std::mem::replace(
+                &mut *dd,
+                LlmDataDist::new(self.cluster_id, role),
+            ));
+        }
     }
 }
 

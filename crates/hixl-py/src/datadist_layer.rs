@@ -16,7 +16,7 @@ use crate::runtime;
 /// src_batch_index, tensor_num_per_layer)`. `kind` 0: the peer's blocks cache with key
 /// `(cluster_id, id)`; 1: batch entry `batch_index` of the peer's cache `id`; 2: the blocks of
 /// the peer's cache `id` (a blocks cache named by id, e.g. found from `dst_addrs`).
-pub(crate) type TargetSpec = (u8, u64, i64, u32, Vec<u64>, Vec<u64>, u32, u32);
+pub(crate) type TargetSpec = (u8, u64, u64, u32, Vec<u64>, Vec<u64>, u32, u32);
 
 #[derive(Clone)]
 enum Dest {
@@ -59,12 +59,17 @@ impl LayerTask {
         for (i, (kind, cluster_id, id, batch, sb, db, src_batch, per_layer)) in
             specs.into_iter().enumerate()
         {
+            let cache_id = i64::try_from(id).map_err(|_| {
+                param(format!(
+                    "transfer config {i}: cache id {id} is past 2^63 - 1"
+                ))
+            });
             let dest = match kind {
-                0 => Dest::BlocksKey(bkey((cluster_id, id as u64))),
-                1 => Dest::Entry(cache_index((cluster_id, id, batch))),
+                0 => Dest::BlocksKey(bkey((cluster_id, id))),
+                1 => Dest::Entry(cache_index((cluster_id, cache_id?, batch))),
                 2 => Dest::BlocksId {
                     cluster_id,
-                    cache_id: id,
+                    cache_id: cache_id?,
                 },
                 k => return Err(param(format!("transfer config {i}: target kind {k}"))),
             };
