@@ -142,6 +142,14 @@ def test_layerwise_transfer_cache_async(pair):
     for t in range(2 * L):
         assert got[t][6] == (value(31, t - 2, 6) if t >= 4 else 0.0), t
 
+    sync = Recorder()
+    cfg = TransferConfig(1, peer.addrs["recv"])  # by address, every layer
+    task = dd.cache_manager.transfer_cache_async(sc, sync, [cfg], [12, 13], [12, 14])
+    assert task.synchronize(10000) == S.LLM_SUCCESS
+    got = peer.digest("recv")
+    for t in range(2 * L):
+        assert (got[t][12], got[t][14]) == (value(31, t, 12), value(31, t, 13))
+
     cont = filled(41, 2 * L, 4, E)
     desc = CacheDesc(2 * L, [4, E], DataType.DT_FLOAT, placement=Placement.HOST)
     cc = dd.cache_manager.register_cache(desc, [a.ctypes.data for a in cont])
@@ -225,6 +233,17 @@ def test_failed_blocks_after_the_peer_unregisters(pair):
     assert e.value.failed_blocks == want, str(e.value)
     assert e.value.status_code != S.LLM_SUCCESS
     assert digest(guard) == digest(filled(97, 2 * L, B, E))
+    # a layer-wise push into an unregistered cache: its errors list what did not land
+    assert peer.ask(op="unregister", cache="recv") == {"ok": True}
+    cfg = TransferWithCacheKeyConfig(BlocksCacheKey(1, 1), range(0, L), range(0, L))
+    task = dd.cache_manager.transfer_cache_async(dc, Recorder(), [cfg], [4, 5], [6, 9])
+    [r] = task.get_results(10000)
+    assert r not in (None, S.LLM_SUCCESS)
+    [err] = task.get_errors()
+    assert err.status_code == r and err.failed_blocks
+    layers = {f.src_layer for f in err.failed_blocks}
+    assert err.failed_blocks == sorted(BlockFailure(layer, layer, s, d) for layer in layers
+                                       for s, d in ((4, 6), (5, 9)))
 
 
 def test_failed_blocks_when_the_peer_dies_mid_pull():

@@ -446,6 +446,8 @@ class CacheManager:
         if not isinstance(dst_cache_key, BlocksCacheKey):
             raise _type_error(f"dst_cache_key must be a BlocksCacheKey, got {dst_cache_key!r}")
         src = self._registered("src_cache", src_cache)
+        if not src.is_blocks_cache:
+            raise _value_error(f"src_cache (cache {src.cache_id}) is not a blocks cache")
         ext = _ext(src_layer_range, dst_layer_range, tensor_num_per_layer)
         sb, db = _ints("src_blocks", src_blocks), _ints("dst_blocks", dst_blocks)
         if not db:
@@ -679,7 +681,7 @@ class CacheManager:
         if len(cfg.dst_addrs) != 2 * nl:
             raise _value_error(f"transfer_configs[{i}]: {len(cfg.dst_addrs)} dst_addrs for "
                                f"{nl} layers (two per layer expected)")
-        cid, t0, entry = self._remote_by_addrs(i, cfg.dst_cluster_id, cfg.dst_addrs)
+        cid, key, t0, entry = self._remote_by_addrs(i, cfg.dst_cluster_id, cfg.dst_addrs)
         if t0 % 2:
             raise _value_error(f"transfer_configs[{i}]: dst_addrs[0] is tensor {t0} of the "
                                "peer's cache, not the first tensor of a layer")
@@ -687,7 +689,11 @@ class CacheManager:
             if entry != 0:
                 raise _value_error(f"transfer_configs[{i}]: with block indices, dst_addrs must "
                                    "be the peer's tensor addresses (offset 0)")
-            spec = (2, cfg.dst_cluster_id, cid, 0, sb, db, 0, 2)
+            if key is not None and t0 // 2 == src_range.start:
+                # same layers on both sides: block runs move as one piece per tensor
+                spec = (0, key[0], key[1], 0, sb, db, 0, 2)
+            else:
+                spec = (2, cfg.dst_cluster_id, cid, 0, sb, db, 0, 2)
         else:
             spec = (1, cfg.dst_cluster_id, cid, entry, [], [], cfg.src_batch_index, 2)
         return spec, src_range, t0 // 2
@@ -698,10 +704,11 @@ class CacheManager:
                 return cid
         raise LLMException(f"blocks cache {key!r} does not exist", _S.LLM_KV_CACHE_NOT_EXIST)
 
-    def _remote_by_addrs(self, i: int, cluster_id: int,
-                         dst_addrs: List[int]) -> Tuple[int, int, int]:
-        """``(cache_id, first tensor, batch entry)`` of the peer's cache ``dst_addrs`` name."""
-        for cid, _k, nt, units, stride, addrs in self._native.peer_caches(cluster_id):
+    def _remote_by_addrs(self, i: int, cluster_id: int, dst_addrs: List[int]
+                         ) -> Tuple[int, Optional[Tuple[int, int]], int, int]:
+        """``(cache_id, key, first tensor, batch entry)`` of the peer's cache ``dst_addrs``
+        name."""
+        for cid, key, nt, units, stride, addrs in self._native.peer_caches(cluster_id):
             size = units * stride
             a0 = dst_addrs[0]
             for t0, base in enumerate(addrs):
@@ -713,7 +720,7 @@ class CacheManager:
                 if t0 + len(dst_addrs) > nt:
                     break
                 if all(dst_addrs[k] == addrs[t0 + k] + off for k in range(len(dst_addrs))):
-                    return cid, t0, off // stride
+                    return cid, key, t0, off // stride
                 break
         raise LLMException(f"transfer_configs[{i}]: dst_addrs {[hex(a) for a in dst_addrs[:2]]}"
                            f"... are not the tensors of a cache cluster {cluster_id} registered",
