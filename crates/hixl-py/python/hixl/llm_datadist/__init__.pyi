@@ -1,7 +1,6 @@
 """Type stubs of ``hixl.llm_datadist`` (a drop-in for ``llm_datadist``)."""
 
 import enum
-import threading
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 __all__ = [

@@ -13,7 +13,7 @@ from ._status import LLMException, LLMStatusCode, _check_native_codes, _native_e
 from ._types import (BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, CacheTask,
                      EndedLease, LayerSynchronizer, LeaseGrant, LLMClusterInfo, LLMRole, MemInfo,
                      Placement, RegisterMemStatus, TransferConfig, TransferWithCacheKeyConfig,
-                     _grant, _int, _ints, _layer_range, _U32, _U64, _INVALID_ID)
+                     _grant, _int, _ints, _layer_range, _U32, _INVALID_ID)
 
 __all__ = ["LLMDataDist", "CacheManager"]
 

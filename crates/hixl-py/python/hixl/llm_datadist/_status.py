@@ -104,20 +104,20 @@ class LLMException(RuntimeError):
         return f"{self.args[0]} [{self._status_code.name}]"
 
 
-class _ParamTypeError(LLMException, TypeError):
+class LLMParamTypeError(LLMException, TypeError):
     """An argument of the wrong type (``LLM_PARAM_INVALID``; also a ``TypeError``)."""
 
 
-class _ParamValueError(LLMException, ValueError):
+class LLMParamValueError(LLMException, ValueError):
     """An argument with a bad value (``LLM_PARAM_INVALID``; also a ``ValueError``)."""
 
 
 def _type_error(message: str) -> LLMException:
-    return _ParamTypeError(message, LLMStatusCode.LLM_PARAM_INVALID)
+    return LLMParamTypeError(message, LLMStatusCode.LLM_PARAM_INVALID)
 
 
 def _value_error(message: str) -> LLMException:
-    return _ParamValueError(message, LLMStatusCode.LLM_PARAM_INVALID)
+    return LLMParamValueError(message, LLMStatusCode.LLM_PARAM_INVALID)
 
 
 def _native_error(code: int, message: str,
@@ -125,7 +125,7 @@ def _native_error(code: int, message: str,
     """Called by the native module: the exception for a Rust error."""
     status = _code(code)
     if status == LLMStatusCode.LLM_PARAM_INVALID and not failed:
-        return _ParamValueError(message, status)
+        return LLMParamValueError(message, status)
     return LLMException(message, status, failed)
 
 

@@ -7,7 +7,7 @@ import enum
 import json
 import socket
 import threading
-from typing import (Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple,
+from typing import (Any, Dict, List, NamedTuple, Optional, Sequence, Tuple,
                     Union)
 
 from ._status import LLMException, LLMStatusCode, _type_error, _value_error
