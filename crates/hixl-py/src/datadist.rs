@@ -23,6 +23,9 @@ use pyo3::types::PyList;
 
 use crate::runtime;
 
+#[path = "datadist_layer.rs"]
+mod layer;
+
 /// A layer range as Python passes it: `(start, stop)`, or `None` for every layer.
 pub(crate) type LayerRange = Option<(u32, u32)>;
 /// Layer ranges and tensors per layer of a transfer: `(src_range, dst_range, per_layer)`.
@@ -831,13 +834,9 @@ impl DataDist {
     }
 
     /// Starts a layer-wise push of cache `src` to `targets` (see `LayerTask`).
-    fn layer_task(
-        &self,
-        src: i64,
-        targets: Vec<crate::datadist_layer::TargetSpec>,
-    ) -> PyResult<crate::datadist_layer::LayerTask> {
+    fn layer_task(&self, src: i64, targets: Vec<layer::TargetSpec>) -> PyResult<layer::LayerTask> {
         let src = self.shared.cache(src)?;
-        crate::datadist_layer::LayerTask::new(self.shared.clone(), src, targets)
+        layer::LayerTask::new(self.shared.clone(), src, targets)
     }
 }
 
@@ -875,7 +874,7 @@ pub(crate) fn cache_index((cluster_id, cache_id, batch_index): (u64, i64, u32)) 
 
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DataDist>()?;
-    m.add_class::<crate::datadist_layer::LayerTask>()?;
+    m.add_class::<layer::LayerTask>()?;
     let codes = PyList::empty(m.py());
     for s in [
         LlmStatus::Success,

@@ -14,7 +14,6 @@ use std::sync::OnceLock;
 use pyo3::prelude::*;
 
 mod datadist;
-mod datadist_layer;
 mod engine;
 mod errors;
 mod op;
