@@ -181,7 +181,7 @@ class LLMDataDist:
             _log.warning("link_clusters: %d clusters in one call, the limit is %d",
                          len(clusters), _MAX_CLUSTERS)
             return _S.LLM_CLUSTER_NUM_EXCEED_LIMIT, []
-        spec = [(c.remote_cluster_id, c._remote_addr()) for c in clusters]
+        spec = [(c._cluster_id(), c._remote_addr()) for c in clusters]
         outcomes = self._native.link_clusters(spec, timeout)
         return self._codes(outcomes, clusters, "link_clusters")
 
@@ -201,7 +201,7 @@ class LLMDataDist:
             _log.warning("unlink_clusters: %d clusters in one call, the limit is %d",
                          len(clusters), _MAX_CLUSTERS)
             return _S.LLM_CLUSTER_NUM_EXCEED_LIMIT, []
-        ids = [c.remote_cluster_id for c in clusters]
+        ids = [c._cluster_id() for c in clusters]
         outcomes = self._native.unlink_clusters(ids, timeout, force)
         return self._codes(outcomes, clusters, "unlink_clusters")
 
@@ -632,10 +632,13 @@ class CacheManager:
                 for j in range(n):
                     if j in refused:
                         errors[j] = refused[j]
-                    elif outcomes[j] is not None:
-                        errors[j] = _native_error(*outcomes[j])
-                    if errors[j] is not None:
-                        results[j] = errors[j].status_code
+                    else:
+                        out = outcomes[j]
+                        if out is not None:
+                            errors[j] = _native_error(*out)
+                    err = errors[j]
+                    if err is not None:
+                        results[j] = err.status_code
                     elif sent[j] == len(plans[j][0]):
                         results[j] = _S.LLM_SUCCESS
 
@@ -644,7 +647,7 @@ class CacheManager:
         return CacheTask(t, n, results, errors)
 
     def _plan(self, i: int, cfg: Any, num_layers: int, sb: List[int], db: List[int],
-              stride: int) -> Tuple[tuple, range, int]:
+              stride: int) -> Tuple[Tuple[Any, ...], range, int]:
         """The native target of config ``i``, its source layers and first destination layer."""
         if not isinstance(cfg, (TransferConfig, TransferWithCacheKeyConfig)):
             raise _type_error(f"transfer_configs[{i}] must be a TransferConfig or "
@@ -681,7 +684,7 @@ class CacheManager:
         if len(cfg.dst_addrs) != 2 * nl:
             raise _value_error(f"transfer_configs[{i}]: {len(cfg.dst_addrs)} dst_addrs for "
                                f"{nl} layers (two per layer expected)")
-        cid, key, t0, entry = self._remote_by_addrs(i, cfg.dst_cluster_id, cfg.dst_addrs)
+        cid, rkey, t0, entry = self._remote_by_addrs(i, cfg.dst_cluster_id, cfg.dst_addrs)
         if t0 % 2:
             raise _value_error(f"transfer_configs[{i}]: dst_addrs[0] is tensor {t0} of the "
                                "peer's cache, not the first tensor of a layer")
@@ -689,9 +692,9 @@ class CacheManager:
             if entry != 0:
                 raise _value_error(f"transfer_configs[{i}]: with block indices, dst_addrs must "
                                    "be the peer's tensor addresses (offset 0)")
-            if key is not None and t0 // 2 == src_range.start:
+            if rkey is not None and t0 // 2 == src_range.start:
                 # same layers on both sides: block runs move as one piece per tensor
-                spec = (0, key[0], key[1], 0, sb, db, 0, 2)
+                spec = (0, rkey[0], rkey[1], 0, sb, db, 0, 2)
             else:
                 spec = (2, cfg.dst_cluster_id, cid, 0, sb, db, 0, 2)
         else:

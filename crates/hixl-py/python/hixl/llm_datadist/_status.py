@@ -129,7 +129,7 @@ def _native_error(code: int, message: str,
     return LLMException(message, status, failed)
 
 
-def _check_native_codes(codes: Optional[list]) -> None:
+def _check_native_codes(codes: Optional[List[Tuple[str, int]]]) -> None:
     """Checks that every code the Rust layer returns has the same name and value here."""
     for name, value in codes or ():
         assert LLMStatusCode[name] == value, (name, value)

@@ -7,8 +7,8 @@ import enum
 import json
 import socket
 import threading
-from typing import (Any, Dict, List, NamedTuple, Optional, Sequence, Tuple,
-                    Union)
+from typing import (Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union,
+                    cast)
 
 from ._status import LLMException, LLMStatusCode, _type_error, _value_error
 
@@ -375,6 +375,11 @@ class LLMClusterInfo:
         """Adds the remote cluster's listen address (one per cluster)."""
         self._remote_ip_info_list.append((_ip_to_int(ip), _int("port", port, 1, 65535)))
 
+    def _cluster_id(self) -> int:
+        if self._remote_cluster_id is None:
+            raise _value_error("an LLMClusterInfo has no remote_cluster_id")
+        return self._remote_cluster_id
+
     def _remote_addr(self) -> str:
         if not self._remote_ip_info_list:
             raise _value_error(
@@ -434,7 +439,7 @@ class LLMConfig:
     @property
     def device_id(self) -> Optional[Union[int, List[int]]]:
         """The device id (accepted; hixl moves host memory)."""
-        return self._get("device_id")
+        return cast('Optional[Union[int, List[int]]]', self._get("device_id"))
 
     @device_id.setter
     def device_id(self, value: Union[int, List[int], Tuple[int, ...]]) -> None:
@@ -446,7 +451,7 @@ class LLMConfig:
     @property
     def sync_kv_timeout(self) -> Optional[Union[int, str]]:
         """Timeout of each pull/push in ms (``llm.SyncKvCacheWaitTime``)."""
-        return self._get("sync_kv_timeout")
+        return cast('Optional[Union[int, str]]', self._get("sync_kv_timeout"))
 
     @sync_kv_timeout.setter
     def sync_kv_timeout(self, value: Union[int, str]) -> None:
@@ -461,7 +466,7 @@ class LLMConfig:
     @property
     def listen_ip_info(self) -> str:
         """``"ip:port"`` this instance listens on (both sides listen in hixl)."""
-        return self._get("listen_ip_info", "")
+        return cast('str', self._get("listen_ip_info", ""))
 
     @listen_ip_info.setter
     def listen_ip_info(self, value: str) -> None:
@@ -484,7 +489,7 @@ class LLMConfig:
     @property
     def rdma_traffic_class(self) -> Optional[int]:
         """RDMA traffic class (accepted; unused by the TCP and fabric transports)."""
-        return self._get("rdma_traffic_class")
+        return cast('Optional[int]', self._get("rdma_traffic_class"))
 
     @rdma_traffic_class.setter
     def rdma_traffic_class(self, value: int) -> None:
@@ -493,7 +498,7 @@ class LLMConfig:
     @property
     def rdma_service_level(self) -> Optional[int]:
         """RDMA service level (accepted; unused by the TCP and fabric transports)."""
-        return self._get("rdma_service_level")
+        return cast('Optional[int]', self._get("rdma_service_level"))
 
     @rdma_service_level.setter
     def rdma_service_level(self, value: int) -> None:
@@ -502,7 +507,7 @@ class LLMConfig:
     @property
     def link_total_time(self) -> int:
         """Seconds a link may take (accepted; ``link_clusters``' timeout applies)."""
-        return self._get("link_total_time", 0)
+        return cast('int', self._get("link_total_time", 0))
 
     @link_total_time.setter
     def link_total_time(self, value: int) -> None:
@@ -511,7 +516,7 @@ class LLMConfig:
     @property
     def link_retry_count(self) -> int:
         """Link attempts, [1, 100] (accepted)."""
-        return self._get("link_retry_count", 1)
+        return cast('int', self._get("link_retry_count", 1))
 
     @link_retry_count.setter
     def link_retry_count(self, value: int) -> None:
@@ -610,7 +615,7 @@ class TransferWithCacheKeyConfig:
     @property
     def dst_cluster_id(self) -> int:
         """The destination cluster."""
-        return self.cache_key.cluster_id
+        return int(self.cache_key.cluster_id)
 
 
 class LayerSynchronizer:
