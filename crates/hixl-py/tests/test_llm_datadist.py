@@ -69,6 +69,12 @@ def test_pull_blocks_scattered_with_layer_ranges(pair):
     for t in range(2 * L):
         want = value(SEED, t + 2, 5) if t < 6 else value(99, t, 5)
         assert got[t][5] == want, t
+    # one tensor per layer (an MLA cache's layout): tensors 5..7 into tensors 1..3
+    dd.cache_manager.pull_blocks(BlocksCacheKey(1, 0), dc, [12], [13], tensor_num_per_layer=1,
+                                 src_layer_range=range(5, 8), dst_layer_range=range(1, 4))
+    got = digest(guard)
+    for t in range(2 * L):
+        assert got[t][13] == (value(SEED, t + 4, 12) if 1 <= t < 4 else value(99, t, 13)), t
 
 
 def test_push_blocks_and_caches_by_key_and_index(pair):
@@ -534,6 +540,10 @@ def test_llm_config_generates_llm_datadist_option_keys():
     assert S.LLM_LEASE_ENDED == 0x5010B100 and S.LLM_LEASE_HELD == 0x5010B101
     assert S.LLM_PARAM_INVALID == 0x5010B005 and S.LLM_EXIST_LINK == 0x5010B018
     assert CacheKey(1, 2).prefix_id == 2**64 - 1 and BlocksCacheKey(4).model_id == 0
+    assert CacheKey(cluster_id=1, req_id=2, model_id=3) == CacheKey(1, 2, 3)
+    assert BlocksCacheKey(cluster_id=4, model_id=1) == BlocksCacheKey(4, 1)
+    with pytest.raises(TypeError):
+        CacheKey(1)
     ci = LLMClusterInfo()
     ci.append_remote_ip_info("10.1.2.3", 26000)
     assert ci.remote_ip_info_list == [(0x0302010A, 26000)]

@@ -156,7 +156,8 @@ class Cache:
 
 class BlocksCacheKey:
     """Names a blocks cache remotely: ``(cluster_id, model_id)``."""
-    def __init__(self, cluster_id: int, model_id: int = 0) -> None: ...
+    def __init__(self, cluster_id: Optional[int] = None, model_id: int = 0, *,
+                 prompt_cluster_id: Optional[int] = None) -> None: ...
     @property
     def cluster_id(self) -> int: ...
     @property
@@ -166,8 +167,9 @@ class BlocksCacheKey:
 
 class CacheKey:
     """Names a batch entry of a contiguous cache by request."""
-    def __init__(self, prompt_cluster_id: int, req_id: int, model_id: int = 0,
-                 prefix_id: int = ...) -> None: ...
+    def __init__(self, cluster_id: Optional[int] = None, req_id: Optional[int] = None,
+                 model_id: int = 0, prefix_id: int = ..., *,
+                 prompt_cluster_id: Optional[int] = None) -> None: ...
     @property
     def cluster_id(self) -> int: ...
     @property

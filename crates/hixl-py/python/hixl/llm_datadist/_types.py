@@ -233,7 +233,12 @@ class BlocksCacheKey:
     """Names a blocks cache remotely: ``(cluster_id, model_id)``. Distinct caches of one
     cluster need distinct ``model_id`` s (hixl refuses a key already in use)."""
 
-    def __init__(self, cluster_id: int, model_id: int = 0) -> None:
+    def __init__(self, cluster_id: Optional[int] = None, model_id: int = 0, *,
+                 prompt_cluster_id: Optional[int] = None) -> None:
+        if cluster_id is None:
+            cluster_id = prompt_cluster_id
+        if cluster_id is None:
+            raise _type_error("BlocksCacheKey needs cluster_id")
         self._cluster_id = _int("cluster_id", cluster_id)
         self._model_id = _int("model_id", model_id)
 
@@ -258,9 +263,14 @@ class CacheKey:
     """Names one batch entry of a contiguous cache by the request it holds. The owner gives the
     keys to ``register_cache`` (key ``i`` names batch entry ``i``)."""
 
-    def __init__(self, prompt_cluster_id: int, req_id: int, model_id: int = 0,
-                 prefix_id: int = _INVALID_ID) -> None:
-        self._cluster_id = _int("cluster_id", prompt_cluster_id)
+    def __init__(self, cluster_id: Optional[int] = None, req_id: Optional[int] = None,
+                 model_id: int = 0, prefix_id: int = _INVALID_ID, *,
+                 prompt_cluster_id: Optional[int] = None) -> None:
+        if cluster_id is None:
+            cluster_id = prompt_cluster_id
+        if cluster_id is None or req_id is None:
+            raise _type_error("CacheKey needs cluster_id and req_id")
+        self._cluster_id = _int("cluster_id", cluster_id)
         self._req_id = _int("req_id", req_id)
         self._model_id = _int("model_id", model_id)
         self._prefix_id = _int("prefix_id", prefix_id)
