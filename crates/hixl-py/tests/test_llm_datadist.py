@@ -253,7 +253,7 @@ def test_failed_blocks_after_the_peer_unregisters(pair):
 
 
 def test_failed_blocks_when_the_peer_dies_mid_pull():
-    # 16 layers x 32 blocks x 256 KiB: big enough that the kill lands mid-pull
+    # 16 layers x 32 blocks x 256 KiB; the peer is killed as soon as bytes start landing
     layers, blocks, elems = 16, 32, 64 * 1024
     peer = Peer(cluster=1, transport="tcp", layers=layers, blocks=blocks, elems=elems, seed=3)
     dd = local(cluster=2, transport="tcp", sync_ms=20000)
@@ -261,7 +261,14 @@ def test_failed_blocks_when_the_peer_dies_mid_pull():
         assert dd.link_clusters([peer.info()], 5000)[0] == S.LLM_SUCCESS
         dst = [np.zeros((blocks, elems), np.float32) for _ in range(2 * layers)]
         dc = blocks_cache(dd, dst)
-        killer = threading.Timer(0.05, peer.proc.kill)
+        def kill_once_bytes_land():
+            # the first landed block (every block holds nonzero values) ends the peer
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not any(a[:, 0].any() for a in dst):
+                time.sleep(0.0005)
+            peer.proc.kill()
+
+        killer = threading.Thread(target=kill_once_bytes_land)
         killer.start()
         try:
             dd.cache_manager.pull_blocks(BlocksCacheKey(1, 0), dc, list(range(blocks)),
