@@ -554,3 +554,25 @@ def test_llm_config_generates_llm_datadist_option_keys():
     ci = LLMClusterInfo()
     ci.append_remote_ip_info("10.1.2.3", 26000)
     assert ci.remote_ip_info_list == [(0x0302010A, 26000)]
+
+
+def test_a_cache_registered_after_link_is_pulled(transport):
+    peer = Peer(cluster=1, transport=transport, layers=2, blocks=4, elems=8, seed=1)
+    dd = local(cluster=2, transport=transport)
+    try:
+        assert dd.link_clusters([peer.info()])[0] == S.LLM_SUCCESS
+        assert set(peer.ask(op="shards", tp=2, heads=4, tokens=2, head_dim=8)["ids"]) == \
+            {"tp0", "tp1"}
+        dst = [np.zeros((4, 2, 2, 8), np.float32) for _ in range(4)]
+        desc = CacheDesc(4, [4, 2, 2, 8], DataType.DT_FLOAT, placement=Placement.HOST)
+        dc = dd.cache_manager.register_blocks_cache(desc, [a.ctypes.data for a in dst])
+        dd.cache_manager.pull_blocks(BlocksCacheKey(1, 11), dc, [1, 2], [0, 3])
+        for t, a in enumerate(dst):
+            for d, s in ((0, 1), (3, 2)):
+                for h in range(2):
+                    for tok in range(2):
+                        assert (a[d, tok, h] == (2 + h) * 100 + tok * 10 + t + s * 10000).all()
+            assert (a[1] == 0).all() and (a[2] == 0).all()
+    finally:
+        dd.finalize()
+        peer.close()
