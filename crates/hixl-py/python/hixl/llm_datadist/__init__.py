@@ -16,6 +16,29 @@ A script written against ``llm_datadist`` runs with its import line changed to
   (``LLMException.failed_blocks``), pulls across tensor-parallel sizes
   (``cache_manager.set_kv_shard`` / ``pull_kv_blocks_resharded``), ``LLM_LEASE_ENDED`` and
   ``LLM_LEASE_HELD``.
+
+Decode side, pulling a request's blocks from a prefill cluster::
+
+    import numpy as np
+    from hixl.llm_datadist import (BlocksCacheKey, CacheDesc, DataType, LLMClusterInfo,
+                                   LLMConfig, LLMDataDist, LLMRole, LLMStatusCode, Placement)
+
+    dd = LLMDataDist(LLMRole.DECODER, 1)
+    config = LLMConfig()
+    config.listen_ip_info = "10.0.0.2:26001"
+    config.ge_options = {"hixl.Transport": "tcp"}
+    dd.init(config.generate_options())
+    kv = [np.zeros((512, 128, 8, 128), np.float16) for _ in range(2 * 32)]  # K, V per layer
+    desc = CacheDesc(len(kv), list(kv[0].shape), DataType.DT_FLOAT16, placement=Placement.HOST)
+    cache = dd.cache_manager.register_blocks_cache(desc, [a.ctypes.data for a in kv],
+                                                   BlocksCacheKey(1))
+    prefill = LLMClusterInfo()
+    prefill.remote_cluster_id = 0
+    prefill.append_remote_ip_info("10.0.0.1", 26000)
+    ret, _ = dd.link_clusters([prefill], 5000)
+    assert ret == LLMStatusCode.LLM_SUCCESS
+    dd.cache_manager.pull_blocks(BlocksCacheKey(0), cache, src_blocks=[7, 8, 9],
+                                 dst_blocks=[0, 1, 2])
 """
 
 from ._status import BlockFailure, LLMException, LLMStatusCode

@@ -613,7 +613,7 @@ class CacheManager:
             try:
                 for layer in range(num_layers):
                     to = [j for j in range(n) if plans[j][0].start <= layer < plans[j][0].stop
-                          and not task.failed(j)]
+                          and j not in refused and not task.failed(j)]
                     if not to:
                         continue
                     try:
@@ -627,8 +627,11 @@ class CacheManager:
                         break
                     for j in to:
                         src_range, dst_start = plans[j]
-                        if task.send(j, layer, dst_start + layer - src_range.start):
-                            sent[j] += 1
+                        try:
+                            if task.send(j, layer, dst_start + layer - src_range.start):
+                                sent[j] += 1
+                        except LLMException as e:
+                            refused.setdefault(j, e)
             finally:
                 outcomes = task.wait()
                 for j in range(n):
