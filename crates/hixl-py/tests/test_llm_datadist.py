@@ -556,7 +556,7 @@ def test_llm_config_generates_llm_datadist_option_keys():
     assert ci.remote_ip_info_list == [(0x0302010A, 26000)]
 
 
-def test_a_cache_registered_after_link_is_pulled(transport):
+def test_a_cache_registered_after_link_is_pulled_once_announced(transport):
     peer = Peer(cluster=1, transport=transport, layers=2, blocks=4, elems=8, seed=1)
     dd = local(cluster=2, transport=transport)
     try:
@@ -566,7 +566,17 @@ def test_a_cache_registered_after_link_is_pulled(transport):
         dst = [np.zeros((4, 2, 2, 8), np.float32) for _ in range(4)]
         desc = CacheDesc(4, [4, 2, 2, 8], DataType.DT_FLOAT, placement=Placement.HOST)
         dc = dd.cache_manager.register_blocks_cache(desc, [a.ctypes.data for a in dst])
-        dd.cache_manager.pull_blocks(BlocksCacheKey(1, 11), dc, [1, 2], [0, 3])
+        # the new regions reach the linked peer asynchronously: until then a transfer naming
+        # them is refused (LLM_PARAM_INVALID, nothing moved); it goes through after
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                dd.cache_manager.pull_blocks(BlocksCacheKey(1, 11), dc, [1, 2], [0, 3])
+                break
+            except LLMException as e:
+                assert e.status_code == S.LLM_PARAM_INVALID, str(e)
+                assert "outside the regions" in str(e) and time.monotonic() < deadline
+                time.sleep(0.01)
         for t, a in enumerate(dst):
             for d, s in ((0, 1), (3, 2)):
                 for h in range(2):

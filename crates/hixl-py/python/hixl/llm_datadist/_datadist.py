@@ -329,8 +329,9 @@ class CacheManager:
         ``finalize``: peers read and write it at any time (keep the numpy array or tensor
         referenced). At most 240 addresses. hixl registers every cache remotely accessible
         (``remote_accessible`` is accepted and ignored) and only host memory
-        (``Placement.HOST``). A cache registered after a peer linked is found by that peer's
-        next transfer naming it (LLM-DataDist wants device caches registered before link).
+        (``Placement.HOST``). Register before peers link, as LLM-DataDist requires: a cache
+        registered after a peer linked reaches that peer asynchronously, and until it has, the
+        peer's transfers naming it are refused (``LLM_PARAM_INVALID``, nothing moved).
         A memory range belongs to one cache: overlapping an existing cache is refused.
         """
         if blocks_cache_key is not None and not isinstance(blocks_cache_key, BlocksCacheKey):
