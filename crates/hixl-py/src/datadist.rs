@@ -872,7 +872,15 @@ pub(crate) fn cache_index((cluster_id, cache_id, batch_index): (u64, i64, u32)) 
     }
 }
 
+/// Raises `LLM_PARAM_INVALID` unless `[addr, addr + len)` is mapped memory of this process
+/// (the host tensors of an unregistered cache, before Python copies them).
+#[pyfunction]
+fn dd_check_mapped(addr: u64, len: u64, tensor: usize) -> PyResult<()> {
+    check_mapped(addr, len, tensor)
+}
+
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(dd_check_mapped, m)?)?;
     m.add_class::<DataDist>()?;
     m.add_class::<layer::LayerTask>()?;
     let codes = PyList::empty(m.py());

@@ -518,6 +518,11 @@ def test_local_copy_and_swap_blocks():
         with pytest.raises(LLMException) as e:
             cm.swap_blocks(cb, cpu, {9: 0})
         assert e.value.status_code == S.LLM_PARAM_INVALID
+        bogus = Cache.create_cpu_cache(CacheDesc(2, [8, 16], DataType.DT_FLOAT,
+                                                 placement=Placement.HOST), [4096, 8192])
+        with pytest.raises(LLMException) as e:
+            cm.swap_blocks(cb, bogus, {0: 0})
+        assert e.value.status_code == S.LLM_PARAM_INVALID and "not mapped" in str(e.value)
     finally:
         dd.finalize()
 

@@ -543,6 +543,9 @@ class CacheManager:
             if s >= sd.batch_size or d >= dd.batch_size:
                 raise _value_error(f"block pair ({s}, {d}) is past the caches' "
                                    f"{sd.batch_size} / {dd.batch_size} blocks")
+        for t, (sa, da) in enumerate(zip(src_cache.tensor_addrs, dst_cache.tensor_addrs)):
+            _hixl.dd_check_mapped(sa, sd.size, t)
+            _hixl.dd_check_mapped(da, dd.size, t)
         for sa, da in zip(src_cache.tensor_addrs, dst_cache.tensor_addrs):
             for s, d in pairs:
                 ctypes.memmove(da + d * d_stride, sa + s * s_stride, s_stride)
