@@ -445,6 +445,48 @@ impl DataDist {
         Ok((cache.cache_id, cache.tensor_addrs.clone()))
     }
 
+    /// Allocates a cache this instance owns (zeroed; fabric-pool memory with the fabric
+    /// transport, so same-host peers map it); returns `(cache_id, tensor_addrs)`. The memory
+    /// lives until `unregister` or `finalize`.
+    #[pyo3(signature = (num_tensors, dtype, shape, key=None, cache_keys=Vec::new()))]
+    fn allocate(
+        &self,
+        py: Python<'_>,
+        num_tensors: u32,
+        dtype: &str,
+        shape: Vec<i64>,
+        key: Option<(u64, u64)>,
+        cache_keys: Vec<KeyTuple>,
+    ) -> PyResult<(i64, Vec<u64>)> {
+        let desc = CacheDesc {
+            placement: Placement::Host,
+            num_tensors,
+            data_type: dtype_of(dtype)?,
+            shape,
+        };
+        let key = key.map(bkey);
+        let keys: Vec<CacheKey> = cache_keys.into_iter().map(cache_key).collect();
+        let sh = self.shared.clone();
+        let cache = py.detach(|| {
+            let _one = lock(&sh.registering);
+            sh.check_new(&[], 0, key)?;
+            runtime()
+                .block_on(async {
+                    let g = sh.dd.read().await;
+                    if keys.is_empty() {
+                        g.allocate_kv_cache(desc, key).await
+                    } else {
+                        g.allocate_kv_cache_with_keys(desc, &keys).await
+                    }
+                })
+                .inspect(|cache| {
+                    lock(&sh.caches).insert(cache.cache_id, (cache.clone(), key));
+                })
+        });
+        let cache = dd_result(cache)?;
+        Ok((cache.cache_id, cache.tensor_addrs.clone()))
+    }
+
     /// Unregisters a cache (an unknown id is a no-op).
     fn unregister(&self, py: Python<'_>, cache_id: i64) -> PyResult<()> {
         let dd = self.shared.dd.clone();

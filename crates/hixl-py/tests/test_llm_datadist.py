@@ -2,6 +2,7 @@
 cluster, tests/dd_peer.py the other; every block of every flow is checked against the pattern
 (seed, tensor, block) both sides fill it with."""
 
+import ctypes
 import os
 import signal
 import socket
@@ -591,3 +592,22 @@ def test_a_cache_registered_after_link_is_pulled_once_announced(transport):
     finally:
         dd.finalize()
         peer.close()
+
+
+def test_allocated_caches_pull_and_push(pair):
+    peer, dd = pair
+    cm = dd.cache_manager
+    desc = CacheDesc(2 * L, [B, E], DataType.DT_FLOAT, placement=Placement.HOST)
+    cache = cm.allocate_blocks_cache(desc, BlocksCacheKey(2, 5))
+    views = [np.ctypeslib.as_array(ctypes.cast(a, ctypes.POINTER(ctypes.c_float)),
+                                   shape=(B, E)) for a in cache.tensor_addrs]
+    assert all((v == 0).all() for v in views)
+    cm.pull_blocks(BlocksCacheKey(1, 0), cache, [3, 4], [8, 9])
+    expect_blocks(digest(views), SEED, [(3, 8), (4, 9)], lambda t, b: 0.0)
+    cm.push_blocks(BlocksCacheKey(1, 1), cache, [8], [2])
+    got = peer.digest("recv")
+    assert [got[t][2] for t in range(2 * L)] == [value(SEED, t, 3) for t in range(2 * L)]
+    cm.deallocate_blocks_cache(cache)
+    with pytest.raises(LLMException) as e:
+        cm.pull_blocks(BlocksCacheKey(1, 0), cache, [3], [8])
+    assert e.value.status_code == S.LLM_KV_CACHE_NOT_EXIST

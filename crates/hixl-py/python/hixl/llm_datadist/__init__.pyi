@@ -309,11 +309,16 @@ class CacheManager:
         """Registers a contiguous cache; ``cache_keys[i]`` names entry ``i``."""
     def unregister_cache(self, cache_id: int) -> None: ...
     def remove_cache_key(self, cache_key: CacheKey) -> None: ...
-    def allocate_cache(self, cache_desc: CacheDesc, cache_keys: Any = ()) -> Cache:
-        """Not supported (no memory pool)."""
+    def allocate_cache(self, cache_desc: CacheDesc,
+                       cache_keys: Union[Tuple[CacheKey, ...], List[CacheKey]] = ()) -> Cache:
+        """Allocates a zeroed contiguous host cache this instance owns."""
     def allocate_blocks_cache(self, cache_desc: CacheDesc,
                               blocks_cache_key: Optional[BlocksCacheKey] = None) -> Cache:
-        """Not supported (no memory pool)."""
+        """Allocates a zeroed blocks host cache this instance owns."""
+    def deallocate_cache(self, cache: Cache) -> None:
+        """Frees an allocated cache."""
+    def deallocate_blocks_cache(self, cache: Cache) -> None:
+        """Frees an allocated blocks cache."""
     def remap_registered_memory(self, mem_infos: Union[MemInfo, List[MemInfo]]) -> None:
         """Reserved; not supported."""
     def pull_blocks(self, src_cache_key: Union[CacheKey, CacheKeyByIdAndIndex, BlocksCacheKey],

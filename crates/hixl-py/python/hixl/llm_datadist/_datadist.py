@@ -383,16 +383,57 @@ class CacheManager:
             raise _type_error(f"cache_key must be a CacheKey, got {cache_key!r}")
         self._native.remove_cache_key(cache_key._tuple())
 
-    def allocate_cache(self, cache_desc: CacheDesc, cache_keys: Any = ()) -> Cache:
-        """Needs a memory pool; not supported by hixl (register your own memory)."""
-        raise LLMException("allocate_cache needs a memory pool, which hixl does not have; "
-                           "use register_cache", _S.LLM_FEATURE_NOT_ENABLED)
+    def _allocate(self, cache_desc: CacheDesc, key: Optional[Tuple[int, int]],
+                  keys: List[Tuple[int, int, int, int]], blocks: bool) -> Cache:
+        self._check()
+        if not isinstance(cache_desc, CacheDesc):
+            raise _type_error(f"cache_desc must be a CacheDesc, got {cache_desc!r}")
+        if cache_desc.num_tensors > _MAX_ADDRS:
+            raise _value_error(f"{cache_desc.num_tensors} tensors exceed the limit of "
+                               f"{_MAX_ADDRS}")
+        if cache_desc.batch_dim_index != 0:
+            raise _value_error(f"batch_dim_index {cache_desc.batch_dim_index}: hixl caches "
+                               "keep blocks (or batch entries) in dimension 0")
+        if cache_desc.placement == Placement.DEVICE:
+            raise LLMException(
+                "allocate: placement Placement.DEVICE needs a device runtime (CANN/ACL device "
+                "memory), which this build of hixl does not have; allocate host memory with "
+                "CacheDesc(..., placement=Placement.HOST)", _S.LLM_FEATURE_NOT_ENABLED)
+        cache_id, taddrs = self._native.allocate(cache_desc.num_tensors,
+                                                 cache_desc.data_type.name, cache_desc.shape,
+                                                 key, keys)
+        return Cache(cache_id, cache_desc, taddrs, blocks, self._native)
+
+    def allocate_cache(self, cache_desc: CacheDesc,
+                       cache_keys: Union[Tuple[CacheKey, ...], List[CacheKey]] = ()) -> Cache:
+        """Allocates a zeroed contiguous host cache this instance owns (``Placement.HOST``;
+        with the fabric transport, memory same-host peers map directly), ``cache_keys[i]``
+        naming entry ``i`` as in :meth:`register_cache`. Its memory is at
+        ``cache.tensor_addrs`` (e.g. ``np.ctypeslib.as_array``) until
+        :meth:`deallocate_cache` or ``finalize``; no memory-pool option is needed."""
+        if not isinstance(cache_keys, (list, tuple)) or not all(
+                isinstance(k, CacheKey) for k in cache_keys):
+            raise _type_error(f"cache_keys must be a list of CacheKey, got {cache_keys!r}")
+        return self._allocate(cache_desc, None, [k._tuple() for k in cache_keys], False)
 
     def allocate_blocks_cache(self, cache_desc: CacheDesc,
                               blocks_cache_key: Optional[BlocksCacheKey] = None) -> Cache:
-        """Needs a memory pool; not supported by hixl (register your own memory)."""
-        raise LLMException("allocate_blocks_cache needs a memory pool, which hixl does not "
-                           "have; use register_blocks_cache", _S.LLM_FEATURE_NOT_ENABLED)
+        """Allocates a zeroed blocks host cache this instance owns, under
+        ``blocks_cache_key``; see :meth:`allocate_cache`."""
+        if blocks_cache_key is not None and not isinstance(blocks_cache_key, BlocksCacheKey):
+            raise _type_error(f"blocks_cache_key must be a BlocksCacheKey, got "
+                              f"{blocks_cache_key!r}")
+        key = blocks_cache_key._tuple() if blocks_cache_key is not None else None
+        return self._allocate(cache_desc, key, [], True)
+
+    def deallocate_cache(self, cache: Cache) -> None:
+        """Frees a cache :meth:`allocate_cache` made (views of its memory become invalid)."""
+        self.unregister_cache(self._registered("cache", cache).cache_id)
+        cache._tensor_addrs = []
+
+    def deallocate_blocks_cache(self, cache: Cache) -> None:
+        """Frees a cache :meth:`allocate_blocks_cache` made."""
+        self.deallocate_cache(cache)
 
     def remap_registered_memory(self, mem_infos: Union[MemInfo, List[MemInfo]]) -> None:
         """Reserved in LLM-DataDist; not supported."""
