@@ -173,7 +173,8 @@ def test_layerwise_transfer_cache_async(pair):
 
 def test_layerwise_refused_layer_and_timeout(pair):
     peer, dd = pair
-    sc = blocks_cache(dd, filled(51, 2 * L, B, E))
+    mine = filled(51, 2 * L, B, E)  # referenced while registered
+    sc = blocks_cache(dd, mine)
     cfg = TransferWithCacheKeyConfig(BlocksCacheKey(1, 1), range(0, L), range(0, L))
     task = dd.cache_manager.transfer_cache_async(sc, Recorder(refuse=2), [cfg], [1], [1])
     assert task.get_results(10000) == [S.LLM_PARAM_INVALID]
@@ -391,6 +392,12 @@ def test_errors_are_llm_exceptions_with_their_codes():
         assert "Placement.DEVICE" in str(e.value) and "device runtime" in str(e.value)
         assert code(cm.register_blocks_cache, CacheDesc(1, [4, 8], DataType.DT_FLOAT,
                     placement=Placement.HOST), [4096]) == S.LLM_PARAM_INVALID
+        small = CacheDesc(1, [4, 8], DataType.DT_FLOAT, placement=Placement.HOST)
+        assert code(cm.register_blocks_cache, small, [np.zeros(8, np.float32)]) == \
+            S.LLM_PARAM_INVALID  # 32 bytes for a 128-byte tensor
+        assert code(cm.register_blocks_cache, small, [np.zeros((8, 8), np.float32)[:, ::2]]) == \
+            S.LLM_PARAM_INVALID  # not contiguous
+        assert code(cm.register_blocks_cache, small, ["0x1000"]) == S.LLM_PARAM_INVALID
         assert code(cm.register_blocks_cache, CacheDesc(2, [4, 8], DataType.DT_FLOAT,
                     placement=Placement.HOST), [a.ctypes.data for a in arrs],
                     BlocksCacheKey(2, 0)) == S.LLM_PARAM_INVALID  # the key is in use
@@ -611,3 +618,40 @@ def test_allocated_caches_pull_and_push(pair):
     with pytest.raises(LLMException) as e:
         cm.pull_blocks(BlocksCacheKey(1, 0), cache, [3], [8])
     assert e.value.status_code == S.LLM_KV_CACHE_NOT_EXIST
+
+
+def test_each_layer_is_sent_when_its_synchronizer_returns(pair):
+    peer, dd = pair
+    # hixl extension: the arrays themselves as addresses; the cache keeps them alive
+    desc = CacheDesc(2 * L, [B, E], DataType.DT_FLOAT, placement=Placement.HOST)
+    sc = dd.cache_manager.register_blocks_cache(desc, filled(71, 2 * L, B, E))
+
+    class WaitForPrevious(LayerSynchronizer):
+        """Layer l is released only once layer l - 1 landed at the peer: each layer goes out
+        as soon as its synchronize_layer returns, before the next one is asked for."""
+
+        def __init__(self):
+            self.seen = []
+
+        def synchronize_layer(self, layer_index, timeout_in_millis):
+            if layer_index > 0:
+                deadline = time.monotonic() + 5
+                while True:
+                    got = peer.digest("recv")
+                    prev = [got[2 * (layer_index - 1) + k][15] for k in range(2)]
+                    if prev == [value(71, 2 * (layer_index - 1) + k, 0) for k in range(2)]:
+                        break
+                    assert time.monotonic() < deadline, (layer_index, prev)
+                    time.sleep(0.005)
+                nxt = got[2 * layer_index][15]
+                assert nxt == 0.0, (layer_index, nxt)  # not sent before it was released
+            self.seen.append(layer_index)
+            return True
+
+    sync = WaitForPrevious()
+    cfg = TransferWithCacheKeyConfig(BlocksCacheKey(1, 1), range(0, L), range(0, L))
+    task = dd.cache_manager.transfer_cache_async(sc, sync, [cfg], [0], [15])
+    assert task.get_results(20000) == [S.LLM_SUCCESS], task.get_errors()
+    assert sync.seen == list(range(L))
+    got = peer.digest("recv")
+    assert [got[t][15] for t in range(2 * L)] == [value(71, t, 0) for t in range(2 * L)]

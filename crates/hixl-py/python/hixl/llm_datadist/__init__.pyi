@@ -299,11 +299,11 @@ _Grant = Union[LeaseGrant, Dict[str, Any], str]
 
 class CacheManager:
     """Registers caches and moves them between clusters."""
-    def register_blocks_cache(self, cache_desc: CacheDesc, addrs: List[int],
+    def register_blocks_cache(self, cache_desc: CacheDesc, addrs: Sequence[Union[int, Any]],
                               blocks_cache_key: Optional[BlocksCacheKey] = None,
                               remote_accessible: Optional[bool] = None) -> Cache:
         """Registers a paged cache of caller-owned memory (kept alive until unregistered)."""
-    def register_cache(self, cache_desc: CacheDesc, addrs: List[int],
+    def register_cache(self, cache_desc: CacheDesc, addrs: Sequence[Union[int, Any]],
                        cache_keys: Union[Tuple[CacheKey, ...], List[CacheKey]] = (),
                        remote_accessible: Optional[bool] = None) -> Cache:
         """Registers a contiguous cache; ``cache_keys[i]`` names entry ``i``."""

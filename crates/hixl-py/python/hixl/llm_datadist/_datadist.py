@@ -240,6 +240,40 @@ class LLMDataDist:
                            "hixl does not support", _S.LLM_FEATURE_NOT_ENABLED)
 
 
+def _address(i: int, a: Any, size: int) -> int:
+    """The address of tensor ``i``: an int, or (hixl extension) a host array the cache then
+    keeps alive: a numpy array (``__array_interface__``) or a CPU torch tensor
+    (``data_ptr()``), C-contiguous, writable and at least ``size`` bytes."""
+    if isinstance(a, int) and not isinstance(a, bool):
+        return _int(f"addrs[{i}]", a)
+    ai = getattr(a, "__array_interface__", None)
+    if isinstance(ai, dict):
+        ptr, readonly = ai["data"]
+        flags = getattr(a, "flags", None)
+        contiguous = bool(flags["C_CONTIGUOUS"]) if flags is not None else ai.get("strides") is None
+        nbytes = int(getattr(a, "nbytes", 0))
+        if readonly:
+            raise _value_error(f"addrs[{i}] is a read-only array; peers write cache memory")
+    elif callable(getattr(a, "data_ptr", None)):
+        device = str(getattr(a, "device", "cpu"))
+        if device != "cpu":
+            raise LLMException(f"addrs[{i}] is a tensor on {device}: device memory needs a "
+                               "device runtime, which this build of hixl does not have",
+                               _S.LLM_FEATURE_NOT_ENABLED)
+        ptr = a.data_ptr()
+        contiguous = bool(a.is_contiguous())
+        nbytes = int(a.numel()) * int(a.element_size())
+    else:
+        raise _type_error(f"addrs[{i}] must be an int address (or a host array), got "
+                          f"{type(a).__name__}")
+    if not contiguous:
+        raise _value_error(f"addrs[{i}] is not C-contiguous")
+    if nbytes < size:
+        raise _value_error(f"addrs[{i}] holds {nbytes} bytes; the cache descriptor needs "
+                           f"{size} per tensor")
+    return int(ptr)
+
+
 def _ext(src_layer_range: Optional[range], dst_layer_range: Optional[range],
          tensor_num_per_layer: int) -> Tuple[Any, Any, int]:
     return (_layer_range("src_layer_range", src_layer_range),
@@ -285,7 +319,7 @@ class CacheManager:
 
     # --- registration -------------------------------------------------------------------
 
-    def _register(self, what: str, cache_desc: CacheDesc, addrs: List[int],
+    def _register(self, what: str, cache_desc: CacheDesc, addrs: Sequence[Any],
                   key: Optional[Tuple[int, int]], keys: List[Tuple[int, int, int, int]],
                   blocks: bool) -> Cache:
         self._check()
@@ -293,7 +327,8 @@ class CacheManager:
             raise _type_error(f"cache_desc must be a CacheDesc, got {cache_desc!r}")
         if not isinstance(addrs, (list, tuple)):
             raise _type_error(f"addrs must be a list of ints, got {type(addrs).__name__}")
-        addrs = _ints("addrs", addrs)
+        keep = [a for a in addrs if not isinstance(a, int)]
+        addrs = [_address(i, a, cache_desc.size) for i, a in enumerate(addrs)]
         if not addrs:
             raise _value_error("addrs is empty")
         if len(addrs) > _MAX_ADDRS:
@@ -315,9 +350,11 @@ class CacheManager:
         cache_id, taddrs = self._native.register(
             int(cache_desc.placement), cache_desc.num_tensors, cache_desc.data_type.name,
             cache_desc.shape, addrs, key, keys)
-        return Cache(cache_id, cache_desc, taddrs, blocks, self._native)
+        cache = Cache(cache_id, cache_desc, taddrs, blocks, self._native)
+        cache._keepalive = keep
+        return cache
 
-    def register_blocks_cache(self, cache_desc: CacheDesc, addrs: List[int],
+    def register_blocks_cache(self, cache_desc: CacheDesc, addrs: Sequence[Any],
                               blocks_cache_key: Optional[BlocksCacheKey] = None,
                               remote_accessible: Optional[bool] = None) -> Cache:
         """Registers a paged (blocks) cache whose tensors the caller owns: ``addrs[t]`` is the
@@ -327,7 +364,11 @@ class CacheManager:
 
         The memory must stay allocated, and must not move, until :meth:`unregister_cache` or
         ``finalize``: peers read and write it at any time (keep the numpy array or tensor
-        referenced). At most 240 addresses. hixl registers every cache remotely accessible
+        referenced). hixl extension: an element of ``addrs`` may be the host array itself (a
+        C-contiguous writable numpy array or CPU torch tensor of at least ``cache_desc.size``
+        bytes); the returned cache then keeps it alive.
+
+        At most 240 addresses. hixl registers every cache remotely accessible
         (``remote_accessible`` is accepted and ignored) and only host memory
         (``Placement.HOST``). Register before peers link, as LLM-DataDist requires: a cache
         registered after a peer linked reaches that peer asynchronously, and until it has, the
@@ -342,7 +383,7 @@ class CacheManager:
         key = blocks_cache_key._tuple() if blocks_cache_key is not None else None
         return self._register("register_blocks_cache", cache_desc, addrs, key, [], True)
 
-    def register_cache(self, cache_desc: CacheDesc, addrs: List[int],
+    def register_cache(self, cache_desc: CacheDesc, addrs: Sequence[Any],
                        cache_keys: Union[Tuple[CacheKey, ...], List[CacheKey]] = (),
                        remote_accessible: Optional[bool] = None) -> Cache:
         """Registers a contiguous cache whose tensors the caller owns (``shape[0]`` batch

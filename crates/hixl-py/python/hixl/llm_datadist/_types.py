@@ -208,6 +208,7 @@ class Cache:
         self._tensor_addrs = list(tensor_addrs)
         self._is_blocks = is_blocks_cache
         self._owner = _owner
+        self._keepalive: List[Any] = []
 
     cache_id = property(lambda self: self._cache_id, doc="The id peers address it by.")
     cache_desc = property(lambda self: self._cache_desc, doc="Its :class:`CacheDesc`.")
