@@ -7,7 +7,11 @@ A script written against ``llm_datadist`` runs with its import line changed to
 * Caches are host memory (``Placement.HOST``): ``Placement.DEVICE`` needs a device runtime and
   is refused with ``LLM_FEATURE_NOT_ENABLED``. Addresses are raw ints (``arr.ctypes.data``,
   ``tensor.data_ptr()``); the caller keeps the memory alive until ``unregister_cache`` or
-  ``finalize``, as LLM-DataDist requires.
+  ``finalize``, as LLM-DataDist requires (or passes the arrays themselves, which the cache then
+  keeps alive: a hixl extension). ``allocate_cache`` / ``allocate_blocks_cache`` need no
+  memory-pool option.
+* Register caches before peers link (as LLM-DataDist asks); one memory range belongs to one
+  cache.
 * Both sides listen (``listen_ip_info`` is required; port 0 picks a free port, read it back from
   ``LLMDataDist.listen_ip_info``). The transport is chosen with ``hixl.Transport`` in
   ``LLMConfig.ge_options`` (``tcp``, or ``fabric`` between processes of one host).
@@ -15,7 +19,10 @@ A script written against ``llm_datadist`` runs with its import line changed to
   (``cache_manager.lease_blocks`` / ``pull_leased_blocks`` / ...), per-block failure status
   (``LLMException.failed_blocks``), pulls across tensor-parallel sizes
   (``cache_manager.set_kv_shard`` / ``pull_kv_blocks_resharded``), ``LLM_LEASE_ENDED`` and
-  ``LLM_LEASE_HELD``.
+  ``LLM_LEASE_HELD``, ``CacheTask.get_errors``.
+* Not supported (``LLM_FEATURE_NOT_ENABLED``): the two-sided HCCL link (``link``, ``unlink``,
+  ``query_register_mem_status``), pulling or pushing between a contiguous cache and blocks,
+  ``remap_registered_memory``.
 
 Decode side, pulling a request's blocks from a prefill cluster::
 
