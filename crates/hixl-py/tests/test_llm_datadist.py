@@ -105,6 +105,10 @@ def test_push_blocks_and_caches_by_key_and_index(pair):
     dd.cache_manager.push_cache(CacheKeyByIdAndIndex(1, peer.ids["cont_recv"], 2), cc,
                                 src_batch_index=1)
     assert peer.digest("cont_recv") == [[0.0, 0.0, 7001.0, 0.0]] * (2 * L)
+    # hixl extension: push by CacheKey (the peer's keyed entry: req 103 is entry 3)
+    dd.cache_manager.push_cache(CacheKey(1, 103), cc, src_batch_index=2)
+    assert [row[3] for row in peer.digest("cont")] == [7002.0] * (2 * L)
+    assert [row[0] for row in peer.digest("cont")] == [value(SEED + 1, t, 0) for t in range(2 * L)]
 
     # a removed key is not pulled again
     assert peer.ask(op="remove_key", req=101) == {"ok": True}
