@@ -6,10 +6,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use hixl_datadist::{BlocksCacheKey, Cache, CacheIndex, DataDistError, KvCacheExtParam};
+use hixl_datadist::{BlocksCacheKey, Cache, CacheIndex, DataDistError, KvCacheExtParam, LlmStatus};
 use pyo3::prelude::*;
 
-use crate::datadist::{bkey, cache_index, dd_result, lock, param, Shared};
+use crate::datadist::{bkey, cache_index, lock, param, Shared};
 use crate::runtime;
 
 /// A target as Python passes it: `(kind, cluster_id, id, batch_index, src_blocks, dst_blocks,
@@ -41,7 +41,8 @@ type Outcome = (u32, String, Vec<(u32, u32, u64, u64)>);
 struct Progress {
     /// The first error of each target, with the (layer, block) pairs of every failed layer.
     errors: Vec<Option<DataDistError>>,
-    handles: Vec<tokio::task::JoinHandle<()>>,
+    /// The pushes started, with their targets.
+    handles: Vec<(usize, tokio::task::JoinHandle<()>)>,
 }
 
 /// `hixl._hixl.LayerTask` (see the module docs).
@@ -220,7 +221,7 @@ impl LayerTask {
                 record(&progress, target, e);
             }
         });
-        p.handles.push(h);
+        p.handles.push((target, h));
         Ok(true)
     }
 
@@ -237,8 +238,16 @@ impl LayerTask {
         let handles = std::mem::take(&mut lock(&self.progress).handles);
         py.detach(|| {
             runtime().block_on(async {
-                for h in handles {
-                    let _ = h.await;
+                for (target, h) in handles {
+                    if let Err(e) = h.await {
+                        // A push that did not run to its end (the runtime shut down under it)
+                        // did not land.
+                        let e = DataDistError::new(
+                            LlmStatus::Failed,
+                            format!("a layer push to target {target} ended early: {e}"),
+                        );
+                        record(&self.progress, target, e);
+                    }
                 }
             })
         });
@@ -257,6 +266,6 @@ impl LayerTask {
                 })
             })
             .collect();
-        dd_result(Ok(out))
+        Ok(out)
     }
 }
