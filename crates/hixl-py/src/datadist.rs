@@ -1,7 +1,952 @@
-//! `hixl._hixl.DataDist`: LLM-DataDist for `hixl.llm_datadist`.
+//! `hixl._hixl.DataDist`: one cluster's LLM-DataDist instance for `hixl.llm_datadist`.
+//!
+//! The Python package (`python/hixl/llm_datadist`) is the API users see (LLM-DataDist's
+//! classes, argument checks, status codes); this class takes plain values (ids, address and
+//! block lists, layer ranges as `(start, stop)`) and runs `hixl_datadist::LlmDataDist` on the
+//! process's runtime with the GIL released. Every error becomes an
+//! `hixl.llm_datadist.LLMException` carrying the `LLMStatusCode`, the message and, for block
+//! transfers that failed part-way, the `(src_layer, dst_layer, src_block, dst_block)` pairs that
+//! did not land.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use hixl_datadist::{
+    BlocksCacheKey, Cache, CacheDesc, CacheIndex, CacheKey, ClusterInfo, DataDistError, DataType,
+    KvCacheExtParam, KvLayout, KvShard, LeaseEnd, LeaseEvents, LeaseGrant, LlmDataDist, LlmRole,
+    LlmStatus, Placement,
+};
 use pyo3::prelude::*;
+use pyo3::types::PyList;
 
-pub(crate) fn add(_m: &Bound<'_, PyModule>) -> PyResult<()> {
+use crate::runtime;
+
+#[path = "datadist_layer.rs"]
+mod layer;
+
+/// A layer range as Python passes it: `(start, stop)`, or `None` for every layer.
+pub(crate) type LayerRange = Option<(u32, u32)>;
+/// Layer ranges and tensors per layer of a transfer: `(src_range, dst_range, per_layer)`.
+pub(crate) type Ext = (LayerRange, LayerRange, u32);
+/// A `CacheKey` as Python passes it: `(cluster_id, req_id, model_id, prefix_id)`.
+type KeyTuple = (u64, u64, u64, u64);
+/// An ended lease as Python receives it: `(request_id, lease_id, caches, blocks, why)`.
+type EndedTuple = (u64, u64, Vec<i64>, Vec<u64>, &'static str);
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The `LLMException` for `e` (built by `hixl.llm_datadist._status._native_error`).
+pub(crate) fn dd_err(e: DataDistError) -> PyErr {
+    Python::attach(|py| match make_err(py, &e) {
+        Ok(err) => err,
+        Err(fallback) => fallback,
+    })
+}
+
+fn make_err(py: Python<'_>, e: &DataDistError) -> PyResult<PyErr> {
+    let failed: Vec<(u32, u32, u64, u64)> = e
+        .failed
+        .iter()
+        .map(|f| (f.src_layer, f.dst_layer, f.src_block, f.dst_block))
+        .collect();
+    let m = py.import("hixl.llm_datadist._status")?;
+    let exc = m
+        .getattr("_native_error")?
+        .call1((e.status.code(), e.message.clone(), failed))?;
+    Ok(PyErr::from_value(exc))
+}
+
+/// `Result<T, DataDistError>` into a `PyResult`.
+pub(crate) fn dd_result<T>(r: Result<T, DataDistError>) -> PyResult<T> {
+    r.map_err(dd_err)
+}
+
+/// An `LLM_PARAM_INVALID` exception with `msg`.
+pub(crate) fn param(msg: impl Into<String>) -> PyErr {
+    dd_err(DataDistError::param(msg))
+}
+
+fn role_of(role: u8) -> PyResult<LlmRole> {
+    match role {
+        1 => Ok(LlmRole::Prompt),
+        2 => Ok(LlmRole::Decoder),
+        3 => Ok(LlmRole::Mix),
+        r => Err(param(format!(
+            "role {r}: LLMRole is PROMPT (1), DECODER (2) or MIX (3)"
+        ))),
+    }
+}
+
+fn dtype_of(name: &str) -> PyResult<DataType> {
+    Ok(match name {
+        "DT_FLOAT16" => DataType::Float16,
+        "DT_BF16" => DataType::BFloat16,
+        "DT_FLOAT" => DataType::Float32,
+        "DT_INT8" => DataType::Int8,
+        "DT_UINT8" => DataType::UInt8,
+        "DT_INT16" => DataType::Int16,
+        "DT_INT32" => DataType::Int32,
+        "DT_INT64" => DataType::Int64,
+        other => {
+            return Err(param(format!(
+                "data type {other:?} is not supported; hixl knows DT_FLOAT16, DT_BF16, DT_FLOAT, \
+                 DT_INT8, DT_UINT8, DT_INT16, DT_INT32, DT_INT64"
+            )))
+        }
+    })
+}
+
+pub(crate) fn ext_of((src, dst, n): Ext) -> KvCacheExtParam {
+    KvCacheExtParam {
+        src_layer_range: src.map(|(a, b)| a..b),
+        dst_layer_range: dst.map(|(a, b)| a..b),
+        tensor_num_per_layer: n,
+    }
+}
+
+fn millis(ms: u64, what: &str) -> PyResult<Duration> {
+    if ms == 0 {
+        return Err(param(format!("{what} {ms} ms: it must be > 0")));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+fn why_name(w: LeaseEnd) -> &'static str {
+    match w {
+        LeaseEnd::Done => "DONE",
+        LeaseEnd::Expired => "EXPIRED",
+        LeaseEnd::LinkDown => "LINK_DOWN",
+        LeaseEnd::Revoked => "REVOKED",
+    }
+}
+
+fn grant_of(json: &str) -> PyResult<LeaseGrant> {
+    serde_json::from_str(json).map_err(|e| param(format!("lease grant {json:?} is not valid: {e}")))
+}
+
+/// Checks that `[addr, addr + len)` is mapped memory of this process, so that a wrong integer
+/// is refused by name instead of crashing the process at the first transfer.
+fn check_mapped(addr: u64, len: u64, tensor: usize) -> PyResult<()> {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let page = if page > 0 { page as u64 } else { 4096 };
+    let end = addr.checked_add(len).ok_or_else(|| {
+        param(format!(
+            "tensor {tensor}: address {addr:#x} + {len} bytes overflows"
+        ))
+    })?;
+    const CHUNK_PAGES: u64 = 1 << 16;
+    let mut vec = vec![0u8; CHUNK_PAGES as usize];
+    let mut at = addr & !(page - 1);
+    while at < end {
+        let n = (end - at).div_ceil(page).min(CHUNK_PAGES);
+        // SAFETY: mincore only reads the page tables of [at, at + n pages) (`at` is page
+        // aligned) and writes n bytes into `vec`, which holds CHUNK_PAGES ≥ n.
+        let r = unsafe {
+            libc::mincore(
+                at as usize as *mut libc::c_void,
+                (n * page) as usize,
+                vec.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            let err = std::io::Error::last_os_error();
+            return Err(param(format!(
+                "tensor {tensor}: address {addr:#x} ({len} bytes) is not mapped memory of this \
+                 process ({err}); pass the address of memory you keep alive, e.g. \
+                 arr.ctypes.data or tensor.data_ptr()"
+            )));
+        }
+        at += n * page;
+    }
+    Ok(())
+}
+
+/// State shared with layer-wise tasks.
+pub(crate) struct Shared {
+    pub(crate) dd: Arc<tokio::sync::RwLock<LlmDataDist>>,
+    /// The caches registered through this instance, by id (transfers need their regions).
+    pub(crate) caches: Mutex<HashMap<i64, (Cache, Option<BlocksCacheKey>)>>,
+    events: tokio::sync::Mutex<Option<LeaseEvents>>,
+    /// Held by a registration from its checks until its cache is in `caches`.
+    registering: Mutex<()>,
+}
+
+impl Shared {
+    /// Refuses a registration whose tensors overlap a cache registered here, or whose key is in
+    /// use: the engine would hand back the existing cache's regions, and a failed or later
+    /// unregistration would then take them from under that cache.
+    fn check_new(
+        &self,
+        addrs: &[u64],
+        size: u64,
+        key: Option<BlocksCacheKey>,
+    ) -> Result<(), DataDistError> {
+        let caches = lock(&self.caches);
+        for (id, (c, ckey)) in caches.iter() {
+            if let Some(k) = key.filter(|k| *ckey == Some(*k)) {
+                return Err(DataDistError::param(format!(
+                    "blocks cache key (cluster_id {}, model_id {}) is already used by cache \
+                     {id}; use a distinct model_id",
+                    k.cluster_id, k.model_id
+                )));
+            }
+            let csize = c.desc.tensor_size()?;
+            for (t, &a) in addrs.iter().enumerate() {
+                for (u, &b) in c.tensor_addrs.iter().enumerate() {
+                    if a < b.saturating_add(csize) && b < a.saturating_add(size) {
+                        return Err(DataDistError::param(format!(
+                            "tensor {t} at {a:#x} ({size} bytes) overlaps tensor {u} of cache {id} \
+                             at {b:#x}: a memory range belongs to one cache"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn cache(&self, id: i64) -> PyResult<Cache> {
+        lock(&self.caches)
+            .get(&id)
+            .map(|(c, _)| c.clone())
+            .ok_or_else(|| {
+                dd_err(DataDistError::new(
+                    LlmStatus::KvCacheNotExist,
+                    format!("cache {id} is not registered with this LLMDataDist"),
+                ))
+            })
+    }
+}
+
+/// Blocks on `f` with the GIL released.
+fn run<T: Send>(py: Python<'_>, f: impl std::future::Future<Output = T> + Send) -> T {
+    py.detach(|| runtime().block_on(f))
+}
+
+/// `hixl._hixl.DataDist`: one LLM-DataDist instance (see the module docs).
+#[pyclass(module = "hixl._hixl", frozen)]
+pub(crate) struct DataDist {
+    cluster_id: u64,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Drop for DataDist {
+    /// Dropped without `finalize` (e.g. at interpreter exit): the instance is dropped inside the
+    /// runtime's context, which its engine's tasks need to stop. (A layer-wise task still
+    /// running keeps it alive; the task's own drop ends it.)
+    fn drop(&mut self) {
+        let _g = runtime().enter();
+        lock(&self.shared.caches).clear();
+        if let Ok(mut dd) = self.shared.dd.try_write() {
+            let role = dd.role();
+            drop(std::mem::replace(
+                &mut *dd,
+                LlmDataDist::new(self.cluster_id, role),
+            ));
+        }
+    }
+}
+
+#[pymethods]
+impl DataDist {
+    /// A new, uninitialized instance of `cluster_id` with `role` (1, 2 or 3).
+    #[new]
+    fn new(cluster_id: u64, role: u8) -> PyResult<DataDist> {
+        let dd = LlmDataDist::new(cluster_id, role_of(role)?);
+        Ok(DataDist {
+            cluster_id,
+            shared: Arc::new(Shared {
+                dd: Arc::new(tokio::sync::RwLock::new(dd)),
+                caches: Mutex::new(HashMap::new()),
+                events: tokio::sync::Mutex::new(None),
+                registering: Mutex::new(()),
+            }),
+        })
+    }
+
+    /// The cluster id.
+    #[getter]
+    fn cluster_id(&self) -> u64 {
+        self.cluster_id
+    }
+
+    /// Starts the engine with LLM-DataDist option pairs; returns the listen address.
+    fn init(&self, py: Python<'_>, options: Vec<(String, String)>) -> PyResult<String> {
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move {
+            let mut g = dd.write().await;
+            let pairs: Vec<(&str, &str)> = options
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            g.initialize(&pairs).await?;
+            g.listen_addr()
+        }))
+    }
+
+    /// Closes every link and stops the engine; the caches are forgotten.
+    fn finalize(&self, py: Python<'_>) {
+        let sh = self.shared.clone();
+        run(py, async move {
+            let mut g = sh.dd.write().await;
+            g.finalize().await;
+            sh.events.lock().await.take();
+        });
+        lock(&self.shared.caches).clear();
+    }
+
+    /// The address peers link to (`ip:port`).
+    fn listen_addr(&self, py: Python<'_>) -> PyResult<String> {
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move { dd.read().await.listen_addr() }))
+    }
+
+    /// Changes the role label; refused (`LLM_EXIST_LINK`) while links remain.
+    fn switch_role(&self, py: Python<'_>, role: u8) -> PyResult<()> {
+        let role = role_of(role)?;
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move { dd.write().await.switch_role(role) }))
+    }
+
+    /// Links to `(cluster_id, "ip:port")` clusters; returns `(code, message)` per cluster.
+    fn link_clusters(
+        &self,
+        py: Python<'_>,
+        clusters: Vec<(u64, String)>,
+        timeout_ms: u64,
+    ) -> PyResult<Vec<(u32, String)>> {
+        let timeout = millis(timeout_ms, "link timeout")?;
+        let infos: Vec<ClusterInfo> = clusters
+            .into_iter()
+            .map(|(id, addr)| ClusterInfo {
+                remote_cluster_id: id,
+                remote_addr: addr,
+            })
+            .collect();
+        let dd = self.shared.dd.clone();
+        let rs = dd_result(run(py, async move {
+            dd.read().await.link_clusters(&infos, timeout).await
+        }))?;
+        Ok(rs.into_iter().map(outcome).collect())
+    }
+
+    /// Unlinks clusters by id; `(code, message)` per cluster. With `force`, a cluster this side
+    /// holds no link to has nothing local to tear down: success.
+    fn unlink_clusters(
+        &self,
+        py: Python<'_>,
+        clusters: Vec<u64>,
+        timeout_ms: u64,
+        force: bool,
+    ) -> PyResult<Vec<(u32, String)>> {
+        let timeout = millis(timeout_ms, "unlink timeout")?;
+        let infos: Vec<ClusterInfo> = clusters
+            .iter()
+            .map(|&id| ClusterInfo {
+                remote_cluster_id: id,
+                remote_addr: String::new(),
+            })
+            .collect();
+        let dd = self.shared.dd.clone();
+        let rs = dd_result(run(py, async move {
+            dd.read()
+                .await
+                .unlink_clusters(&infos, timeout, force)
+                .await
+        }))?;
+        Ok(rs
+            .into_iter()
+            .map(|r| match r {
+                Err(e) if force && e.status == LlmStatus::NotYetLink => Ok(()),
+                r => r,
+            })
+            .map(outcome)
+            .collect())
+    }
+
+    /// Registers caller-owned tensors as a cache; returns `(cache_id, tensor_addrs)`.
+    ///
+    /// `placement` is 0 (host) or 1 (device); `key` a blocks-cache key `(cluster_id,
+    /// model_id)`; `cache_keys` request keys naming batch entries of a contiguous cache.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (placement, num_tensors, dtype, shape, addrs, key=None, cache_keys=Vec::new()))]
+    fn register(
+        &self,
+        py: Python<'_>,
+        placement: u8,
+        num_tensors: u32,
+        dtype: &str,
+        shape: Vec<i64>,
+        addrs: Vec<u64>,
+        key: Option<(u64, u64)>,
+        cache_keys: Vec<KeyTuple>,
+    ) -> PyResult<(i64, Vec<u64>)> {
+        let placement =
+            match placement {
+                0 => Placement::Host,
+                1 => return Err(dd_err(DataDistError::new(
+                    LlmStatus::FeatureNotEnabled,
+                    "placement Placement.DEVICE: device caches need a device runtime (CANN/ACL \
+                     device memory), which this build of hixl does not have; register host \
+                     memory with Placement.HOST",
+                ))),
+                p => {
+                    return Err(param(format!(
+                        "placement {p}: Placement is HOST (0) or DEVICE (1)"
+                    )))
+                }
+            };
+        let desc = CacheDesc {
+            placement,
+            num_tensors,
+            data_type: dtype_of(dtype)?,
+            shape,
+        };
+        dd_result(desc.check(&addrs))?;
+        let size = dd_result(desc.tensor_size())?;
+        for (t, &a) in addrs.iter().enumerate() {
+            check_mapped(a, size, t)?;
+        }
+        let key = key.map(|(cluster_id, model_id)| BlocksCacheKey {
+            cluster_id,
+            model_id,
+        });
+        let keys: Vec<CacheKey> = cache_keys.into_iter().map(cache_key).collect();
+        let sh = self.shared.clone();
+        let cache = py.detach(|| {
+            // One registration at a time: the overlap check below holds until it is in the map.
+            let _one = lock(&sh.registering);
+            sh.check_new(&addrs, size, key)?;
+            runtime()
+                .block_on(async {
+                    let g = sh.dd.read().await;
+                    if keys.is_empty() {
+                        // SAFETY: the Python API's contract (documented on register_cache and
+                        // register_blocks_cache): each address is memory of `tensor_size` bytes the
+                        // caller keeps alive and does not free until unregister_cache or finalize,
+                        // as LLM-DataDist requires of the addresses it is given. check_mapped above
+                        // refused addresses that are not mapped at all.
+                        unsafe { g.register_kv_cache(desc, &addrs, key) }.await
+                    } else {
+                        // SAFETY: as above.
+                        unsafe { g.register_kv_cache_with_keys(desc, &addrs, &keys) }.await
+                    }
+                })
+                .inspect(|cache| {
+                    lock(&sh.caches).insert(cache.cache_id, (cache.clone(), key));
+                })
+        });
+        let cache = dd_result(cache)?;
+        Ok((cache.cache_id, cache.tensor_addrs.clone()))
+    }
+
+    /// Allocates a cache this instance owns (zeroed; fabric-pool memory with the fabric
+    /// transport, so same-host peers map it); returns `(cache_id, tensor_addrs)`. The memory
+    /// lives until `unregister` or `finalize`.
+    #[pyo3(signature = (num_tensors, dtype, shape, key=None, cache_keys=Vec::new()))]
+    fn allocate(
+        &self,
+        py: Python<'_>,
+        num_tensors: u32,
+        dtype: &str,
+        shape: Vec<i64>,
+        key: Option<(u64, u64)>,
+        cache_keys: Vec<KeyTuple>,
+    ) -> PyResult<(i64, Vec<u64>)> {
+        let desc = CacheDesc {
+            placement: Placement::Host,
+            num_tensors,
+            data_type: dtype_of(dtype)?,
+            shape,
+        };
+        let key = key.map(bkey);
+        let keys: Vec<CacheKey> = cache_keys.into_iter().map(cache_key).collect();
+        let sh = self.shared.clone();
+        let cache = py.detach(|| {
+            let _one = lock(&sh.registering);
+            sh.check_new(&[], 0, key)?;
+            runtime()
+                .block_on(async {
+                    let g = sh.dd.read().await;
+                    if keys.is_empty() {
+                        g.allocate_kv_cache(desc, key).await
+                    } else {
+                        g.allocate_kv_cache_with_keys(desc, &keys).await
+                    }
+                })
+                .inspect(|cache| {
+                    lock(&sh.caches).insert(cache.cache_id, (cache.clone(), key));
+                })
+        });
+        let cache = dd_result(cache)?;
+        Ok((cache.cache_id, cache.tensor_addrs.clone()))
+    }
+
+    /// Unregisters a cache (an unknown id is a no-op).
+    fn unregister(&self, py: Python<'_>, cache_id: i64) -> PyResult<()> {
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move {
+            dd.read().await.unregister_kv_cache(cache_id).await
+        }))?;
+        lock(&self.shared.caches).remove(&cache_id);
+        Ok(())
+    }
+
+    /// Removes a request key of one of this cluster's contiguous caches.
+    fn remove_cache_key(&self, py: Python<'_>, key: KeyTuple) -> PyResult<()> {
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move {
+            dd.read().await.remove_cache_key(cache_key(key)).await
+        }))
+    }
+
+    /// Pulls blocks of a peer's blocks cache `key` into cache `dst`.
+    fn pull_blocks(
+        &self,
+        py: Python<'_>,
+        key: (u64, u64),
+        dst: i64,
+        src_blocks: Vec<u64>,
+        dst_blocks: Vec<u64>,
+        ext: Ext,
+    ) -> PyResult<()> {
+        let dst = self.shared.cache(dst)?;
+        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .pull_kv_blocks(bkey(key), &dst, &src_blocks, &dst_blocks, &ext)
+                .await
+        }))
+    }
+
+    /// Pushes blocks of cache `src` into a peer's blocks cache `key`.
+    fn push_blocks(
+        &self,
+        py: Python<'_>,
+        key: (u64, u64),
+        src: i64,
+        src_blocks: Vec<u64>,
+        dst_blocks: Vec<u64>,
+        ext: Ext,
+    ) -> PyResult<()> {
+        let src = self.shared.cache(src)?;
+        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .push_kv_blocks(bkey(key), &src, &src_blocks, &dst_blocks, &ext)
+                .await
+        }))
+    }
+
+    /// Pulls batch entry `index = (cluster_id, cache_id, batch_index)` of a peer's cache into
+    /// entry `batch_index` of `dst`.
+    fn pull_cache_index(
+        &self,
+        py: Python<'_>,
+        index: (u64, i64, u32),
+        dst: i64,
+        batch_index: u32,
+        ext: Ext,
+    ) -> PyResult<()> {
+        let dst = self.shared.cache(dst)?;
+        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .pull_kv_cache(cache_index(index), &dst, batch_index, &ext)
+                .await
+        }))
+    }
+
+    /// Pulls the batch entry a peer holds under request key `key` into entry `batch_index`.
+    fn pull_cache_key(
+        &self,
+        py: Python<'_>,
+        key: KeyTuple,
+        dst: i64,
+        batch_index: u32,
+        ext: Ext,
+    ) -> PyResult<()> {
+        let dst = self.shared.cache(dst)?;
+        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .pull_kv_cache_by_key(cache_key(key), &dst, batch_index, &ext)
+                .await
+        }))
+    }
+
+    /// Pushes entry `src_batch_index` of `src` into a peer's batch entry `index`.
+    fn push_cache_index(
+        &self,
+        py: Python<'_>,
+        src: i64,
+        index: (u64, i64, u32),
+        src_batch_index: u32,
+        ext: Ext,
+    ) -> PyResult<()> {
+        let src = self.shared.cache(src)?;
+        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .push_kv_cache(&src, cache_index(index), src_batch_index, &ext)
+                .await
+        }))
+    }
+
+    /// Pushes entry `src_batch_index` of `src` into the entry a peer holds under `key`.
+    fn push_cache_key(
+        &self,
+        py: Python<'_>,
+        src: i64,
+        key: KeyTuple,
+        src_batch_index: u32,
+        ext: Ext,
+    ) -> PyResult<()> {
+        let src = self.shared.cache(src)?;
+        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .push_kv_cache_by_key(&src, cache_key(key), src_batch_index, &ext)
+                .await
+        }))
+    }
+
+    /// Local fan-out copy: block `src_blocks[i]` of `src` to every block of `dst_lists[i]`
+    /// of `dst`.
+    fn copy_blocks(
+        &self,
+        py: Python<'_>,
+        src: i64,
+        dst: i64,
+        src_blocks: Vec<u64>,
+        dst_lists: Vec<Vec<u64>>,
+    ) -> PyResult<()> {
+        let (s, d) = (self.shared.cache(src)?, self.shared.cache(dst)?);
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .copy_kv_blocks(&s, &d, &src_blocks, &dst_lists)
+                .await
+        }))
+    }
+
+    /// Local copy of `(src_block, dst_block)` pairs from `src` to `dst`.
+    fn swap_blocks(
+        &self,
+        py: Python<'_>,
+        src: i64,
+        dst: i64,
+        pairs: Vec<(u64, u64)>,
+    ) -> PyResult<()> {
+        let (s, d) = (self.shared.cache(src)?, self.shared.cache(dst)?);
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move {
+            dd.read().await.swap_blocks(&s, &d, &pairs).await
+        }))
+    }
+
+    /// A linked peer's caches as last read: `(cache_id, key, num_tensors, units, stride,
+    /// addrs)` each.
+    #[allow(clippy::type_complexity)]
+    fn peer_caches(
+        &self,
+        py: Python<'_>,
+        cluster_id: u64,
+    ) -> PyResult<Vec<(i64, Option<(u64, u64)>, u32, u64, u64, Vec<u64>)>> {
+        let dd = self.shared.dd.clone();
+        let table = dd_result(run(py, async move {
+            dd.read().await.peer_table(cluster_id).await
+        }))?;
+        let mut out = Vec::with_capacity(table.caches.len());
+        for e in table.caches {
+            let units = dd_result(e.desc.units())?;
+            let stride = dd_result(e.desc.stride())?;
+            out.push((
+                e.cache_id,
+                e.key.map(|k| (k.cluster_id, k.model_id)),
+                e.desc.num_tensors,
+                units,
+                stride,
+                e.addrs,
+            ));
+        }
+        Ok(out)
+    }
+
+    // --- hixl extensions: leases -------------------------------------------------------
+
+    /// Leases `blocks` of `caches` for request `request_id`; returns the grant as JSON.
+    fn lease_blocks(
+        &self,
+        py: Python<'_>,
+        request_id: u64,
+        caches: Vec<i64>,
+        blocks: Vec<u64>,
+        ttl_ms: u64,
+    ) -> PyResult<String> {
+        let ttl = millis(ttl_ms, "lease TTL")?;
+        let cs: Vec<Cache> = caches
+            .iter()
+            .map(|&c| self.shared.cache(c))
+            .collect::<PyResult<_>>()?;
+        let dd = self.shared.dd.clone();
+        let grant = dd_result(run(py, async move {
+            let refs: Vec<&Cache> = cs.iter().collect();
+            dd.read()
+                .await
+                .lease_blocks(request_id, &refs, &blocks, ttl)
+        }))?;
+        serde_json::to_string(&grant).map_err(|e| param(format!("lease grant: {e}")))
+    }
+
+    /// Ends a lease this cluster granted.
+    fn end_lease(&self, py: Python<'_>, lease_id: u64) -> PyResult<()> {
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move { dd.read().await.end_lease(lease_id) }))
+    }
+
+    /// Leases this cluster granted that are live.
+    fn live_leases(&self, py: Python<'_>) -> PyResult<usize> {
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move { dd.read().await.live_leases() }))
+    }
+
+    /// Ended leases: waits up to `timeout_ms` (`None`: not at all) for the first, then takes
+    /// every one that is ready.
+    #[pyo3(signature = (timeout_ms=None))]
+    fn lease_events(&self, py: Python<'_>, timeout_ms: Option<u64>) -> PyResult<Vec<EndedTuple>> {
+        let sh = self.shared.clone();
+        dd_result(run(py, async move {
+            let mut ev = sh.events.lock().await;
+            if ev.is_none() {
+                *ev = Some(sh.dd.read().await.lease_events()?);
+            }
+            let mut out = Vec::new();
+            let Some(rx) = ev.as_mut() else {
+                return Ok(Vec::new());
+            };
+            if let Some(ms) = timeout_ms.filter(|&m| m > 0) {
+                if let Ok(Some(e)) =
+                    tokio::time::timeout(Duration::from_millis(ms), rx.next()).await
+                {
+                    out.push(e);
+                }
+            }
+            while let Some(Some(e)) = rx.next().now_or_never() {
+                out.push(e);
+            }
+            let out: Vec<EndedTuple> = out
+                .into_iter()
+                .map(|e| {
+                    (
+                        e.request_id,
+                        e.lease_id,
+                        e.caches,
+                        e.blocks,
+                        why_name(e.why),
+                    )
+                })
+                .collect();
+            Ok::<_, DataDistError>(out)
+        }))
+    }
+
+    /// Pulls leased blocks of the owner's blocks cache `key` into `dst`.
+    #[allow(clippy::too_many_arguments)]
+    fn pull_leased_blocks(
+        &self,
+        py: Python<'_>,
+        grant: &str,
+        key: (u64, u64),
+        dst: i64,
+        src_blocks: Vec<u64>,
+        dst_blocks: Vec<u64>,
+        ext: Ext,
+        done: bool,
+    ) -> PyResult<()> {
+        let grant = grant_of(grant)?;
+        let dst = self.shared.cache(dst)?;
+        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .pull_leased_blocks(
+                    &grant,
+                    bkey(key),
+                    &dst,
+                    &src_blocks,
+                    &dst_blocks,
+                    &ext,
+                    done,
+                )
+                .await
+        }))
+    }
+
+    /// Tells the owner the lease's blocks are needed no more.
+    fn lease_done(&self, py: Python<'_>, grant: &str) -> PyResult<()> {
+        let grant = grant_of(grant)?;
+        let dd = self.shared.dd.clone();
+        dd_result(run(
+            py,
+            async move { dd.read().await.lease_done(&grant).await },
+        ))
+    }
+
+    /// Extends the lease by its TTL.
+    fn renew_lease(&self, py: Python<'_>, grant: &str) -> PyResult<()> {
+        let grant = grant_of(grant)?;
+        let dd = self.shared.dd.clone();
+        dd_result(run(
+            py,
+            async move { dd.read().await.renew_lease(&grant).await },
+        ))
+    }
+
+    // --- hixl extensions: heterogeneous tensor parallelism -----------------------------
+
+    /// Declares the KV heads cache `cache_id` holds.
+    #[allow(clippy::too_many_arguments)]
+    fn set_kv_shard(
+        &self,
+        py: Python<'_>,
+        cache_id: i64,
+        tp_rank: u32,
+        tp_size: u32,
+        total_heads: u32,
+        head_dim: u32,
+        layout: &str,
+        mla: bool,
+    ) -> PyResult<()> {
+        let layout = match layout {
+            "NHD" => KvLayout::Nhd,
+            "HND" => KvLayout::Hnd,
+            l => {
+                return Err(param(format!(
+                    "KV layout {l:?}: it is \"NHD\" ([tokens, heads, head_dim] per block) or \
+                     \"HND\" ([heads, tokens, head_dim])"
+                )))
+            }
+        };
+        let shard = KvShard {
+            tp_rank,
+            tp_size,
+            total_heads,
+            head_dim,
+            layout,
+            mla,
+        };
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move {
+            dd.read().await.set_kv_shard(cache_id, shard).await
+        }))
+    }
+
+    /// Pulls blocks into `dst` from the prefill ranks' blocks caches `keys`, resharding heads.
+    fn pull_resharded(
+        &self,
+        py: Python<'_>,
+        keys: Vec<(u64, u64)>,
+        dst: i64,
+        src_blocks: Vec<u64>,
+        dst_blocks: Vec<u64>,
+        ext: Ext,
+    ) -> PyResult<()> {
+        let dst = self.shared.cache(dst)?;
+        let keys: Vec<BlocksCacheKey> = keys.into_iter().map(bkey).collect();
+        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .pull_kv_blocks_resharded(&keys, &dst, &src_blocks, &dst_blocks, &ext)
+                .await
+        }))
+    }
+
+    /// Starts a layer-wise push of cache `src` to `targets` (see `LayerTask`).
+    fn layer_task(&self, src: i64, targets: Vec<layer::TargetSpec>) -> PyResult<layer::LayerTask> {
+        let src = self.shared.cache(src)?;
+        layer::LayerTask::new(self.shared.clone(), src, targets)
+    }
+}
+
+/// A per-cluster result as `(code, message)`.
+fn outcome(r: Result<(), DataDistError>) -> (u32, String) {
+    match r {
+        Ok(()) => (LlmStatus::Success.code(), String::new()),
+        Err(e) => (e.status.code(), e.message),
+    }
+}
+
+pub(crate) fn bkey((cluster_id, model_id): (u64, u64)) -> BlocksCacheKey {
+    BlocksCacheKey {
+        cluster_id,
+        model_id,
+    }
+}
+
+fn cache_key((cluster_id, req_id, model_id, prefix_id): KeyTuple) -> CacheKey {
+    CacheKey {
+        cluster_id,
+        req_id,
+        model_id,
+        prefix_id,
+    }
+}
+
+pub(crate) fn cache_index((cluster_id, cache_id, batch_index): (u64, i64, u32)) -> CacheIndex {
+    CacheIndex {
+        cluster_id,
+        cache_id,
+        batch_index,
+    }
+}
+
+/// Raises `LLM_PARAM_INVALID` unless `[addr, addr + len)` is mapped memory of this process
+/// (the host tensors of an unregistered cache, before Python copies them).
+#[pyfunction]
+fn dd_check_mapped(addr: u64, len: u64, tensor: usize) -> PyResult<()> {
+    check_mapped(addr, len, tensor)
+}
+
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(dd_check_mapped, m)?)?;
+    m.add_class::<DataDist>()?;
+    m.add_class::<layer::LayerTask>()?;
+    let codes = PyList::empty(m.py());
+    for s in [
+        LlmStatus::Success,
+        LlmStatus::WaitProcTimeout,
+        LlmStatus::KvCacheNotExist,
+        LlmStatus::ParamInvalid,
+        LlmStatus::NotYetLink,
+        LlmStatus::AlreadyLink,
+        LlmStatus::LinkFailed,
+        LlmStatus::UnlinkFailed,
+        LlmStatus::ClusterNumExceedLimit,
+        LlmStatus::ExistLink,
+        LlmStatus::FeatureNotEnabled,
+        LlmStatus::Timeout,
+        LlmStatus::OutOfMemory,
+        LlmStatus::LeaseEnded,
+        LlmStatus::LeaseHeld,
+        LlmStatus::Failed,
+    ] {
+        codes.append((s.name(), s.code()))?;
+    }
+    // The codes the Rust layer returns, for the Python package to check its enum against.
+    m.add("DATADIST_STATUS_CODES", codes)?;
     Ok(())
 }
