@@ -17,6 +17,16 @@ def test_readme_quick_start_runs():
     assert "kv_ready" in p.stdout
 
 
+def test_readme_llm_datadist_snippet_runs():
+    import textwrap
+
+    readme = (ROOT / "README.md").read_text()
+    code = readme.split("- `hixl.llm_datadist` is a drop-in")[1].split("```python")[1].split("```")[0]
+    code = textwrap.dedent(code).replace("127.0.0.1:26000", f"127.0.0.1:{free_port()}")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
