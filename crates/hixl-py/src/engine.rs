@@ -71,6 +71,27 @@ fn read_u64s<const W: usize>(ptr: u64, n: usize) -> PyResult<Vec<[u64; W]>> {
     Ok(out)
 }
 
+/// Plain descriptors from `(local, remote, len)` rows.
+fn plain(rows: impl IntoIterator<Item = [u64; 3]>) -> Vec<OpDesc> {
+    rows.into_iter()
+        .map(|[l, r, len]| OpDesc::new(l, r, len))
+        .collect()
+}
+
+/// Strided descriptors from `(local, remote, len, local_stride, remote_stride, count)` rows.
+fn strided(rows: impl IntoIterator<Item = [u64; 6]>) -> Vec<StridedDesc> {
+    rows.into_iter()
+        .map(|[l, r, len, ls, rs, count]| StridedDesc {
+            local_addr: l,
+            remote_addr: r,
+            len,
+            local_stride: ls,
+            remote_stride: rs,
+            count,
+        })
+        .collect()
+}
+
 fn transfer_op(t: hixl_async::Transfer, timeout: Option<f64>) -> PyResult<Op> {
     let t = match timeout {
         Some(s) => t.timeout(seconds(s)?),
@@ -255,10 +276,7 @@ impl Engine {
     ) -> PyResult<Op> {
         let _rt = runtime().enter();
         let e = self.get()?;
-        let descs: Vec<OpDesc> = descs
-            .into_iter()
-            .map(|(l, r, n)| OpDesc::new(l, r, n))
-            .collect();
+        let descs = plain(descs.into_iter().map(|(l, r, n)| [l, r, n]));
         let op = op_of(op)?;
         transfer_op(py.detach(|| e.transfer(remote, op, &descs)), timeout)
     }
@@ -277,10 +295,7 @@ impl Engine {
     ) -> PyResult<Op> {
         let _rt = runtime().enter();
         let e = self.get()?;
-        let descs: Vec<OpDesc> = read_u64s::<3>(ptr, n)?
-            .into_iter()
-            .map(|[l, r, len]| OpDesc::new(l, r, len))
-            .collect();
+        let descs = plain(read_u64s::<3>(ptr, n)?);
         let op = op_of(op)?;
         transfer_op(py.detach(|| e.transfer(remote, op, &descs)), timeout)
     }
@@ -411,10 +426,7 @@ impl Peer {
         timeout: Option<f64>,
     ) -> PyResult<Op> {
         let _rt = runtime().enter();
-        let descs: Vec<OpDesc> = descs
-            .into_iter()
-            .map(|(l, r, n)| OpDesc::new(l, r, n))
-            .collect();
+        let descs = plain(descs.into_iter().map(|(l, r, n)| [l, r, n]));
         let op = op_of(op)?;
         transfer_op(py.detach(|| self.peer.transfer(op, &descs)), timeout)
     }
@@ -431,11 +443,7 @@ impl Peer {
         timeout: Option<f64>,
     ) -> PyResult<Op> {
         let _rt = runtime().enter();
-        let rows = read_u64s::<3>(ptr, n)?;
-        let descs: Vec<OpDesc> = rows
-            .into_iter()
-            .map(|[l, r, len]| OpDesc::new(l, r, len))
-            .collect();
+        let descs = plain(read_u64s::<3>(ptr, n)?);
         let op = op_of(op)?;
         transfer_op(py.detach(|| self.peer.transfer(op, &descs)), timeout)
     }
@@ -452,18 +460,7 @@ impl Peer {
         timeout: Option<f64>,
     ) -> PyResult<Op> {
         let _rt = runtime().enter();
-        let rows = read_u64s::<6>(ptr, n)?;
-        let descs: Vec<StridedDesc> = rows
-            .into_iter()
-            .map(|[l, r, len, ls, rs, count]| StridedDesc {
-                local_addr: l,
-                remote_addr: r,
-                len,
-                local_stride: ls,
-                remote_stride: rs,
-                count,
-            })
-            .collect();
+        let descs = strided(read_u64s::<6>(ptr, n)?);
         let op = op_of(op)?;
         transfer_op(
             py.detach(|| self.peer.transfer_strided(op, &descs)),
@@ -482,17 +479,11 @@ impl Peer {
         timeout: Option<f64>,
     ) -> PyResult<Op> {
         let _rt = runtime().enter();
-        let descs: Vec<StridedDesc> = descs
-            .into_iter()
-            .map(|(l, r, len, ls, rs, count)| StridedDesc {
-                local_addr: l,
-                remote_addr: r,
-                len,
-                local_stride: ls,
-                remote_stride: rs,
-                count,
-            })
-            .collect();
+        let descs = strided(
+            descs
+                .into_iter()
+                .map(|(l, r, len, ls, rs, count)| [l, r, len, ls, rs, count]),
+        );
         let op = op_of(op)?;
         transfer_op(
             py.detach(|| self.peer.transfer_strided(op, &descs)),
