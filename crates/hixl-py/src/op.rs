@@ -204,6 +204,24 @@ impl Op {
         self.shared.changed.notify_all();
     }
 
+    /// Polls `f` on this thread until it finishes or `budget` passes, whether or not it makes
+    /// progress meanwhile (for a thread that blocks on it anyway); at least once.
+    fn poll_until(f: &mut Fut, budget: Duration) -> Option<Outcome> {
+        let _rt = runtime().enter();
+        let waker = noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let start = Instant::now();
+        loop {
+            if let Poll::Ready(o) = Pin::new(&mut *f).poll(&mut cx) {
+                return Some(o);
+            }
+            if !matches!(f, Fut::Transfer(_)) || start.elapsed() >= budget {
+                return None;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     /// Polls `f` on this thread until it finishes, or stops spinning (a transfer parks once
     /// its link's spin period passed without progress), or `budget` passes; at least once.
     fn poll_for(f: &mut Fut, budget: Duration) -> Option<Outcome> {
@@ -348,9 +366,10 @@ impl Op {
 
     /// Blocks (GIL released) until the op finishes and returns its result, or raises its
     /// error. Past `timeout` seconds the op is abandoned (cancelled, as on drop) and
-    /// `hixl.HixlTimeoutError` is raised.
-    #[pyo3(signature = (timeout=None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Py<PyAny>> {
+    /// `hixl.HixlTimeoutError` is raised. A transfer is polled on this thread for up to
+    /// `spin_us` microseconds before the thread parks.
+    #[pyo3(signature = (timeout=None, spin_us=0))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>, spin_us: u64) -> PyResult<Py<PyAny>> {
         let limit = match timeout {
             Some(t) if !(t > 0.0 && t.is_finite()) => {
                 return Err(crate::hixl_err(Error::InvalidTimeout {
@@ -369,11 +388,18 @@ impl Op {
                     return self.collect(py);
                 }
             }
-            // Drive it here: the fastest path (no thread hand-off).
+            // Drive it here: the fastest path (no thread hand-off). The thread blocks anyway:
+            // it polls the op for up to `spin_us` (an op in flight, however it progresses),
+            // then parks until the op's end wakes it.
+            let spin = Duration::from_micros(spin_us).min(limit.unwrap_or(Duration::MAX));
             let o = py.detach(|| {
+                if let Some(o) = Op::poll_until(&mut f, spin) {
+                    return Some(o);
+                }
                 let _rt = runtime().enter();
+                let rest = limit.map(|d| d.saturating_sub(spin));
                 runtime().block_on(async {
-                    match limit {
+                    match rest {
                         None => Some((&mut f).await),
                         Some(d) => tokio::time::timeout(d, &mut f).await.ok(),
                     }

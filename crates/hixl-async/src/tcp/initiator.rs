@@ -903,7 +903,10 @@ impl DataConn {
             if tx.closed {
                 return Err(q.parts);
             }
-            let free = tx.is_free();
+            // An op of many parts (thousands of KV blocks) is handed to the writer task whole:
+            // sending its first gather here would hold the submitter for no latency gain.
+            let free = tx.is_free() && q.parts.len() <= GATHER_PARTS;
+            let many = q.parts.len() > GATHER_PARTS;
             tx.backlog.extend(q.parts.into_iter().map(|part| Pending {
                 part,
                 seen: q.withdrawals,
@@ -914,6 +917,9 @@ impl DataConn {
                 c.pump_tx(&mut tx, Via::Direct, SUBMIT_SEND_BYTES, &mut done)
                     .map(drop)
             } else {
+                if many && !c.uring {
+                    c.tx_blocked.notify_one();
+                }
                 Ok(())
             }
         };

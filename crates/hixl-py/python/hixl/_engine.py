@@ -37,6 +37,12 @@ T = TypeVar("T")
 #: overrides it; 0 turns it off.
 SPIN_US = int(os.environ.get("HIXL_PY_SPIN_US", "1000"))
 
+#: How long ``.wait()`` polls a transfer on the calling thread (which blocks anyway) before the
+#: thread parks (microseconds), whether or not it sees progress meanwhile: a same-host copy
+#: running on the copy engine's threads then ends with no wake-up. ``HIXL_PY_WAIT_SPIN_US``
+#: overrides it; 0 parks at once after the engine's own spin.
+WAIT_SPIN_US = int(os.environ.get("HIXL_PY_WAIT_SPIN_US", "2000"))
+
 
 class Access(IntFlag):
     """What peers may do with a region."""
@@ -151,7 +157,7 @@ class Op(Generic[T]):
         """Blocks until the op finishes (the GIL is released) and returns its result or raises
         its error. Past ``timeout`` seconds the op is abandoned and ``HixlTimeoutError``
         raised."""
-        r = self._op.wait(timeout)
+        r = self._op.wait(timeout, WAIT_SPIN_US)
         return self._wrap(r) if self._wrap is not None else r
 
     def status(self) -> TransferStatus:
