@@ -65,9 +65,10 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
         }
         while let Some(e) = session.poll_event() {
             // A notify the closing session fails may have been acked on a channel already,
-            // its ack on the way (see below): it waits for that, not for the session's word.
+            // its ack queued or on the way (see below): it is settled after the loop, by that
+            // ack or else by the link's cause.
             if let Event::NotifyAcked { result: Err(_), .. } = &e {
-                if session.is_closed() && goodbye(&link) {
+                if session.is_closed() {
                     continue;
                 }
             }
