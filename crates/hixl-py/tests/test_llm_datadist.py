@@ -492,7 +492,7 @@ def test_concurrent_pulls_release_the_gil():
             n, t0 = 0, time.monotonic()
             while time.monotonic() - t0 < 0.3:
                 n += 1
-            assert waiting.is_alive()
+            assert waiting.is_alive(), f"the pull ended early: {errors}"
             assert n > 1000  # with the GIL held by the pull, this loop could not run
             waiting.join()
             assert [e.status_code for e in errors] == [S.LLM_TIMEOUT]
