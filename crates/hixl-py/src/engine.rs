@@ -18,20 +18,6 @@ use crate::{py_result, runtime};
 /// Descriptors in a raw array at most (a copy of 24 bytes each is made).
 const MAX_DESCS: usize = 1 << 24;
 
-fn seconds(t: f64) -> PyResult<Duration> {
-    if t > 0.0 && t.is_finite() {
-        Ok(Duration::from_secs_f64(t))
-    } else {
-        Err(crate::hixl_err(Error::InvalidTimeout {
-            millis: if t.is_finite() {
-                (t * 1000.0) as i64
-            } else {
-                -1
-            },
-        }))
-    }
-}
-
 fn op_of(op: u8) -> PyResult<TransferOp> {
     match op {
         0 => Ok(TransferOp::Read),
@@ -92,9 +78,22 @@ fn strided(rows: impl IntoIterator<Item = [u64; 6]>) -> Vec<StridedDesc> {
         .collect()
 }
 
+/// Posts a transfer: `submit` runs with the GIL released (a same-host copy runs there) and
+/// inside the runtime's context (a deadline's timer needs it).
+fn post(
+    py: Python<'_>,
+    op: u8,
+    timeout: Option<f64>,
+    submit: impl FnOnce(TransferOp) -> hixl_async::Transfer + Send,
+) -> PyResult<Op> {
+    let _rt = runtime().enter();
+    let op = op_of(op)?;
+    transfer_op(py.detach(|| submit(op)), timeout)
+}
+
 fn transfer_op(t: hixl_async::Transfer, timeout: Option<f64>) -> PyResult<Op> {
     let t = match timeout {
-        Some(s) => t.timeout(seconds(s)?),
+        Some(s) => t.timeout(crate::seconds(s)?),
         None => t,
     };
     Ok(Op::new(Fut::Transfer(t)))
@@ -228,7 +227,7 @@ impl Engine {
     /// Connects to `remote`; the op yields a `Peer`.
     fn connect(&self, remote: String, timeout: f64) -> PyResult<Op> {
         let e = self.get()?;
-        let d = seconds(timeout)?;
+        let d = crate::seconds(timeout)?;
         Ok(Op::other(async move {
             match e.connect(&remote, d).await {
                 Ok(p) => {
@@ -274,11 +273,9 @@ impl Engine {
         descs: Vec<(u64, u64, u64)>,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
-        let _rt = runtime().enter();
         let e = self.get()?;
         let descs = plain(descs.into_iter().map(|(l, r, n)| [l, r, n]));
-        let op = op_of(op)?;
-        transfer_op(py.detach(|| e.transfer(remote, op, &descs)), timeout)
+        post(py, op, timeout, |op| e.transfer(remote, op, &descs))
     }
 
     /// [`Engine::transfer`] of `n` descriptors from a C-contiguous `uint64` array of `n`×3 at
@@ -293,11 +290,9 @@ impl Engine {
         n: usize,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
-        let _rt = runtime().enter();
         let e = self.get()?;
         let descs = plain(read_u64s::<3>(ptr, n)?);
-        let op = op_of(op)?;
-        transfer_op(py.detach(|| e.transfer(remote, op, &descs)), timeout)
+        post(py, op, timeout, |op| e.transfer(remote, op, &descs))
     }
 
     /// Notifies received since the last call (HIXL `GetNotifies`), as
@@ -425,10 +420,8 @@ impl Peer {
         descs: Vec<(u64, u64, u64)>,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
-        let _rt = runtime().enter();
         let descs = plain(descs.into_iter().map(|(l, r, n)| [l, r, n]));
-        let op = op_of(op)?;
-        transfer_op(py.detach(|| self.peer.transfer(op, &descs)), timeout)
+        post(py, op, timeout, |op| self.peer.transfer(op, &descs))
     }
 
     /// Posts a transfer of `n` descriptors read from a C-contiguous `uint64` array of `n`×3
@@ -442,10 +435,8 @@ impl Peer {
         n: usize,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
-        let _rt = runtime().enter();
         let descs = plain(read_u64s::<3>(ptr, n)?);
-        let op = op_of(op)?;
-        transfer_op(py.detach(|| self.peer.transfer(op, &descs)), timeout)
+        post(py, op, timeout, |op| self.peer.transfer(op, &descs))
     }
 
     /// Posts a strided transfer: `n` descriptors `(local, remote, len, local_stride,
@@ -459,13 +450,8 @@ impl Peer {
         n: usize,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
-        let _rt = runtime().enter();
         let descs = strided(read_u64s::<6>(ptr, n)?);
-        let op = op_of(op)?;
-        transfer_op(
-            py.detach(|| self.peer.transfer_strided(op, &descs)),
-            timeout,
-        )
+        post(py, op, timeout, |op| self.peer.transfer_strided(op, &descs))
     }
 
     /// Posts a strided transfer of `(local, remote, len, local_stride, remote_stride, count)`
@@ -478,23 +464,18 @@ impl Peer {
         descs: Vec<(u64, u64, u64, u64, u64, u64)>,
         timeout: Option<f64>,
     ) -> PyResult<Op> {
-        let _rt = runtime().enter();
         let descs = strided(
             descs
                 .into_iter()
                 .map(|(l, r, len, ls, rs, count)| [l, r, len, ls, rs, count]),
         );
-        let op = op_of(op)?;
-        transfer_op(
-            py.detach(|| self.peer.transfer_strided(op, &descs)),
-            timeout,
-        )
+        post(py, op, timeout, |op| self.peer.transfer_strided(op, &descs))
     }
 
     /// Sends a notify (name and message of at most 1024 bytes each).
     #[pyo3(signature = (name, msg, timeout=1.0))]
     fn notify(&self, name: Vec<u8>, msg: Vec<u8>, timeout: f64) -> PyResult<Op> {
-        let d = seconds(timeout)?;
+        let d = crate::seconds(timeout)?;
         let p = self.peer.clone();
         Ok(Op::other(async move {
             match p.notify_timeout(name, msg, d).await {

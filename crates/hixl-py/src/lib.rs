@@ -22,6 +22,21 @@ mod waker;
 
 pub(crate) use errors::{hixl_err, py_result};
 
+/// A timeout given in seconds: `> 0` and finite, else HIXL's PARAM_INVALID naming it.
+pub(crate) fn seconds(t: f64) -> PyResult<std::time::Duration> {
+    if t > 0.0 && t.is_finite() {
+        Ok(std::time::Duration::from_secs_f64(t))
+    } else {
+        Err(hixl_err(hixl_core::Error::InvalidTimeout {
+            millis: if t.is_finite() {
+                (t * 1000.0) as i64
+            } else {
+                -1
+            },
+        }))
+    }
+}
+
 /// The process's runtime: two workers (the engines' connection tasks), started on first use.
 pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();

@@ -204,9 +204,13 @@ impl Op {
         self.shared.changed.notify_all();
     }
 
-    /// Polls `f` on this thread until it finishes or `budget` passes, whether or not it makes
-    /// progress meanwhile (for a thread that blocks on it anyway); at least once.
-    fn poll_until(f: &mut Fut, budget: Duration) -> Option<Outcome> {
+    /// Polls `f` on this thread until it finishes or `budget` passes (at least once). A
+    /// transfer is polled again while `keep_on` says so of it; any other op is polled once.
+    fn poll_for(
+        f: &mut Fut,
+        budget: Duration,
+        keep_on: impl Fn(&hixl_async::Transfer) -> bool,
+    ) -> Option<Outcome> {
         let _rt = runtime().enter();
         let waker = noop_waker();
         let mut cx = Context::from_waker(&waker);
@@ -215,28 +219,11 @@ impl Op {
             if let Poll::Ready(o) = Pin::new(&mut *f).poll(&mut cx) {
                 return Some(o);
             }
-            if !matches!(f, Fut::Transfer(_)) || start.elapsed() >= budget {
+            let again = matches!(f, Fut::Transfer(t) if keep_on(t));
+            if !again || start.elapsed() >= budget {
                 return None;
             }
             std::hint::spin_loop();
-        }
-    }
-
-    /// Polls `f` on this thread until it finishes, or stops spinning (a transfer parks once
-    /// its link's spin period passed without progress), or `budget` passes; at least once.
-    fn poll_for(f: &mut Fut, budget: Duration) -> Option<Outcome> {
-        let _rt = runtime().enter();
-        let waker = noop_waker();
-        let mut cx = Context::from_waker(&waker);
-        let start = Instant::now();
-        loop {
-            if let Poll::Ready(o) = Pin::new(&mut *f).poll(&mut cx) {
-                return Some(o);
-            }
-            let spinning = matches!(f, Fut::Transfer(t) if t.spinning());
-            if !spinning || start.elapsed() >= budget {
-                return None;
-            }
         }
     }
 
@@ -306,9 +293,9 @@ impl Op {
         // without releasing the GIL: its poll returns at once.
         let finished = matches!(&f, Fut::Transfer(t) if t.status() != TransferStatus::Waiting);
         let polled = if finished {
-            Op::poll_for(&mut f, Duration::ZERO)
+            Op::poll_for(&mut f, Duration::ZERO, |_| false)
         } else {
-            py.detach(|| Op::poll_for(&mut f, budget))
+            py.detach(|| Op::poll_for(&mut f, budget, hixl_async::Transfer::spinning))
         };
         match polled {
             Some(o) => {
@@ -370,19 +357,11 @@ impl Op {
     /// `spin_us` microseconds before the thread parks.
     #[pyo3(signature = (timeout=None, spin_us=0))]
     fn wait(&self, py: Python<'_>, timeout: Option<f64>, spin_us: u64) -> PyResult<Py<PyAny>> {
-        let limit = match timeout {
-            Some(t) if !(t > 0.0 && t.is_finite()) => {
-                return Err(crate::hixl_err(Error::InvalidTimeout {
-                    millis: (t * 1000.0) as i64,
-                }))
-            }
-            Some(t) => Some(Duration::from_secs_f64(t)),
-            None => None,
-        };
+        let limit = timeout.map(crate::seconds).transpose()?;
         if let Some(mut f) = self.take_ready() {
             // Finished already (a same-host copy done at submission): collect it at once.
             if matches!(&f, Fut::Transfer(t) if t.status() != TransferStatus::Waiting) {
-                if let Some(o) = Op::poll_for(&mut f, Duration::ZERO) {
+                if let Some(o) = Op::poll_for(&mut f, Duration::ZERO, |_| false) {
                     drop(f);
                     finish(&self.shared, self.id, o);
                     return self.collect(py);
@@ -393,7 +372,7 @@ impl Op {
             // then parks until the op's end wakes it.
             let spin = Duration::from_micros(spin_us).min(limit.unwrap_or(Duration::MAX));
             let o = py.detach(|| {
-                if let Some(o) = Op::poll_until(&mut f, spin) {
+                if let Some(o) = Op::poll_for(&mut f, spin, |_| true) {
                     return Some(o);
                 }
                 let _rt = runtime().enter();
@@ -515,11 +494,13 @@ impl Drop for Op {
     /// abandoning a transfer may need it.
     fn drop(&mut self) {
         let _rt = runtime().enter();
-        let slot = std::mem::replace(&mut *lock(&self.shared.slot), Slot::Polling);
-        if let Slot::Ready(f) = slot {
-            drop(f);
-        } else {
-            *lock(&self.shared.slot) = slot;
-        }
+        let ready = {
+            let mut slot = lock(&self.shared.slot);
+            match &*slot {
+                Slot::Ready(_) => Some(std::mem::replace(&mut *slot, Slot::Polling)),
+                _ => None,
+            }
+        };
+        drop(ready);
     }
 }

@@ -81,15 +81,8 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
         tokio::select! {
             biased;
             _ = dead.changed() => {
-                // Killed from elsewhere: a data connection or a channel failed. Acks a channel
-                // read before it failed are queued already: they count.
-                while let Ok(c) = cmds.try_recv() {
-                    if let Command::Acked { seq, status } = c {
-                        let _ = session.handle_frame(now(), Message::NotifyAck { seq, status });
-                    } else if let Command::Notify { reply, .. } = c {
-                        let _ = reply.send(Err(link.lost("link closed")));
-                    }
-                }
+                // Killed from elsewhere: a data connection or a channel failed. (Acks a channel
+                // read before it failed are still queued: they are settled after the loop.)
                 let cause = link.state.error().unwrap_or_else(|| link.lost("link closed"));
                 session.connection_lost(cause);
             }

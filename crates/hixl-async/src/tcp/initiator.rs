@@ -905,22 +905,23 @@ impl DataConn {
             }
             // An op of many parts (thousands of KV blocks) is handed to the writer task whole:
             // sending its first gather here would hold the submitter for no latency gain.
-            let free = tx.is_free() && q.parts.len() <= GATHER_PARTS;
             let many = q.parts.len() > GATHER_PARTS;
+            let free = tx.is_free();
             tx.backlog.extend(q.parts.into_iter().map(|part| Pending {
                 part,
                 seen: q.withdrawals,
             }));
             // A busy connection has its writer on it (or a spinner): the parts wait their turn.
             // With io_uring the ring is driven below, once the lock is free.
-            if free && !c.uring {
-                c.pump_tx(&mut tx, Via::Direct, SUBMIT_SEND_BYTES, &mut done)
-                    .map(drop)
-            } else {
-                if many && !c.uring {
+            match (c.uring, many, free) {
+                (false, false, true) => c
+                    .pump_tx(&mut tx, Via::Direct, SUBMIT_SEND_BYTES, &mut done)
+                    .map(drop),
+                (false, true, _) => {
                     c.tx_blocked.notify_one();
+                    Ok(())
                 }
-                Ok(())
+                _ => Ok(()),
             }
         };
         let r = match c.ring.get() {

@@ -5,6 +5,7 @@ prefill/decode-disaggregated LLM inference.
 ``hixl.llm_datadist`` is a drop-in for HIXL's ``llm_datadist`` package.
 """
 
+from . import _errors
 from ._errors import (AlreadyConnectedError, FailedError, HixlError, HixlTimeoutError,
                       NotConnectedError, NotifyFailedError, ParamInvalidError,
                       ResourceExhaustedError, TransferCancelledError, UnsupportedError)
@@ -24,14 +25,5 @@ __all__ = [
     "TransferStatus",
     "Access",
     "Notify",
-    "HixlError",
-    "ParamInvalidError",
-    "HixlTimeoutError",
-    "NotConnectedError",
-    "AlreadyConnectedError",
-    "NotifyFailedError",
-    "UnsupportedError",
-    "ResourceExhaustedError",
-    "FailedError",
-    "TransferCancelledError",
+    *_errors.__all__,
 ]
