@@ -247,7 +247,7 @@ pub struct LeaseTable {
 }
 
 impl LeaseTable {
-    /// Leases `blocks` of `caches` for `request_id`, with generation `gen`.
+    /// Leases `blocks` of `caches` for `request_id`, with generation `gen`, under a fresh id.
     ///
     /// # Errors
     /// `LLM_PARAM_INVALID` for no blocks or caches, a zero TTL, a block or cache named twice;
@@ -263,6 +263,43 @@ impl LeaseTable {
         gen: u64,
         now: Instant,
     ) -> Result<LeaseGrant> {
+        self.create_as(owner, request_id, caches, blocks, ttl, None, gen, now)
+    }
+
+    /// [`LeaseTable::create`] under the lease id `id` when given: for a grant minted ahead by a
+    /// coordinator that cannot wait for the owner (a serving engine's scheduler returns the
+    /// transfer parameters before the worker that holds the memory runs again). The minter
+    /// keeps ids unique and generations random; a pull presented before the lease exists is
+    /// refused like one after it ended, and moves no byte.
+    ///
+    /// # Errors
+    /// As [`LeaseTable::create`], and `LLM_PARAM_INVALID` for an id 0, an id a live lease
+    /// has, or a generation 0.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create_as(
+        &mut self,
+        owner: u64,
+        request_id: u64,
+        caches: &[i64],
+        blocks: &[u64],
+        ttl: Duration,
+        id: Option<u64>,
+        gen: u64,
+        now: Instant,
+    ) -> Result<LeaseGrant> {
+        if let Some(id) = id {
+            if id == 0 || self.live.contains_key(&id) {
+                return Err(DataDistError::param(format!(
+                    "lease id {id} for request {request_id} is {}",
+                    if id == 0 { "reserved" } else { "live" }
+                )));
+            }
+            if gen == 0 {
+                return Err(DataDistError::param(format!(
+                    "lease {id} of request {request_id}: generation 0 is reserved"
+                )));
+            }
+        }
         if blocks.is_empty() || caches.is_empty() {
             return Err(DataDistError::param(format!(
                 "a lease of request {request_id} needs blocks and caches, got {} and {}",
@@ -298,10 +335,19 @@ impl LeaseTable {
                 }
             }
         }
-        self.next_id += 1;
+        let lease_id = match id {
+            Some(id) => id,
+            None => {
+                self.next_id += 1;
+                while self.live.contains_key(&self.next_id) || self.next_id == 0 {
+                    self.next_id = self.next_id.wrapping_add(1);
+                }
+                self.next_id
+            }
+        };
         let grant = LeaseGrant {
             owner,
-            lease_id: self.next_id,
+            lease_id,
             generation: gen,
             request_id,
             caches: caches.to_vec(),
@@ -675,5 +721,39 @@ mod tests {
         assert!(t.holder(7, &[3, 4, 5]).is_none());
         let again = t.create(1, 45, &[7], &[3, 4, 5], TTL, 2, t0).unwrap();
         assert!(again.lease_id > g.lease_id, "lease ids are never reused");
+    }
+
+    #[test]
+    fn a_minted_grant_is_refused_until_the_owner_creates_it() {
+        let t0 = Instant::now();
+        let mut t = LeaseTable::default();
+        let minted = LeaseGrant {
+            owner: 1,
+            lease_id: 1000,
+            generation: 0x5eed,
+            request_id: 42,
+            caches: vec![7],
+            blocks: vec![2, 3],
+            ttl_ms: TTL.as_millis() as u64,
+        };
+        assert_eq!(
+            t.on_frame(acquire(&minted, 1, 1000), 77, t0).0,
+            Err(Refusal::NotLive)
+        );
+        let g = t
+            .create_as(1, 42, &[7], &[2, 3], TTL, Some(1000), 0x5eed, t0)
+            .unwrap();
+        assert_eq!(g, minted);
+        t.on_frame(acquire(&minted, 1, 1000), 77, t0).0.unwrap();
+        for (id, gen) in [(1000, 9), (0, 9), (1001, 0)] {
+            let e = t
+                .create_as(1, 43, &[8], &[1], TTL, Some(id), gen, t0)
+                .unwrap_err();
+            assert_eq!(e.status, LlmStatus::ParamInvalid, "{e}");
+        }
+        // The automatic ids step over a minted one that is live.
+        t.next_id = 999;
+        let auto = t.create(1, 44, &[9], &[1], TTL, 3, t0).unwrap();
+        assert_eq!(auto.lease_id, 1001);
     }
 }

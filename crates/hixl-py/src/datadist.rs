@@ -687,7 +687,9 @@ impl DataDist {
 
     // --- hixl extensions: leases -------------------------------------------------------
 
-    /// Leases `blocks` of `caches` for request `request_id`; returns the grant as JSON.
+    /// Leases `blocks` of `caches` for request `request_id`, under a minted `(lease_id,
+    /// generation)` when given; returns the grant as JSON.
+    #[pyo3(signature = (request_id, caches, blocks, ttl_ms, minted=None))]
     fn lease_blocks(
         &self,
         py: Python<'_>,
@@ -695,6 +697,7 @@ impl DataDist {
         caches: Vec<i64>,
         blocks: Vec<u64>,
         ttl_ms: u64,
+        minted: Option<(u64, u64)>,
     ) -> PyResult<String> {
         let ttl = millis(ttl_ms, "lease TTL")?;
         let cs: Vec<Cache> = caches
@@ -706,7 +709,7 @@ impl DataDist {
             let refs: Vec<&Cache> = cs.iter().collect();
             dd.read()
                 .await
-                .lease_blocks(request_id, &refs, &blocks, ttl)
+                .lease_blocks_as(request_id, &refs, &blocks, ttl, minted)
         }))?;
         serde_json::to_string(&grant).map_err(|e| param(format!("lease grant: {e}")))
     }

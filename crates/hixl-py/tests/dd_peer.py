@@ -93,7 +93,8 @@ def main():
                 say({"ret": ret.name, "rets": [r.name for r in rets]})
             elif op == "lease":
                 g = cm.lease_blocks(cmd["request"], [caches[n] for n in cmd.get("caches", ["src"])],
-                                    cmd["blocks"], cmd.get("ttl_ms", 30000))
+                                    cmd["blocks"], cmd.get("ttl_ms", 30000),
+                                    lease_id=cmd.get("lease_id"), generation=cmd.get("generation"))
                 say({"grant": g.to_dict()})
             elif op == "end_lease":
                 cm.end_lease(cmd["lease"])

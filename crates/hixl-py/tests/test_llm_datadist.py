@@ -233,6 +233,33 @@ def test_leases_end_refuses_and_moves_nothing(transport):
         peer.close()
 
 
+def test_a_minted_grant_is_refused_until_the_owner_leases_it(pair):
+    # hixl.vllm's scheduler mints a grant before its worker creates the lease: a pull that
+    # comes first is refused and moves nothing; once the lease exists it lands.
+    peer, dd = pair
+    guard = filled(96, 2 * L, B, E)
+    dc = blocks_cache(dd, guard)
+    minted = {"owner": 1, "lease_id": 1 << 40, "generation": 0x5EED, "request_id": 11,
+              "caches": [peer.ids["src"]], "blocks": [3, 4], "ttl_ms": 30000}
+    before = digest(guard)
+    with pytest.raises(LLMException) as e:
+        dd.cache_manager.pull_leased_blocks(minted, BlocksCacheKey(1, 0), dc, dst_blocks=[0, 1])
+    assert e.value.status_code == S.LLM_LEASE_ENDED and e.value.failed_blocks == []
+    assert digest(guard) == before
+    g = peer.ask(op="lease", request=11, blocks=[3, 4], lease_id=1 << 40,
+                 generation=0x5EED)["grant"]
+    assert g == minted
+    # the same id again, or half a minted pair, is refused
+    assert peer.ask(op="lease", request=12, blocks=[5], lease_id=1 << 40,
+                    generation=7)["error"] == "LLM_PARAM_INVALID"
+    assert "go together" in peer.ask(op="lease", request=12, blocks=[5], lease_id=5)["message"]
+    dd.cache_manager.pull_leased_blocks(minted, BlocksCacheKey(1, 0), dc, dst_blocks=[0, 1],
+                                        done=True)
+    expect_blocks(digest(guard), SEED, [(3, 0), (4, 1)], lambda t, b: value(96, t, b))
+    ev = peer.ask(op="events", timeout_ms=2000)["events"]
+    assert ev == [[11, 1 << 40, [peer.ids["src"]], [3, 4], "DONE"]]
+
+
 def test_failed_blocks_after_the_peer_unregisters(pair):
     peer, dd = pair
     guard = filled(97, 2 * L, B, E)

@@ -138,6 +138,27 @@ impl LlmDataDist {
         blocks: &[u64],
         ttl: Duration,
     ) -> Result<LeaseGrant> {
+        self.lease_blocks_as(request_id, caches, blocks, ttl, None)
+    }
+
+    /// [`LlmDataDist::lease_blocks`] under a lease id and generation minted ahead, `(id,
+    /// generation)`, when given: for a coordinator that hands the grant out before this
+    /// instance runs again (a serving engine's scheduler process, whose worker process holds
+    /// the memory). The minter keeps ids unique and generations random and nonzero; until the
+    /// lease is created here a pull presenting the grant is refused (`LLM_LEASE_ENDED`) and
+    /// moves no byte, so a puller that may run first retries for a bounded time.
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::lease_blocks`], and `LLM_PARAM_INVALID` for an id 0, an id a live
+    /// lease has, or a generation 0.
+    pub fn lease_blocks_as(
+        &self,
+        request_id: u64,
+        caches: &[&Cache],
+        blocks: &[u64],
+        ttl: Duration,
+        minted: Option<(u64, u64)>,
+    ) -> Result<LeaseGrant> {
         let inner = self.inner()?;
         {
             let st = inner.state.lock().map_err(|_| poisoned())?;
@@ -158,13 +179,14 @@ impl LlmDataDist {
             }
         }
         let ids: Vec<i64> = caches.iter().map(|c| c.cache_id).collect();
-        let grant = inner.leases.lock().map_err(|_| poisoned())?.create(
+        let grant = inner.leases.lock().map_err(|_| poisoned())?.create_as(
             self.cluster_id,
             request_id,
             &ids,
             blocks,
             ttl,
-            random_u64(),
+            minted.map(|m| m.0),
+            minted.map_or_else(random_u64, |m| m.1),
             Instant::now(),
         )?;
         inner.reaper_wake.notify_one();

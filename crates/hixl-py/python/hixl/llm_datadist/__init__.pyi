@@ -356,7 +356,8 @@ class CacheManager:
             dst_block_memory_size: Optional[int] = None) -> CacheTask:
         """Pushes ``src_cache`` layer by layer as the synchronizer releases each layer."""
     def lease_blocks(self, request_id: int, caches: Sequence[Cache], blocks: Sequence[int],
-                     ttl_ms: int = 30000) -> LeaseGrant:
+                     ttl_ms: int = 30000, lease_id: Optional[int] = None,
+                     generation: Optional[int] = None) -> LeaseGrant:
         """hixl extension: leases blocks of a request to the peer that will pull them."""
     def end_lease(self, lease: Union[int, LeaseGrant]) -> None:
         """hixl extension: revokes a lease this cluster granted."""

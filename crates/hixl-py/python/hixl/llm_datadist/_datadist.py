@@ -823,20 +823,32 @@ class CacheManager:
     # --- hixl extensions: leases --------------------------------------------------------
 
     def lease_blocks(self, request_id: int, caches: Sequence[Cache], blocks: Sequence[int],
-                     ttl_ms: int = 30000) -> LeaseGrant:
+                     ttl_ms: int = 30000, lease_id: Optional[int] = None,
+                     generation: Optional[int] = None) -> LeaseGrant:
         """hixl extension, on the owner (prefill): leases ``blocks`` (the same block ids in
         each of ``caches``) of request ``request_id`` to the peer that will pull them, for
         ``ttl_ms`` without progress. Hand the grant to that peer (``grant.to_dict()``); its
         :meth:`pull_leased_blocks` calls are checked against the lease before a byte moves.
         Until the lease ends (:meth:`lease_events`) its blocks cannot be leased again,
         overwritten by ``copy_blocks``/``swap_blocks``, or their cache unregistered
-        (``LLM_LEASE_HELD``)."""
+        (``LLM_LEASE_HELD``).
+
+        ``lease_id`` and ``generation`` (both or neither, each nonzero) create the lease under
+        a grant minted ahead by a coordinator that hands it out before this process runs
+        again, as ``hixl.vllm``'s scheduler does: the minter keeps ids unique and generations
+        random. Until the lease exists a pull with that grant is refused and moves nothing."""
         self._check()
         if not isinstance(caches, (list, tuple)):
             raise _type_error(f"caches must be a list of Cache, got {caches!r}")
         ids = [self._registered(f"caches[{i}]", c).cache_id for i, c in enumerate(caches)]
+        if (lease_id is None) != (generation is None):
+            raise _value_error(f"lease_id ({lease_id!r}) and generation ({generation!r}) go "
+                               "together")
+        minted = None if lease_id is None or generation is None else (
+            _int("lease_id", lease_id, 1), _int("generation", generation, 1))
         js = self._native.lease_blocks(_int("request_id", request_id), ids,
-                                       _ints("blocks", blocks), _int("ttl_ms", ttl_ms, 1))
+                                       _ints("blocks", blocks), _int("ttl_ms", ttl_ms, 1),
+                                       minted)
         return LeaseGrant.from_json(js)
 
     def end_lease(self, lease: Union[int, LeaseGrant]) -> None:

@@ -1,0 +1,55 @@
+"""hixl as a vLLM KV connector (vLLM 0.32, V1 connector API), for prefill/decode disaggregation.
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector": "HixlConnector",
+                           "kv_connector_module_path": "hixl.vllm",
+                           "kv_role": "kv_producer"}'          # kv_consumer on the decode side
+
+The decode side pulls (as vLLM's NixlConnector does). What happens to one request:
+
+* prefill, EngineCore (``SCHEDULER`` half): when the prompt is done, ``request_finished`` keeps
+  the request's blocks and returns transfer parameters naming the prefill worker's hixl address
+  and a **lease grant** for the blocks, minted here (id + random generation);
+* prefill, Worker (``WORKER`` half): on its next step it creates that lease in its
+  ``hixl.llm_datadist`` instance. From then on the blocks are the decode's to pull, and no
+  other request can be served from them;
+* decode, Worker: pulls the leased blocks into the request's local blocks, one ``READ`` per
+  contiguous run, checked against the lease before a byte moves, and reports the lease done;
+* prefill, Worker: the lease ends (done, or expired after ``lease_ms`` without progress, or
+  the decode's link died) and only then the request appears in ``finished_sending``, so vLLM
+  frees its blocks: never earlier, never leaked.
+
+A pull that fails, wholly or in part, reports exactly the local blocks that did not land
+through ``get_block_ids_with_load_errors``; vLLM's ``kv_load_failure_policy`` (``fail`` /
+``recompute``) decides what happens to the request. A pull presented before the prefill
+worker created the lease (it runs one step later) is refused with nothing moved and retried
+for up to ``lease_wait_ms``.
+
+``kv_connector_extra_config`` keys (all optional):
+
+==================  ====================================================================
+``transport``       ``auto`` (default: the shared-memory fabric between processes of one
+                    host, tcp otherwise), ``tcp`` or ``fabric``: hixl's ``hixl.Transport``
+``host``            the address the worker listens on and advertises (default
+                    ``VLLM_HOST_IP``, else ``127.0.0.1``)
+``lease_ms``        how long a prefill keeps a request's blocks for a decode that makes no
+                    progress (default 30000)
+``lease_wait_ms``   how long a decode retries a pull the prefill has not leased yet
+                    (default 2000)
+``secret``          a shared secret: links are authenticated (``hixl.AuthSecret``)
+``link_timeout_ms`` first contact with a prefill worker (default 5000)
+==================  ====================================================================
+
+Limits, said plainly: CPU KV caches only (vLLM's CPU build). On GPU platforms vLLM's
+host-buffer mode (``set_host_xfer_buffer_ops``) would stage the blocks through host memory;
+this connector does not implement it (there is no GPU here to test it) and refuses a
+non-CPU KV cache with an error naming the device. Prefill and decode must run the same
+tensor-parallel size; one KV cache group (dense attention models).
+"""
+
+from ._connector import (HixlConnector, HixlConnectorMetadata, HixlHandshakeMetadata,
+                         HixlKVConnectorStats)
+
+__all__ = ["HixlConnector", "HixlConnectorMetadata", "HixlHandshakeMetadata",
+           "HixlKVConnectorStats"]
