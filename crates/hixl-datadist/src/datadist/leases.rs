@@ -363,12 +363,27 @@ impl LlmDataDist {
             ticket,
             done: done && res.is_ok(),
         };
-        // A lost release only delays the lease's end to its TTL or the ticket's window.
-        if let Err(e) = self.lease_frame(grant, release, window).await {
-            tracing::debug!(
-                lease = grant.lease_id,
-                "lease release not acknowledged: {e}"
-            );
+        // The release goes out now and its answer is not waited for: the blocks have landed
+        // (or not) whatever the owner says, and a lost release only delays the lease's end to
+        // its TTL or the ticket's window. Not waiting saves the puller a round trip.
+        let lease = grant.lease_id;
+        match (
+            self.linked_peer(grant.owner),
+            tokio::runtime::Handle::try_current(),
+        ) {
+            (Ok(peer), Ok(rt)) => {
+                let frame = release.encode();
+                rt.spawn(async move {
+                    if let Err(e) = peer.notify_timeout(LEASE_NOTIFY, frame, window).await {
+                        tracing::debug!(lease, "lease release not acknowledged: {e}");
+                    }
+                });
+            }
+            _ => {
+                if let Err(e) = self.lease_frame(grant, release, window).await {
+                    tracing::debug!(lease, "lease release not acknowledged: {e}");
+                }
+            }
         }
         res
     }

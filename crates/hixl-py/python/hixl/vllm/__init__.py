@@ -39,6 +39,9 @@ for up to ``lease_wait_ms``.
                     (default 2000)
 ``secret``          a shared secret: links are authenticated (``hixl.AuthSecret``)
 ``link_timeout_ms`` first contact with a prefill worker (default 5000)
+``wait_ms``         a decode step waits up to this long for pulls it started less than
+                    this long ago, so a pull is reported in the step that started it
+                    (default 5; 0: never wait, poll only)
 ==================  ====================================================================
 
 Limits, said plainly: CPU KV caches only (vLLM's CPU build). On GPU platforms vLLM's

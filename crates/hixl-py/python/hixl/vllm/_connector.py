@@ -11,7 +11,7 @@ import os
 import secrets
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
@@ -26,6 +26,15 @@ logger = init_logger(__name__)
 
 #: Bumped when the transfer parameters change shape: a decode refuses another version.
 PARAMS_VERSION = 1
+
+
+_TRACE = os.environ.get("HIXL_VLLM_TRACE")
+
+
+def _trace(what: str, req_id: str) -> None:
+    if _TRACE:
+        with open(_TRACE, "a") as f:
+            f.write(f"{time.time():.6f} {os.getpid()} {what} {req_id}\n")
 
 
 def _u64_of(req_id: str) -> int:
@@ -118,7 +127,8 @@ class HixlKVConnectorStats(KVConnectorStats):  # type: ignore[misc]
 def _extra(vllm_config: Any) -> Dict[str, Any]:
     kt = vllm_config.kv_transfer_config
     extra = dict(getattr(kt, "kv_connector_extra_config", None) or {})
-    known = {"transport", "host", "lease_ms", "lease_wait_ms", "secret", "link_timeout_ms"}
+    known = {"transport", "host", "lease_ms", "lease_wait_ms", "secret", "link_timeout_ms",
+             "wait_ms"}
     unknown = sorted(set(extra) - known)
     if unknown:
         raise ValueError(f"hixl.vllm: unknown kv_connector_extra_config key(s) {unknown}; "
@@ -126,10 +136,12 @@ def _extra(vllm_config: Any) -> Dict[str, Any]:
     t = extra.get("transport", "auto")
     if t not in ("auto", "tcp", "fabric"):
         raise ValueError(f"hixl.vllm: transport = {t!r}: expected auto, tcp or fabric")
-    for k, d in (("lease_ms", 30000), ("lease_wait_ms", 2000), ("link_timeout_ms", 5000)):
+    for k, d in (("lease_ms", 30000), ("lease_wait_ms", 2000), ("link_timeout_ms", 5000),
+                 ("wait_ms", 5)):
         v = extra.get(k, d)
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"hixl.vllm: {k} = {v!r}: expected a positive int (ms)")
+        lo = 0 if k == "wait_ms" else 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"hixl.vllm: {k} = {v!r}: expected an int >= {lo} (ms)")
         extra[k] = v
     extra["transport"] = t
     extra.setdefault("host", os.environ.get("VLLM_HOST_IP") or "127.0.0.1")
@@ -270,6 +282,7 @@ class _Scheduler:
                                request.request_id, PARAMS_VERSION)
             return 0, False
         n = len(request.prompt_token_ids or ()) - num_computed_tokens
+        _trace("matched", request.request_id)
         return (n, True) if n > 0 else (0, False)
 
     def update_state_after_alloc(self, request: Any, blocks: Any,
@@ -395,6 +408,7 @@ class _Worker:
         self.link_locks: Dict[int, threading.Lock] = {}
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hixl-pull")
         self.pulls: Dict[str, Future[Tuple[Set[int], Optional[str]]]] = {}
+        self.submitted: Dict[str, float] = {}
         self.lease_req: Dict[int, str] = {}
         self.sending_done: Set[str] = set()
         self.load_errors: Set[int] = set()
@@ -479,7 +493,9 @@ class _Worker:
                     except LLMException:
                         pass
         for req_id, (local, p) in meta.to_recv.items():
+            _trace("submit", req_id)
             self.pulls[req_id] = self.pool.submit(self._pull, req_id, local, p)
+            self.submitted[req_id] = time.perf_counter()
         for req_id, p in meta.to_drop.items():
             self.pool.submit(self._drop, req_id, p)
 
@@ -513,6 +529,7 @@ class _Worker:
         """Runs on a pool thread (the native calls release the GIL). Returns the local blocks
         that did not land, and why."""
         t0 = time.perf_counter()
+        _trace("start", req_id)
         h = p["hixl"]
         try:
             grant, rank = self._rank(h)
@@ -542,6 +559,7 @@ class _Worker:
                         continue
                     raise
             t2 = time.perf_counter()
+            _trace("pulled", req_id)
             runs = sum(1 for i, b in enumerate(src)
                        if i == 0 or b != src[i - 1] + 1 or dst[i] != dst[i - 1] + 1)
             with self.lock:
@@ -584,15 +602,27 @@ class _Worker:
         except LLMException as e:
             logger.error("hixl: lease events: %s", e)
         recving: Set[str] = set()
+        # A pull younger than `wait_ms` is waited for here, so that it is reported in the step
+        # that started it rather than the next one (a step is ~1 ms or a forward's time);
+        # an older one is only polled, so a slow peer cannot stall the other requests.
+        now = time.perf_counter()
+        budget = self.extra["wait_ms"] / 1e3
+        young = [f for r, f in self.pulls.items()
+                 if not f.done() and now - self.submitted[r] < budget]
+        if young:
+            left = max(self.submitted[r] for r in self.pulls) + budget - now
+            wait(young, timeout=max(0.0, left), return_when=ALL_COMPLETED)
         for req_id, f in list(self.pulls.items()):
             if f.done():
                 del self.pulls[req_id]
+                del self.submitted[req_id]
                 failed, why = f.result()
                 if failed:
                     logger.warning("hixl: KV load failure for request %s: blocks %s did not "
                                    "land (%s)", req_id, sorted(failed), why)
                     self.load_errors |= failed
                 recving.add(req_id)
+                _trace("reported", req_id)
         return (sending or None), (recving or None)
 
     def take_load_errors(self) -> Set[int]:
