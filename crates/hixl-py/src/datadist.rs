@@ -720,6 +720,14 @@ impl DataDist {
         dd_result(run(py, async move { dd.read().await.end_lease(lease_id) }))
     }
 
+    /// The transport of the link to `cluster_id`.
+    fn link_transport(&self, py: Python<'_>, cluster_id: u64) -> PyResult<String> {
+        let dd = self.shared.dd.clone();
+        dd_result(run(py, async move {
+            dd.read().await.link_transport(cluster_id)
+        }))
+    }
+
     /// Leases this cluster granted that are live.
     fn live_leases(&self, py: Python<'_>) -> PyResult<usize> {
         let dd = self.shared.dd.clone();

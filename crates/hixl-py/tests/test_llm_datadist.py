@@ -56,6 +56,15 @@ def expect_blocks(got, seed, pairs, guard, layers_src=None, layers_dst=None, per
     assert got == want
 
 
+def test_link_transport_names_the_forced_transport(pair, transport):
+    peer, dd = pair
+    name = dd.link_transport(1)
+    assert name.split()[0] == transport and "(" in name, name   # the transport, then why
+    with pytest.raises(LLMException) as e:
+        dd.link_transport(99)
+    assert e.value.status_code == S.LLM_NOT_YET_LINK
+
+
 def test_pull_blocks_scattered_with_layer_ranges(pair):
     peer, dd = pair
     guard = filled(99, 2 * L, B, E)

@@ -194,6 +194,15 @@ impl LlmDataDist {
             .ok_or_else(|| not_linked(cluster_id))
     }
 
+    /// The transport the link to `cluster_id` runs over and why, e.g. `fabric (same host: ...)`:
+    /// what `hixl.Transport=auto` picked, or the forced one.
+    ///
+    /// # Errors
+    /// `LLM_NOT_YET_LINK`.
+    pub fn link_transport(&self, cluster_id: u64) -> Result<String> {
+        self.with_link(cluster_id, |l| l.peer.transport().to_string())
+    }
+
     /// The peer of a linked cluster.
     pub(super) fn linked_peer(&self, cluster_id: u64) -> Result<Peer> {
         self.with_link(cluster_id, |l| l.peer.clone())

@@ -397,6 +397,8 @@ class LLMDataDist:
     @property
     def listen_ip_info(self) -> str:
         """hixl extension: the ``ip:port`` this instance listens on."""
+    def link_transport(self, cluster_id: int) -> str:
+        """hixl extension: the transport of the link to ``cluster_id``."""
     @property
     def cache_manager(self) -> CacheManager: ...
     def init(self, options: Dict[str, str]) -> None:

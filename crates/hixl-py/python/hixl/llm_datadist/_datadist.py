@@ -128,6 +128,14 @@ class LLMDataDist:
         self._check()
         return self._listen or ""
 
+    def link_transport(self, cluster_id: int) -> str:
+        """hixl extension: the transport the link to ``cluster_id`` runs over and why, e.g.
+        ``"fabric (same host: ...)"`` or ``"tcp (the peer is on another host ...)"``: what
+        ``hixl.Transport=auto`` picked, or the forced one. ``LLM_NOT_YET_LINK`` without a
+        link."""
+        self._check()
+        return self._native.link_transport(_int("cluster_id", cluster_id))
+
     @property
     def cache_manager(self) -> "CacheManager":
         """The :class:`CacheManager` of this instance (after :meth:`init`)."""

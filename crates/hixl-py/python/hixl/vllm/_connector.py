@@ -22,7 +22,8 @@ from vllm.logger import init_logger  # type: ignore
 from ..llm_datadist import (BlocksCacheKey, CacheDesc, DataType, LLMClusterInfo, LLMConfig,
                             LLMDataDist, LLMException, LLMRole, LLMStatusCode, Placement)
 
-logger = init_logger(__name__)
+# Under "vllm." so that vLLM's logging configuration (handlers, level, format) covers it.
+logger = init_logger("vllm.distributed.kv_transfer.hixl")
 
 #: Bumped when the transfer parameters change shape: a decode refuses another version.
 PARAMS_VERSION = 1
@@ -405,8 +406,10 @@ class _Worker:
         self.n_tensors = 0
         self.lock = threading.Lock()
         self.linked: Dict[int, bool] = {}
+        self.transports: Dict[int, str] = {}
         self.link_locks: Dict[int, threading.Lock] = {}
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hixl-pull")
+        # Pulls wait mostly on the prefill's answers, so several overlap even on one core.
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hixl-pull")
         self.pulls: Dict[str, Future[Tuple[Set[int], Optional[str]]]] = {}
         self.submitted: Dict[str, float] = {}
         self.lease_req: Dict[int, str] = {}
@@ -523,6 +526,13 @@ class _Worker:
                 raise LLMException(f"link to prefill worker {rank['host']}:{rank['port']} "
                                    f"(cluster {cid}) failed: {rets[0]!r}", rets[0])
             self.linked[cid] = True
+            try:
+                how = self.dd.link_transport(cid)
+            except LLMException as e:
+                how = f"? ({e})"
+            self.transports[cid] = how.split()[0]
+            logger.info("hixl: linked to prefill worker %s:%s (cluster %d) over %s",
+                        rank["host"], rank["port"], cid, how)
 
     def _pull(self, req_id: str, local: List[int],
               p: Dict[str, Any]) -> Tuple[Set[int], Optional[str]]:
@@ -565,7 +575,8 @@ class _Worker:
             with self.lock:
                 self.stats.record(t1 - t0, t2 - t1,
                                   len(src) * self.block_bytes * self.n_tensors,
-                                  runs * self.n_tensors, self.extra["transport"])
+                                  runs * self.n_tensors,
+                                  self.transports.get(int(rank["cluster_id"]), "?"))
             return missing, ("the prefill holds fewer blocks" if missing else None)
         except LLMException as e:
             failed = {dst_b for (_, _, _, dst_b) in e.failed_blocks} if e.failed_blocks \

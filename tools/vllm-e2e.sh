@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# vLLM prefill/decode disaggregation end to end with hixl's connector (hixl.vllm:HixlConnector):
+# a prefill and a decode vLLM process (vLLM 0.32's CPU build, a tiny random-weight Llama made
+# locally), every decode output compared token for token with a single-instance run, vLLM's
+# own accounting that the decode computed none of the prompt, bytes moved = blocks x block
+# size, and no lease expiry or transfer failure in any log (bench/vllm/README.md).
+#
+#   tools/vllm-e2e.sh [pd_e2e.py options...]          once over the fabric, once over tcp
+#   RUNS=3 HIXL_VLLM_TRANSPORTS=auto tools/vllm-e2e.sh  three runs, the transport auto picks
+#
+# Environment:
+#   VLLM_VENV             the vLLM venv (default ~/.cache/hixl-vllm/venv; made by
+#                         bench/vllm/setup.sh if missing, ~2.5 min and ~6 GB from PyPI)
+#   VLLM_TINY_MODEL       the model folder (default ~/.cache/hixl-vllm/tiny-llama)
+#   HIXL_WHEEL            the hixl wheel to install into it (default: the one
+#                         tools/python-tests.sh built, else built here with maturin)
+#   HIXL_VLLM_TRANSPORTS  the transports to run, forced through kv_connector_extra_config
+#                         (default "fabric tcp")
+#   RUNS                  runs per transport (default 1)
+# Exit status 0 only if every run passed every check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export VLLM_VENV=${VLLM_VENV:-$HOME/.cache/hixl-vllm/venv}
+export VLLM_TINY_MODEL=${VLLM_TINY_MODEL:-$HOME/.cache/hixl-vllm/tiny-llama}
+export PD_E2E_RESULTS=${PD_E2E_RESULTS:-$root/target/vllm-e2e}
+
+bench/vllm/setup.sh
+
+wheel=${HIXL_WHEEL:-}
+if [ -z "$wheel" ]; then
+  wheel=$(ls -t "$root"/target/python/wheels/hixl-*.whl 2>/dev/null | head -1 || true)
+fi
+if [ -z "$wheel" ]; then
+  work=$root/target/python
+  if [ ! -x "$work/build-venv/bin/maturin" ]; then
+    "${PYTHON:-python3}" -m venv "$work/build-venv"
+    "$work/build-venv/bin/pip" install -q 'maturin>=1.7,<2'
+  fi
+  "$work/build-venv/bin/maturin" build --release -m crates/hixl-py/Cargo.toml --out "$work/wheels"
+  wheel=$(ls -t "$work"/wheels/hixl-*.whl | head -1)
+fi
+echo "== hixl wheel: $(basename "$wheel")"
+"$VLLM_VENV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
+
+rc=0
+for t in ${HIXL_VLLM_TRANSPORTS:-fabric tcp}; do
+  echo "== hixl.vllm over $t"
+  RUNS=${RUNS:-1} bench/vllm/run.sh --connector hixl.vllm:HixlConnector \
+    --kv-extra "{\"transport\": \"$t\"}" "$@" || rc=1
+done
+exit $rc
