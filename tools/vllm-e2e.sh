@@ -17,6 +17,7 @@
 #   HIXL_VLLM_TRANSPORTS  the transports to run, forced through kv_connector_extra_config
 #                         (default "fabric tcp")
 #   RUNS                  runs per transport (default 1)
+#   HIXL_VLLM_FAULTS      1 (default): then the fault runs (bench/vllm/README.md); 0: skip
 # Exit status 0 only if every run passed every check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,10 +44,21 @@ fi
 echo "== hixl wheel: $(basename "$wheel")"
 "$VLLM_VENV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
 
+echo "== hixl.vllm against vLLM's own classes (stats, Prometheus metrics, configuration)"
+"$VLLM_VENV/bin/python" crates/hixl-py/tests/vllm/check_connector.py
+
 rc=0
 for t in ${HIXL_VLLM_TRANSPORTS:-fabric tcp}; do
   echo "== hixl.vllm over $t"
   RUNS=${RUNS:-1} bench/vllm/run.sh --connector hixl.vllm:HixlConnector \
     --kv-extra "{\"transport\": \"$t\"}" "$@" || rc=1
 done
+if [ "${HIXL_VLLM_FAULTS:-1}" = 1 ]; then
+  echo "== fault: the prefill is killed once it handed out the transfer parameters (recompute)"
+  RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --fault kill-prefill \
+    --kv-load-failure-policy recompute --batch 0 || rc=1
+  echo "== fault: the decode never pulls; the prefill's lease expires and vLLM frees the blocks"
+  RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --fault no-pull \
+    --kv-extra '{"lease_ms": 2000}' --batch 0 --skip-baseline || rc=1
+fi
 exit $rc

@@ -44,6 +44,10 @@ for up to ``lease_wait_ms``.
                     (default 5; 0: never wait, poll only)
 ==================  ====================================================================
 
+Telemetry: every pull is recorded (post and transfer time, bytes, descriptors, the link's
+transport) in :class:`HixlKVConnectorStats` (``get_kv_connector_stats``, NIXL's keys), and
+vLLM's Prometheus endpoint shows it through :class:`HixlPromMetrics` (``vllm:hixl_*``).
+
 Limits, said plainly: CPU KV caches only (vLLM's CPU build). On GPU platforms vLLM's
 host-buffer mode (``set_host_xfer_buffer_ops``) would stage the blocks through host memory;
 this connector does not implement it (there is no GPU here to test it) and refuses a
@@ -52,7 +56,7 @@ tensor-parallel size; one KV cache group (dense attention models).
 """
 
 from ._connector import (HixlConnector, HixlConnectorMetadata, HixlHandshakeMetadata,
-                         HixlKVConnectorStats)
+                         HixlKVConnectorStats, HixlPromMetrics)
 
 __all__ = ["HixlConnector", "HixlConnectorMetadata", "HixlHandshakeMetadata",
-           "HixlKVConnectorStats"]
+           "HixlKVConnectorStats", "HixlPromMetrics"]

@@ -16,7 +16,8 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
     KVConnectorBase_V1, KVConnectorHandshakeMetadata, KVConnectorMetadata, KVConnectorRole)
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats  # type: ignore
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # type: ignore
+    KVConnectorPromMetrics, KVConnectorStats)
 from vllm.logger import init_logger  # type: ignore
 
 from ..llm_datadist import (BlocksCacheKey, CacheDesc, DataType, LLMClusterInfo, LLMConfig,
@@ -125,6 +126,64 @@ class HixlKVConnectorStats(KVConnectorStats):  # type: ignore[misc]
         return old
 
 
+class HixlPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
+    """hixl's transfer telemetry as Prometheus metrics inside vLLM (its ``/metrics``): per
+    engine, histograms of transfer time, post time (link + lease admission), bytes and
+    descriptors per pull, pulls by transport, failed pulls and expired leases."""
+
+    def __init__(self, vllm_config: Any, metric_types: Dict[Any, Any], labelnames: List[str],
+                 per_engine_labelvalues: Dict[int, List[object]]) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        from vllm.v1.metrics.utils import create_metric_per_engine  # type: ignore
+
+        def hist(name: str, doc: str, buckets: List[float]) -> Dict[int, Any]:
+            return dict(create_metric_per_engine(self._histogram_cls(
+                name=name, documentation=doc, buckets=buckets, labelnames=labelnames),
+                self.per_engine_labelvalues))
+
+        def counter(name: str, doc: str) -> Dict[int, Any]:
+            return dict(create_metric_per_engine(self._counter_cls(
+                name=name, documentation=doc, labelnames=labelnames),
+                self.per_engine_labelvalues))
+
+        secs = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1.0, 5.0]
+        self.xfer = hist("vllm:hixl_xfer_time_seconds",
+                         "hixl KV pulls: lease admission, READ and landing, per pull", secs)
+        self.post = hist("vllm:hixl_post_time_seconds",
+                         "hixl KV pulls: from the step that started the pull to its first "
+                         "attempt (link set-up, waiting for the lease)", secs)
+        self.bytes = hist("vllm:hixl_bytes_transferred", "hixl KV pulls: bytes per pull",
+                          [float(2 ** (10 + i)) for i in range(1, 25, 2)])
+        self.descs = hist("vllm:hixl_num_descriptors",
+                          "hixl KV pulls: descriptors (contiguous runs x tensors) per pull",
+                          [1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384])
+        self.failed = counter("vllm:hixl_num_failed_transfers",
+                              "hixl KV pulls that did not land wholly")
+        self.expired = counter("vllm:hixl_num_kv_expired_reqs",
+                               "hixl leases that expired with no pull done (prefill side)")
+        by_transport = self._counter_cls(
+            name="vllm:hixl_transfers_by_transport",
+            documentation="hixl KV pulls by the transport of their link",
+            labelnames=list(labelnames) + ["transport"])
+        self.by_transport = by_transport
+        self.engine_labels = dict(self.per_engine_labelvalues)
+
+    def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
+        d = transfer_stats_data
+        for metric, key in ((self.xfer, "transfer_duration"), (self.post, "post_duration"),
+                            (self.bytes, "bytes_transferred"), (self.descs, "num_descriptors")):
+            for v in d.get(key, ()):
+                metric[engine_idx].observe(v)
+        for metric, key in ((self.failed, "num_failed_transfers"),
+                            (self.expired, "num_kv_expired_reqs")):
+            for v in d.get(key, ()):
+                metric[engine_idx].inc(v)
+        labels = list(self.engine_labels.get(engine_idx, []))
+        for t in d.get("transport", ()):
+            self.by_transport.labels(*labels, str(t)).inc()
+
+
 def _extra(vllm_config: Any) -> Dict[str, Any]:
     kt = vllm_config.kv_transfer_config
     extra = dict(getattr(kt, "kv_connector_extra_config", None) or {})
@@ -189,6 +248,13 @@ class HixlConnector(KVConnectorBase_V1):  # type: ignore[misc]
 
     def has_pending_push_work(self) -> bool:
         return False
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: Dict[Any, Any],
+                           labelnames: List[str],
+                           per_engine_labelvalues: Dict[int, List[object]]
+                           ) -> HixlPromMetrics:
+        return HixlPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     @classmethod
     def build_kv_connector_stats(cls, data: Optional[Dict[str, Any]] = None
