@@ -14,6 +14,7 @@ mod reactor;
 mod sink;
 mod stage;
 mod sync;
+pub mod telemetry;
 
 pub use memory::{HostBuffer, Region};
 pub use notify::{NotifyHandler, NotifyService, NotifyStream};
@@ -33,5 +34,6 @@ mod verbs;
 pub use addr::EngineAddr;
 pub use engine::{Engine, EngineBuilder};
 pub use link::Peer;
+pub use telemetry::{Outcome, Telemetry, TransferRecord};
 pub use transfer::Transfer;
 pub mod blocking;

@@ -12,6 +12,7 @@ use tokio::time::Sleep;
 use crate::keep::SharedOps;
 use crate::rawio::SPIN_SLICE;
 use crate::sync::lock;
+use crate::telemetry::{Outcome, Started};
 use crate::transport::Withdraw;
 
 /// A transfer in flight (HIXL `TransferReq`). `.await` it for the result, or ask
@@ -31,6 +32,8 @@ pub struct Transfer {
     peer: Option<Arc<str>>,
     /// When the transfer's spin last saw progress (see [`spin`]).
     spun: Option<std::time::Instant>,
+    /// Its telemetry, counted when it ends (see [`crate::telemetry`]).
+    tele: Option<Box<Started>>,
 }
 
 enum State {
@@ -59,6 +62,7 @@ impl Transfer {
             deadline: None,
             peer: None,
             spun: None,
+            tele: None,
         }
     }
 
@@ -79,6 +83,7 @@ impl Transfer {
             deadline: None,
             peer: Some(peer),
             spun: None,
+            tele: None,
         }
     }
 
@@ -95,6 +100,20 @@ impl Transfer {
             deadline: None,
             peer: Some(peer),
             spun: None,
+            tele: None,
+        }
+    }
+
+    /// Attaches what the transfer's telemetry needs (its link's counters, size, post time).
+    pub(crate) fn with_telemetry(mut self, s: Started) -> Transfer {
+        self.tele = Some(Box::new(s));
+        self
+    }
+
+    /// Counts the transfer as ended (once).
+    fn ended(&mut self, outcome: Outcome) {
+        if let Some(s) = self.tele.take() {
+            s.end(outcome);
         }
     }
 
@@ -138,6 +157,7 @@ impl Future for Transfer {
                     // Adopt the posted op; the inner handle must not abandon it on drop.
                     this.state =
                         std::mem::replace(&mut posted.state, State::Done(TransferStatus::Failed));
+                    this.tele = posted.tele.take();
                 }
                 Poll::Ready(Ok(Err(e))) => this.state = State::Failed(Some(e)),
                 Poll::Ready(Err(e)) => {
@@ -152,6 +172,7 @@ impl Future for Transfer {
                             // The task finishes the connect (bounded) and drops what it posts.
                             let after = *after;
                             this.state = State::Done(TransferStatus::TimedOut);
+                            this.ended(Outcome::TimedOut);
                             return Poll::Ready(Err(Error::Timeout {
                                 what: "transfer (while auto-connecting)",
                                 peer: this.peer_name().to_string(),
@@ -169,6 +190,7 @@ impl Future for Transfer {
             State::Failed(e) => {
                 let e = e.take().unwrap_or(Error::UnknownRequest { req: 0 });
                 this.state = State::Done(TransferStatus::Failed);
+                this.ended(Outcome::Failed);
                 return Poll::Ready(Err(e));
             }
             State::Done(_) => {
@@ -194,6 +216,11 @@ impl Future for Transfer {
             } else {
                 TransferStatus::Failed
             });
+            this.ended(if r.is_ok() {
+                Outcome::Completed
+            } else {
+                Outcome::Failed
+            });
             return Poll::Ready(r);
         }
         if let Some((sleep, after)) = &mut this.deadline {
@@ -201,6 +228,7 @@ impl Future for Transfer {
                 let after = *after;
                 abandon(&this.ops, this.link.as_deref(), token);
                 this.state = State::Done(TransferStatus::TimedOut);
+                this.ended(Outcome::TimedOut);
                 return Poll::Ready(Err(Error::Timeout {
                     what: "transfer",
                     peer: this.peer_name().to_string(),
@@ -214,6 +242,20 @@ impl Future for Transfer {
 
 impl Drop for Transfer {
     fn drop(&mut self) {
+        // Dropped before its owner awaited its end: one that finished meanwhile (its owner
+        // asked `status`) counts as it ended, a refused one as failed, the rest as abandoned.
+        if self.tele.is_some() {
+            let outcome = match &self.state {
+                State::Posted(t) => match lock(&self.ops).status(*t) {
+                    Some(TransferStatus::Completed) => Outcome::Completed,
+                    Some(TransferStatus::Failed) => Outcome::Failed,
+                    _ => Outcome::Abandoned,
+                },
+                State::Failed(_) => Outcome::Failed,
+                _ => Outcome::Abandoned,
+            };
+            self.ended(outcome);
+        }
         if let State::Posted(t) = self.state {
             abandon(&self.ops, self.link.as_deref(), t);
         }

@@ -590,3 +590,96 @@ async fn strided_descriptors_over_the_fabric_mapped() {
 async fn strided_descriptors_over_the_fabric_cma() {
     strided_round_trip("auto", false).await
 }
+
+/// Every transfer is counted when it ends, per peer, transport and operation, with its bytes
+/// and descriptors; the Prometheus endpoint serves the same over a real HTTP request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telemetry_counts_each_transfer_and_serves_prometheus_text() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for transport in ["tcp", "fabric"] {
+        let len = 1 << 20;
+        let (t, init, _remote, local, peer) = pair_over(len, transport).await;
+        let rr = peer.region("kv").unwrap();
+        let d = |off: u64, n: u64| OpDesc::new(local.addr() + off, rr.addr + off, n);
+        peer.write(&[d(0, 4096), d(8192, 4096)]).await.unwrap();
+        peer.read(&[d(0, 65536)]).await.unwrap();
+        // refused (outside the peer's region): counted as failed, nothing moved
+        let bad = OpDesc::new(local.addr(), rr.addr + len as u64, 16);
+        assert!(peer.write(&[bad]).await.is_err());
+        // dropped unawaited: it ends as it ended by the time of the drop, or abandoned
+        drop(peer.write(&[d(0, 512 << 10)]));
+
+        let tele = init.telemetry();
+        assert_eq!(tele.links.len(), 1, "{tele:?}");
+        let l = &tele.links[0];
+        assert_eq!(
+            (l.peer.as_str(), l.transport),
+            (t.local_engine(), transport)
+        );
+        let (read, write) = (&l.ops[0], &l.ops[1]);
+        assert_eq!(
+            (read.op, read.count(), read.bytes, read.descriptors),
+            ("read", 1, 65536, 1)
+        );
+        assert_eq!((write.op, write.count()), ("write", 3));
+        assert_eq!(write.bytes, 4096 * 2 + 16 + (512 << 10));
+        let ended = |o: &hixl_async::telemetry::OpSnapshot, k| {
+            o.ended.iter().find(|e| e.0 == k).map(|e| e.1).unwrap_or(0)
+        };
+        use hixl_async::Outcome::*;
+        assert_eq!(
+            ended(write, Completed) + ended(write, Abandoned),
+            2,
+            "{write:?}"
+        );
+        assert_eq!(ended(write, Failed), 1, "{write:?}");
+        assert_eq!(read.buckets.last().map(|b| b.1), Some(1));
+        assert!(read.duration_sum > Duration::ZERO);
+        let recs = init.take_transfer_records();
+        assert_eq!(recs.len(), 4, "{recs:?}");
+        assert!(recs.iter().all(|r| r.transport == transport));
+        assert!(init.take_transfer_records().is_empty());
+
+        let srv = init.serve_metrics("127.0.0.1:0").await.unwrap();
+        let mut s = tokio::net::TcpStream::connect(srv.local_addr())
+            .await
+            .unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.unwrap();
+        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        let labels = format!(
+            "engine=\"{}\",peer=\"{}\",transport=\"{transport}\",op=\"read\"",
+            init.local_engine(),
+            t.local_engine()
+        );
+        for want in [
+            format!("hixl_transfer_bytes_total{{{labels}}} 65536"),
+            format!("hixl_transfer_duration_seconds_count{{{labels}}} 1"),
+            format!("hixl_transfers_total{{{labels},outcome=\"completed\"}} 1"),
+            format!("transport=\"{transport}\"}} 1"),
+        ] {
+            assert!(body.contains(&want), "{want} not in\n{body}");
+        }
+        // The target's side: one initiator, over the transport in use.
+        let tm = t.metrics_text();
+        let inbound = format!(
+            "hixl_inbound_links{{engine=\"{}\",peer=\"",
+            t.local_engine()
+        );
+        let line = tm.lines().find(|l| l.starts_with(&inbound));
+        assert!(
+            line.is_some_and(|l| l.ends_with(&format!("transport=\"{transport}\"}} 1"))),
+            "{tm}"
+        );
+        let mut s = tokio::net::TcpStream::connect(srv.local_addr())
+            .await
+            .unwrap();
+        s.write_all(b"GET /other HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut other = String::new();
+        s.read_to_string(&mut other).await.unwrap();
+        assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    }
+}

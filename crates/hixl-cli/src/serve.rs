@@ -30,6 +30,11 @@ pub struct Args {
     /// Exit when standard input closes (for a parent process that owns this target).
     #[arg(long)]
     pub stdin_control: bool,
+    /// Serve the engine's telemetry as Prometheus text at `http://IP:PORT/metrics` (port 0
+    /// picks one; the line `METRICS http://...` says which): the initiators connected, and
+    /// the transfers this engine posts, per peer, transport and operation.
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics: Option<String>,
     /// An engine option `KEY=VALUE` (HIXL keys such as `BufferPool=0:0`); repeatable.
     #[arg(long = "option", value_parser = parse_kv)]
     pub options: Vec<(String, String)>,
@@ -81,6 +86,10 @@ pub async fn run(a: Args) -> CliResult {
     } else {
         String::new()
     };
+    let metrics = match &a.metrics {
+        Some(addr) => Some(engine.serve_metrics(addr).await?),
+        None => None,
+    };
     say(format!(
         "READY engine={} region={:#x}:{} pid={}{baseline}",
         engine.local_engine(),
@@ -88,6 +97,9 @@ pub async fn run(a: Args) -> CliResult {
         region.len(),
         std::process::id()
     ));
+    if let Some(m) = &metrics {
+        say(format!("METRICS http://{}/metrics", m.local_addr()));
+    }
     let (quit_tx, mut quit) = tokio::sync::mpsc::channel::<()>(1);
     if a.stdin_control {
         std::thread::spawn(move || {

@@ -597,3 +597,64 @@ async fn fabric_without_cma_permission_falls_back_or_refuses() {
     let _ = std::fs::remove_file(&copy);
     target.stop();
 }
+
+/// `hixl serve --metrics` serves Prometheus text over real HTTP: the initiator connected from
+/// another process, per transport; and this side's engine counts its transfers to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_metrics_shows_the_initiator_and_its_transfers() {
+    for mode in [Mode::Tcp, Mode::FabricPool] {
+        let mut target = Target::spawn(
+            exe(),
+            1 << 20,
+            &[mode.target_args(), &["--metrics", "127.0.0.1:0"]].concat(),
+        )
+        .unwrap();
+        let url = target.wait_line("METRICS", T).unwrap();
+        let addr = url
+            .trim_start_matches("METRICS http://")
+            .trim_end_matches("/metrics")
+            .to_string();
+        let (e, local) = initiator_with(1 << 20, mode.transport()).await;
+        let peer = mode.connect(&e, &target).await;
+        let rr = peer.region("kv").unwrap();
+        peer.write(&blocks(&local, rr.addr, 1 << 20, 64 << 10))
+            .await
+            .unwrap();
+        let scrape = || {
+            let mut s = TcpStream::connect(&addr).unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+                .unwrap();
+            let mut body = String::new();
+            s.read_to_string(&mut body).unwrap();
+            body
+        };
+        let body = scrape();
+        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        let line = body
+            .lines()
+            .find(|l| l.starts_with("hixl_inbound_links{"))
+            .unwrap_or_default();
+        assert!(
+            line.ends_with(&format!("transport=\"{}\"}} 1", mode.transport())),
+            "{mode:?}: {body}"
+        );
+        let mine = e.metrics_text();
+        let want = format!(
+            "hixl_transfer_bytes_total{{engine=\"{}\",peer=\"{}\",transport=\"{}\",op=\"write\"}} {}",
+            e.local_engine(),
+            target.engine,
+            mode.transport(),
+            1 << 20
+        );
+        assert!(mine.contains(&want), "{want} not in\n{mine}");
+        let desc = format!(
+            "hixl_transfer_descriptors_total{{engine=\"{}\",peer=\"{}\",transport=\"{}\",op=\"write\"}} 16",
+            e.local_engine(),
+            target.engine,
+            mode.transport()
+        );
+        assert!(mine.contains(&desc), "{desc} not in\n{mine}");
+        drop(peer);
+        e.shutdown(T).await;
+    }
+}

@@ -317,6 +317,51 @@ impl Engine {
         Ok(self.get()?.ops_in_flight())
     }
 
+    /// The engine's telemetry as Prometheus text.
+    fn metrics_text(&self) -> PyResult<String> {
+        Ok(self.get()?.metrics_text())
+    }
+
+    /// The transfers that ended since the last call: `(peer, transport, op, bytes,
+    /// descriptors, post_s, duration_s, outcome)`.
+    #[allow(clippy::type_complexity)]
+    fn take_transfer_records(
+        &self,
+    ) -> PyResult<
+        Vec<(
+            String,
+            &'static str,
+            &'static str,
+            u64,
+            u64,
+            f64,
+            f64,
+            &'static str,
+        )>,
+    > {
+        Ok(self
+            .get()?
+            .take_transfer_records()
+            .into_iter()
+            .map(|r| {
+                (
+                    r.peer.to_string(),
+                    r.transport,
+                    if matches!(r.op, TransferOp::Read) {
+                        "read"
+                    } else {
+                        "write"
+                    },
+                    r.bytes,
+                    r.descriptors,
+                    r.post.as_secs_f64(),
+                    r.duration.as_secs_f64(),
+                    r.outcome.as_str(),
+                )
+            })
+            .collect())
+    }
+
     /// The engine's options, as given and defaulted.
     fn info(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let e = self.get()?;

@@ -103,6 +103,33 @@ def test_strided_descriptors(spawn, transport):
         eng.close()
 
 
+def test_telemetry_records_and_prometheus_text(spawn, transport):
+    child, eng, peer, rr = pair(spawn, transport)
+    try:
+        src = bytearray(pattern(MiB, 5))
+        reg = eng.register(src)
+        eng.take_transfer_records()
+        peer.write([(reg.addr, rr.addr, 65536), (reg.addr + 65536, rr.addr + 65536, 4096)]).wait(5)
+        peer.read([(reg.addr, rr.addr, 4096)]).wait(5)
+        with pytest.raises(hixl.HixlError):
+            peer.write([(reg.addr, rr.addr + 64 * MiB, 16)]).wait(5)
+        recs = eng.take_transfer_records()
+        assert [(r["op"], r["bytes"], r["descriptors"], r["outcome"]) for r in recs] == [
+            ("write", 69632, 2, "completed"), ("read", 4096, 1, "completed"),
+            ("write", 16, 1, "failed")], recs
+        assert all(r["transport"] == transport and r["peer"] == peer.name for r in recs)
+        assert all(r["duration_s"] >= 0 and r["post_s"] >= 0 for r in recs)
+        assert eng.take_transfer_records() == []
+        text = eng.metrics_text()
+        labels = (f'engine="{eng.local_engine}",peer="{peer.name}",transport="{transport}",'
+                  'op="read"')
+        assert f"hixl_transfer_bytes_total{{{labels}}} 4096" in text, text
+        assert f'hixl_transfers_total{{{labels},outcome="completed"}} 1' in text, text
+        assert "# TYPE hixl_transfer_duration_seconds histogram" in text
+    finally:
+        eng.close()
+
+
 def test_a_thousand_concurrent_awaitables(spawn, transport):
     child, eng, peer, rr = pair(spawn, transport)
     try:

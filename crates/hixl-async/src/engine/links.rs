@@ -212,6 +212,114 @@ impl Engine {
         }
     }
 
+    /// The transfer counters of every link that is up, per peer, transport and operation
+    /// (see [`crate::telemetry`]); [`crate::telemetry::prometheus_text`] renders them.
+    pub fn telemetry(&self) -> crate::Telemetry {
+        let mut links: Vec<_> = lock(&self.inner.links)
+            .values()
+            .filter_map(|v| match v {
+                LinkSlot::Up(l) => Some(l.telemetry.clone()),
+                LinkSlot::Connecting => None,
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.snapshot())
+            .collect();
+        links.sort_by(|a, b| a.peer.cmp(&b.peer));
+        crate::Telemetry { links }
+    }
+
+    /// The engine's transfers that ended since the last call, as records (post and duration,
+    /// bytes, descriptors, transport, outcome), the last
+    /// [`RECENT`](crate::telemetry::RECENT) per link at most; links that are up only.
+    pub fn take_transfer_records(&self) -> Vec<crate::TransferRecord> {
+        let tele: Vec<_> = lock(&self.inner.links)
+            .values()
+            .filter_map(|v| match v {
+                LinkSlot::Up(l) => Some(l.telemetry.clone()),
+                LinkSlot::Connecting => None,
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tele {
+            t.take_recent(&mut out);
+        }
+        out
+    }
+
+    /// Serves this engine's telemetry on `listen` (`ip:port`; port 0 picks one) as
+    /// Prometheus text at `GET /metrics`: the transfer counters and duration histograms per
+    /// peer, transport and operation ([`crate::telemetry::prometheus_text`]) and
+    /// `hixl_links_up` per peer and transport. Runs on the current tokio runtime until the
+    /// returned server is dropped.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if `listen` cannot be bound; [`Error::NoRuntime`] outside a runtime.
+    pub async fn serve_metrics(&self, listen: &str) -> Result<crate::telemetry::MetricsServer> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime {
+                what: "the metrics endpoint",
+            });
+        }
+        let l = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| Error::io(format!("binding the metrics endpoint {listen}"), e))?;
+        let engine = self.clone();
+        crate::telemetry::serve_metrics(l, move || engine.metrics_text())
+            .map_err(|e| Error::io(format!("the metrics endpoint {listen}"), e))
+    }
+
+    /// This engine's telemetry as Prometheus text (what [`Engine::serve_metrics`] serves).
+    pub fn metrics_text(&self) -> String {
+        let t = self.telemetry();
+        let name = self.local_engine().to_string();
+        let mut out = crate::telemetry::prometheus_text(&name, &t);
+        out.push_str(
+            "# HELP hixl_links_up Links of this engine that are up, per peer and transport.\n",
+        );
+        out.push_str("# TYPE hixl_links_up gauge\n");
+        for l in &t.links {
+            out.push_str(&format!(
+                "hixl_links_up{{engine=\"{}\",peer=\"{}\",transport=\"{}\"}} 1\n",
+                crate::telemetry::label_value(&name),
+                crate::telemetry::label_value(&l.peer),
+                l.transport
+            ));
+        }
+        // A target's side: the initiators connected to it.
+        out.push_str("# HELP hixl_inbound_links Initiators connected to this engine, per peer and transport.\n");
+        out.push_str("# TYPE hixl_inbound_links gauge\n");
+        let mut inbound: Vec<(String, &'static str)> = self
+            .inner
+            .server
+            .as_ref()
+            .map(|s| {
+                s.cx.sessions
+                    .all()
+                    .iter()
+                    .filter(|s| !s.state.is_dead())
+                    .map(|s| (s.peer.to_string(), s.transport()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        inbound.sort();
+        let mut counted: Vec<((String, &'static str), u64)> = Vec::new();
+        for k in inbound {
+            match counted.last_mut() {
+                Some((last, n)) if *last == k => *n += 1,
+                _ => counted.push((k, 1)),
+            }
+        }
+        for ((peer, transport), n) in counted {
+            out.push_str(&format!(
+                "hixl_inbound_links{{engine=\"{}\",peer=\"{}\",transport=\"{transport}\"}} {n}\n",
+                crate::telemetry::label_value(&name),
+                crate::telemetry::label_value(&peer),
+            ));
+        }
+        out
+    }
+
     /// Names of connected peers.
     pub fn peers(&self) -> Vec<String> {
         lock(&self.inner.links)

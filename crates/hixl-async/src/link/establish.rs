@@ -137,7 +137,12 @@ impl Link {
         };
         let (channels, transport) = select::choose(&lcx.transports, &mut cx, tcp).await?;
         tracing::info!(peer = %name, "transport: {transport}");
+        let telemetry = Arc::new(crate::telemetry::LinkTelemetry::new(
+            name.clone(),
+            &transport,
+        ));
         let link = Arc::new(Link {
+            telemetry,
             name,
             state,
             table: RwLock::new(table),

@@ -6,7 +6,7 @@ mod driver;
 mod establish;
 mod notify;
 mod peer;
-mod submit;
+pub(crate) mod submit;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -75,6 +75,8 @@ pub(crate) struct Link {
     last_used: AtomicU64,
     /// Which transport serves this peer, and why.
     transport: String,
+    /// Its transfers' counters and recent records.
+    pub(crate) telemetry: Arc<crate::telemetry::LinkTelemetry>,
     /// The peer engine's incarnation, from its `Welcome`.
     pub(crate) incarnation: u64,
     /// The engine's op table and completion sink, and its regions (local ranges of ops).

@@ -61,10 +61,24 @@ impl Peer {
     /// range inside a region the peer exported with the needed access); if any fails, nothing
     /// moves and the returned future resolves with that error.
     pub fn transfer(&self, op: TransferOp, descs: &[OpDesc]) -> Transfer {
-        match self.link.submit(op, descs) {
+        self.post(op, descs)
+    }
+
+    /// Submits, and gives the transfer what its telemetry needs.
+    fn post<D: crate::link::submit::Desc>(&self, op: TransferOp, descs: &[D]) -> Transfer {
+        let posted = std::time::Instant::now();
+        let t = match self.link.submit(op, descs) {
             Ok(t) => Transfer::posted(self.link.ops.table.clone(), t, self.link.clone()),
             Err(e) => Transfer::failed(self.link.ops.table.clone(), e, self.link.name.clone()),
-        }
+        };
+        t.with_telemetry(crate::telemetry::Started {
+            tele: self.link.telemetry.clone(),
+            op,
+            bytes: descs.iter().fold(0u64, |a, d| a.saturating_add(d.bytes())),
+            descriptors: descs.len() as u64,
+            post: posted.elapsed(),
+            posted,
+        })
     }
 
     /// Posts a transfer of strided descriptors ([`StridedDesc`]): each is checked once, by
@@ -72,10 +86,7 @@ impl Peer {
     /// strided copy, or one cross-memory-attach call per 1024 pieces); otherwise as its
     /// pieces. Same rules as [`Peer::transfer`] otherwise.
     pub fn transfer_strided(&self, op: TransferOp, descs: &[StridedDesc]) -> Transfer {
-        match self.link.submit(op, descs) {
-            Ok(t) => Transfer::posted(self.link.ops.table.clone(), t, self.link.clone()),
-            Err(e) => Transfer::failed(self.link.ops.table.clone(), e, self.link.name.clone()),
-        }
+        self.post(op, descs)
     }
 
     /// `transfer(TransferOp::Read, descs)`: remote → local.

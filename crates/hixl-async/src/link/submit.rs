@@ -16,6 +16,9 @@ pub(crate) trait Desc {
     /// `(addr, len)` of what it touches locally and at the peer.
     fn spans(&self, index: usize) -> Result<((u64, u64), (u64, u64))>;
 
+    /// The bytes it moves (for telemetry; saturating).
+    fn bytes(&self) -> u64;
+
     /// Hands it to a channel's batch.
     fn add_to(
         &self,
@@ -30,6 +33,10 @@ pub(crate) trait Desc {
 impl Desc for OpDesc {
     fn spans(&self, _index: usize) -> Result<((u64, u64), (u64, u64))> {
         Ok(((self.local_addr, self.len), (self.remote_addr, self.len)))
+    }
+
+    fn bytes(&self) -> u64 {
+        self.len
     }
 
     fn add_to(
@@ -47,6 +54,10 @@ impl Desc for OpDesc {
 impl Desc for StridedDesc {
     fn spans(&self, index: usize) -> Result<((u64, u64), (u64, u64))> {
         StridedDesc::spans(self, index)
+    }
+
+    fn bytes(&self) -> u64 {
+        self.len.saturating_mul(self.count)
     }
 
     fn add_to(

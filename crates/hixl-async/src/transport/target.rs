@@ -45,6 +45,19 @@ impl Session {
         self.control.send(m.clone()).is_ok()
     }
 
+    /// The transport serving this initiator besides TCP's control (`fabric`, `verbs`), or
+    /// `tcp`: for telemetry.
+    pub(crate) fn transport(&self) -> &'static str {
+        let s = lock(&self.slots);
+        if s.iter().any(|(k, _)| *k == "fabric") {
+            "fabric"
+        } else if s.iter().any(|(k, _)| *k == "verbs") {
+            "verbs"
+        } else {
+            "tcp"
+        }
+    }
+
     /// What transport `kind` keeps for this session, if anything of type `T`.
     #[allow(dead_code)]
     pub(crate) fn slot<T: Any + Send + Sync>(&self, kind: &str) -> Option<Arc<T>> {

@@ -439,6 +439,21 @@ class Engine:
         """Transport facts: listen address, the TCP I/O path and why, AutoConnect."""
         return self._native.info()
 
+    def metrics_text(self) -> str:
+        """This engine's telemetry in the Prometheus text format: per peer, transport and
+        operation, transfers ended by outcome, bytes, descriptors, submission time and a
+        duration histogram (post → end seen); the links up and the initiators connected."""
+        return self._native.metrics_text()
+
+    def take_transfer_records(self) -> List[Dict[str, Any]]:
+        """The transfers that ended since the last call (the last 1024 per link at most), each
+        a dict: ``peer``, ``transport``, ``op`` (``"read"``/``"write"``), ``bytes``,
+        ``descriptors``, ``post_s`` (submission time), ``duration_s`` (post → end seen),
+        ``outcome`` (``completed``, ``failed``, ``timed_out``, ``abandoned``)."""
+        keys = ("peer", "transport", "op", "bytes", "descriptors", "post_s", "duration_s",
+                "outcome")
+        return [dict(zip(keys, r)) for r in self._native.take_transfer_records()]
+
     # memory
 
     def register(self, obj: Any, access: Access = Access.REMOTE_RW,
