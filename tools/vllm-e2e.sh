@@ -53,6 +53,9 @@ for t in ${HIXL_VLLM_TRANSPORTS:-fabric tcp}; do
   RUNS=${RUNS:-1} bench/vllm/run.sh --connector hixl.vllm:HixlConnector \
     --kv-extra "{\"transport\": \"$t\"}" "$@" || rc=1
 done
+echo "== hixl.vllm host-buffer mode, forced on CPU caches (the mode accelerator caches use)"
+RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --kv-extra '{"host_buffer": true}' \
+  --batch 0 --num-prompts 4 || rc=1
 if [ "${HIXL_VLLM_FAULTS:-1}" = 1 ]; then
   echo "== fault: the prefill is killed once it handed out the transfer parameters (recompute)"
   RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --fault kill-prefill \

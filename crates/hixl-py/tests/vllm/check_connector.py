@@ -66,7 +66,7 @@ def main() -> int:
 
     for extra, needle in (({"transprot": "tcp"}, "transprot"), ({"transport": "rdma"}, "rdma"),
                           ({"lease_ms": 0}, "lease_ms"), ({"wait_ms": -1}, "wait_ms"),
-                          ({"lease_ms": True}, "lease_ms")):
+                          ({"lease_ms": True}, "lease_ms"), ({"host_buffer": "yes"}, "host_buffer")):
         try:
             _extra(VC(extra))
         except ValueError as e:

@@ -42,17 +42,25 @@ for up to ``lease_wait_ms``.
 ``wait_ms``         a decode step waits up to this long for pulls it started less than
                     this long ago, so a pull is reported in the step that started it
                     (default 5; 0: never wait, poll only)
+``host_buffer``     stage the KV through host buffers (default: when the KV caches are
+                    not in host memory; ``true`` forces it, e.g. to test the mode on CPU)
 ==================  ====================================================================
 
 Telemetry: every pull is recorded (post and transfer time, bytes, descriptors, the link's
 transport) in :class:`HixlKVConnectorStats` (``get_kv_connector_stats``, NIXL's keys), and
 vLLM's Prometheus endpoint shows it through :class:`HixlPromMetrics` (``vllm:hixl_*``).
 
-Limits, said plainly: CPU KV caches only (vLLM's CPU build). On GPU platforms vLLM's
-host-buffer mode (``set_host_xfer_buffer_ops``) would stage the blocks through host memory;
-this connector does not implement it (there is no GPU here to test it) and refuses a
-non-CPU KV cache with an error naming the device. Prefill and decode must run the same
-tensor-parallel size; one KV cache group (dense attention models).
+KV caches on an accelerator: hixl moves host memory, so the connector uses vLLM's host-buffer
+mode, as NixlConnector does with ``kv_buffer_device="cpu"``: it registers a host copy of the
+caches' layout, copies a request's blocks device → host before it leases them (prefill) and
+host → device after they landed, before vLLM is told (decode), with the block-copy op vLLM
+hands it (``set_host_xfer_buffer_ops``). Said plainly: that device copy is untested here (no
+GPU on this machine kind); the mode itself is tested end to end on CPU caches with
+``host_buffer: true``, where vLLM's CPU platform has no block-copy op and the connector does
+the same indexed copy in torch.
+
+Limits: prefill and decode must run the same tensor-parallel size; one KV cache group (dense
+attention models).
 """
 
 from ._connector import (HixlConnector, HixlConnectorMetadata, HixlHandshakeMetadata,

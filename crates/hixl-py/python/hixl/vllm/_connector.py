@@ -66,8 +66,6 @@ class HixlConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     def __init__(self) -> None:
         #: prefill: leases to create, ``req_id -> [grant dict per TP rank]``
         self.to_lease: Dict[str, List[Dict[str, Any]]] = {}
-        #: prefill: leases to end before anyone pulled (the request was aborted)
-        self.to_revoke: Dict[str, List[Dict[str, Any]]] = {}
         #: decode: pulls to start, ``req_id -> (local block ids, transfer params)``
         self.to_recv: Dict[str, Tuple[List[int], Dict[str, Any]]] = {}
         #: decode: leases it will not pull (aborted before the pull, or a full local hit)
@@ -188,7 +186,7 @@ def _extra(vllm_config: Any) -> Dict[str, Any]:
     kt = vllm_config.kv_transfer_config
     extra = dict(getattr(kt, "kv_connector_extra_config", None) or {})
     known = {"transport", "host", "lease_ms", "lease_wait_ms", "secret", "link_timeout_ms",
-             "wait_ms"}
+             "wait_ms", "host_buffer"}
     unknown = sorted(set(extra) - known)
     if unknown:
         raise ValueError(f"hixl.vllm: unknown kv_connector_extra_config key(s) {unknown}; "
@@ -204,6 +202,9 @@ def _extra(vllm_config: Any) -> Dict[str, Any]:
             raise ValueError(f"hixl.vllm: {k} = {v!r}: expected an int >= {lo} (ms)")
         extra[k] = v
     extra["transport"] = t
+    hb = extra.get("host_buffer")
+    if hb is not None and not isinstance(hb, bool):
+        raise ValueError(f"hixl.vllm: host_buffer = {hb!r}: expected true or false")
     extra.setdefault("host", os.environ.get("VLLM_HOST_IP") or "127.0.0.1")
     return extra
 
@@ -266,6 +267,10 @@ class HixlConnector(KVConnectorBase_V1):  # type: ignore[misc]
         assert self._worker is not None
         self._worker.register(kv_caches)
 
+    def set_host_xfer_buffer_ops(self, copy_operation: Any) -> None:
+        if self._worker is not None:
+            self._worker.copy_blocks = copy_operation
+
     def get_handshake_metadata(self) -> Optional[HixlHandshakeMetadata]:
         return self._worker.handshake() if self._worker is not None else None
 
@@ -321,7 +326,6 @@ class _Scheduler:
         # the same ids never matches.
         self.next_lease = 0
         self.to_lease: Dict[str, List[Dict[str, Any]]] = {}
-        self.to_revoke: Dict[str, List[Dict[str, Any]]] = {}
         self.to_recv: Dict[str, Tuple[List[int], Dict[str, Any]]] = {}
         self.to_drop: Dict[str, Dict[str, Any]] = {}
 
@@ -430,7 +434,6 @@ class _Scheduler:
     def build_connector_meta(self) -> HixlConnectorMetadata:
         meta = HixlConnectorMetadata()
         meta.to_lease, self.to_lease = self.to_lease, {}
-        meta.to_revoke, self.to_revoke = self.to_revoke, {}
         meta.to_recv, self.to_recv = self.to_recv, {}
         meta.to_drop, self.to_drop = self.to_drop, {}
         return meta
@@ -470,6 +473,14 @@ class _Worker:
         self.num_blocks = 0
         self.per_layer = 1
         self.n_tensors = 0
+        # Host-buffer mode (KV caches on an accelerator): the registered memory is a host copy
+        # of the caches' layout, filled from the device before a lease and copied to the
+        # device after a pull, with vLLM's block-copy op (`set_host_xfer_buffer_ops`).
+        self.device_caches: Optional[Dict[str, Any]] = None
+        self.host_caches: Dict[str, Any] = {}
+        self.block_dim: Dict[str, int] = {}
+        self.copy_blocks: Any = None
+        self.pull_local: Dict[str, List[int]] = {}
         self.lock = threading.Lock()
         self.linked: Dict[int, bool] = {}
         self.transports: Dict[int, str] = {}
@@ -494,17 +505,29 @@ class _Worker:
         addrs: List[int] = []
         block_bytes = None
         per_layer = None
+        on_device = sorted({str(t.device) for t in kv_caches.values() if t.device.type != "cpu"})
+        staged = self.extra.get("host_buffer")
+        if staged is None:
+            staged = bool(on_device)
+        if on_device and not staged:
+            raise RuntimeError(f"hixl.vllm: KV caches on {on_device} with host_buffer = false: "
+                               "hixl moves host memory; let it stage through host buffers")
+        if staged:
+            import torch  # type: ignore  # vLLM's own dependency
+            self.device_caches = dict(kv_caches)
+            self.host_caches = {name: torch.empty(tuple(t.shape), dtype=t.dtype, device="cpu")
+                                for name, t in kv_caches.items()}
+            kv_caches = self.host_caches
+            logger.info("hixl: host-buffer mode: %d KV tensors%s staged through host memory",
+                        len(kv_caches), f" on {on_device}" if on_device else "")
         for name, t in kv_caches.items():
-            if t.device.type != "cpu":
-                raise RuntimeError(
-                    f"hixl.vllm: KV cache {name} is on {t.device}: this connector moves CPU "
-                    "KV caches only (vLLM's host-buffer mode for accelerators is not "
-                    "implemented)")
             es = t.element_size()
             if t.shape[0] == nb and t.is_contiguous():
                 views = [t]
+                self.block_dim[name] = 0
             elif t.dim() >= 2 and t.shape[0] == 2 and t.shape[1] == nb and t[0].is_contiguous():
                 views = [t[0], t[1]]
+                self.block_dim[name] = 1
             else:
                 raise RuntimeError(f"hixl.vllm: KV cache {name} has shape {tuple(t.shape)} "
                                    f"and strides {t.stride()}: no dimension of {nb} blocks "
@@ -547,24 +570,21 @@ class _Worker:
                 self.sending_done.add(req_id)
                 continue
             try:
+                # The request's KV is complete (its prefill finished last step): in
+                # host-buffer mode it goes to the registered host copy before anyone may pull.
+                self._stage("d2h", [int(b) for b in g["blocks"]])
                 self.cm.lease_blocks(g["request_id"], [self.cache], g["blocks"], g["ttl_ms"],
                                      lease_id=g["lease_id"], generation=g["generation"])
                 self.lease_req[int(g["lease_id"])] = req_id
-            except LLMException as e:
+            except Exception as e:  # never out of vLLM's step: this request fails alone
                 logger.error("hixl: could not lease the blocks of request %s (%s): they are "
                              "freed at once and the decode's pull will be refused", req_id, e)
                 self.sending_done.add(req_id)
-        for req_id, grants in meta.to_revoke.items():
-            for g in grants:
-                if g.get("owner") == self.cluster_id:
-                    try:
-                        self.cm.end_lease(int(g["lease_id"]))
-                    except LLMException:
-                        pass
         for req_id, (local, p) in meta.to_recv.items():
             _trace("submit", req_id)
             self.pulls[req_id] = self.pool.submit(self._pull, req_id, local, p)
             self.submitted[req_id] = time.perf_counter()
+            self.pull_local[req_id] = list(local)
         for req_id, p in meta.to_drop.items():
             self.pool.submit(self._drop, req_id, p)
 
@@ -614,10 +634,10 @@ class _Worker:
             src = src_all[skip:skip + len(local)]
             dst = local[:len(src)]
             missing = set(local[len(src):])
+            self._link(rank)
             if not dst:
                 self.cm.lease_done(grant)
                 return missing, ("the prefill holds no block for them" if missing else None)
-            self._link(rank)
             deadline = t0 + self.extra["lease_wait_ms"] / 1e3
             while True:
                 t1 = time.perf_counter()
@@ -645,6 +665,11 @@ class _Worker:
                                   self.transports.get(int(rank["cluster_id"]), "?"))
             return missing, ("the prefill holds fewer blocks" if missing else None)
         except LLMException as e:
+            if e.status_code not in (LLMStatusCode.LLM_LEASE_ENDED,
+                                     LLMStatusCode.LLM_PARAM_INVALID):
+                # The link may be dead (the prefill died or the network broke): the next pull
+                # from this prefill links again instead of failing on it.
+                self._forget(h)
             failed = {dst_b for (_, _, _, dst_b) in e.failed_blocks} if e.failed_blocks \
                 else set(local)
             with self.lock:
@@ -653,11 +678,38 @@ class _Worker:
         except Exception as e:  # a malformed parameter set: nothing moved
             return set(local), f"{type(e).__name__}: {e}"
 
+    def _forget(self, h: Dict[str, Any]) -> None:
+        try:
+            rank = h["ranks"][self.tp_rank]
+            cid = int(rank["cluster_id"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return
+        with self.lock:
+            if not self.linked.pop(cid, None):
+                return
+        info = LLMClusterInfo()
+        info.remote_cluster_id = cid
+        info.append_remote_ip_info(str(rank["host"]), int(rank["port"]))
+        try:
+            self.dd.unlink_clusters([info], 1000, force=True)
+        except Exception:  # best effort: the link is being dropped anyway
+            pass
+
     def _drop(self, req_id: str, p: Dict[str, Any]) -> None:
         try:
             grant, rank = self._rank(p["hixl"])
             self._link(rank)
-            self.cm.lease_done(grant)
+            deadline = time.perf_counter() + self.extra["lease_wait_ms"] / 1e3
+            while True:
+                try:
+                    self.cm.lease_done(grant)
+                    return
+                except LLMException as e:
+                    # as for a pull: the prefill's worker may not have created the lease yet
+                    if (e.status_code != LLMStatusCode.LLM_LEASE_ENDED
+                            or time.perf_counter() >= deadline):
+                        raise
+                    time.sleep(0.001)
         except Exception as e:
             logger.info("hixl: could not tell the prefill that request %s needs its blocks "
                         "no more (%s); its lease expires instead", req_id, e)
@@ -693,7 +745,17 @@ class _Worker:
             if f.done():
                 del self.pulls[req_id]
                 del self.submitted[req_id]
+                local = self.pull_local.pop(req_id, [])
                 failed, why = f.result()
+                landed = [b for b in local if b not in failed]
+                if landed:
+                    try:
+                        # host-buffer mode: the pulled blocks go to the device before vLLM
+                        # is told they are there
+                        self._stage("h2d", landed)
+                    except Exception as e:  # the device copy failed: nothing is usable
+                        failed = set(local)
+                        why = f"copying the pulled blocks to the device: {e}"
                 if failed:
                     logger.warning("hixl: KV load failure for request %s: blocks %s did not "
                                    "land (%s)", req_id, sorted(failed), why)
@@ -701,6 +763,30 @@ class _Worker:
                 recving.add(req_id)
                 _trace("reported", req_id)
         return (sending or None), (recving or None)
+
+    def _stage(self, direction: str, blocks: List[int]) -> None:
+        """Host-buffer mode: copies `blocks` device → host (``d2h``) or host → device
+        (``h2d``) with vLLM's block-copy op; no-op otherwise. With ``host_buffer`` forced on
+        CPU caches (there is no device: vLLM's CPU platform has no block-copy op) the copy is
+        the same indexed copy, done here in torch: the mode's logic runs for real, its device
+        copy is the only part a CPU host cannot exercise."""
+        if self.device_caches is None or not blocks:
+            return
+        src, dst = ((self.device_caches, self.host_caches) if direction == "d2h"
+                    else (self.host_caches, self.device_caches))
+        on_cpu = all(t.device.type == "cpu" for t in self.device_caches.values())
+        if not on_cpu:
+            if self.copy_blocks is None:
+                raise RuntimeError("hixl.vllm: KV caches on a device and no block-copy op "
+                                   "(vLLM did not call set_host_xfer_buffer_ops)")
+            self.copy_blocks(src, dst, blocks, blocks, direction)
+            return
+        import torch
+        for name, s in src.items():
+            d = dst[name]
+            dim = self.block_dim[name]
+            idx = torch.tensor(blocks, dtype=torch.long)
+            d.index_copy_(dim, idx, s.index_select(dim, idx))
 
     def take_load_errors(self) -> Set[int]:
         e, self.load_errors = self.load_errors, set()
