@@ -290,10 +290,6 @@ pub struct Telemetry {
 
 /// `v` escaped for a Prometheus label value.
 pub fn label_value(v: &str) -> String {
-    label(v)
-}
-
-fn label(v: &str) -> String {
     let mut s = String::with_capacity(v.len());
     for c in v.chars() {
         match c {
@@ -324,11 +320,11 @@ pub fn prometheus_text(engine: &str, t: &Telemetry) -> String {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
     };
-    let e = label(engine);
+    let e = label_value(engine);
     let base = |l: &LinkSnapshot, o: &OpSnapshot| {
         format!(
             "engine=\"{e}\",peer=\"{}\",transport=\"{}\",op=\"{}\"",
-            label(&l.peer),
+            label_value(&l.peer),
             l.transport,
             o.op
         )

@@ -1,6 +1,7 @@
 //! The link table: connect, disconnect, peer lookup, AutoConnect and transfers by name.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -215,33 +216,28 @@ impl Engine {
     /// The transfer counters of every link that is up, per peer, transport and operation
     /// (see [`crate::telemetry`]); [`crate::telemetry::prometheus_text`] renders them.
     pub fn telemetry(&self) -> crate::Telemetry {
-        let mut links: Vec<_> = lock(&self.inner.links)
+        let mut links: Vec<_> = self.up_telemetry().iter().map(|t| t.snapshot()).collect();
+        links.sort_by(|a, b| a.peer.cmp(&b.peer));
+        crate::Telemetry { links }
+    }
+
+    /// The telemetry of every link that is up (taken out of the link table's lock).
+    fn up_telemetry(&self) -> Vec<Arc<crate::telemetry::LinkTelemetry>> {
+        lock(&self.inner.links)
             .values()
             .filter_map(|v| match v {
                 LinkSlot::Up(l) => Some(l.telemetry.clone()),
                 LinkSlot::Connecting => None,
             })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .map(|t| t.snapshot())
-            .collect();
-        links.sort_by(|a, b| a.peer.cmp(&b.peer));
-        crate::Telemetry { links }
+            .collect()
     }
 
     /// The engine's transfers that ended since the last call, as records (post and duration,
     /// bytes, descriptors, transport, outcome), the last
     /// [`RECENT`](crate::telemetry::RECENT) per link at most; links that are up only.
     pub fn take_transfer_records(&self) -> Vec<crate::TransferRecord> {
-        let tele: Vec<_> = lock(&self.inner.links)
-            .values()
-            .filter_map(|v| match v {
-                LinkSlot::Up(l) => Some(l.telemetry.clone()),
-                LinkSlot::Connecting => None,
-            })
-            .collect();
         let mut out = Vec::new();
-        for t in tele {
+        for t in self.up_telemetry() {
             t.take_recent(&mut out);
         }
         out
@@ -278,44 +274,33 @@ impl Engine {
             "# HELP hixl_links_up Links of this engine that are up, per peer and transport.\n",
         );
         out.push_str("# TYPE hixl_links_up gauge\n");
+        let engine = crate::telemetry::label_value(&name);
         for l in &t.links {
-            out.push_str(&format!(
-                "hixl_links_up{{engine=\"{}\",peer=\"{}\",transport=\"{}\"}} 1\n",
-                crate::telemetry::label_value(&name),
+            let _ = writeln!(
+                out,
+                "hixl_links_up{{engine=\"{engine}\",peer=\"{}\",transport=\"{}\"}} 1",
                 crate::telemetry::label_value(&l.peer),
                 l.transport
-            ));
+            );
         }
         // A target's side: the initiators connected to it.
         out.push_str("# HELP hixl_inbound_links Initiators connected to this engine, per peer and transport.\n");
         out.push_str("# TYPE hixl_inbound_links gauge\n");
-        let mut inbound: Vec<(String, &'static str)> = self
-            .inner
-            .server
-            .as_ref()
-            .map(|s| {
-                s.cx.sessions
-                    .all()
-                    .iter()
-                    .filter(|s| !s.state.is_dead())
-                    .map(|s| (s.peer.to_string(), s.transport()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        inbound.sort();
-        let mut counted: Vec<((String, &'static str), u64)> = Vec::new();
-        for k in inbound {
-            match counted.last_mut() {
-                Some((last, n)) if *last == k => *n += 1,
-                _ => counted.push((k, 1)),
+        let mut inbound: std::collections::BTreeMap<(String, &'static str), u64> =
+            std::collections::BTreeMap::new();
+        if let Some(s) = self.inner.server.as_ref() {
+            for sess in s.cx.sessions.all().iter().filter(|s| !s.state.is_dead()) {
+                *inbound
+                    .entry((sess.peer.to_string(), sess.transport()))
+                    .or_default() += 1;
             }
         }
-        for ((peer, transport), n) in counted {
-            out.push_str(&format!(
-                "hixl_inbound_links{{engine=\"{}\",peer=\"{}\",transport=\"{transport}\"}} {n}\n",
-                crate::telemetry::label_value(&name),
+        for ((peer, transport), n) in inbound {
+            let _ = writeln!(
+                out,
+                "hixl_inbound_links{{engine=\"{engine}\",peer=\"{}\",transport=\"{transport}\"}} {n}",
                 crate::telemetry::label_value(&peer),
-            ));
+            );
         }
         out
     }

@@ -12,7 +12,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import ALL_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Set, Tuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
     KVConnectorBase_V1, KVConnectorHandshakeMetadata, KVConnectorMetadata, KVConnectorRole)
@@ -165,7 +165,6 @@ class HixlPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
             documentation="hixl KV pulls by the transport of their link",
             labelnames=list(labelnames) + ["transport"])
         self.by_transport = by_transport
-        self.engine_labels = dict(self.per_engine_labelvalues)
 
     def observe(self, transfer_stats_data: Dict[str, Any], engine_idx: int = 0) -> None:
         d = transfer_stats_data
@@ -177,9 +176,18 @@ class HixlPromMetrics(KVConnectorPromMetrics):  # type: ignore[misc]
                             (self.expired, "num_kv_expired_reqs")):
             for v in d.get(key, ()):
                 metric[engine_idx].inc(v)
-        labels = list(self.engine_labels.get(engine_idx, []))
+        labels = list(self.per_engine_labelvalues.get(engine_idx, []))
         for t in d.get("transport", ()):
             self.by_transport.labels(*labels, str(t)).inc()
+
+
+class _Pull(NamedTuple):
+    """A decode's pull in flight: its result (the local blocks that did not land, and why),
+    when it was started, and the local blocks it fills."""
+
+    future: "Future[Tuple[Set[int], Optional[str]]]"
+    started: float
+    local: List[int]
 
 
 def _extra(vllm_config: Any) -> Dict[str, Any]:
@@ -480,15 +488,13 @@ class _Worker:
         self.host_caches: Dict[str, Any] = {}
         self.block_dim: Dict[str, int] = {}
         self.copy_blocks: Any = None
-        self.pull_local: Dict[str, List[int]] = {}
         self.lock = threading.Lock()
-        self.linked: Dict[int, bool] = {}
+        #: prefill workers linked to, by cluster id: the transport of the link
         self.transports: Dict[int, str] = {}
         self.link_locks: Dict[int, threading.Lock] = {}
         # Pulls wait mostly on the prefill's answers, so several overlap even on one core.
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hixl-pull")
-        self.pulls: Dict[str, Future[Tuple[Set[int], Optional[str]]]] = {}
-        self.submitted: Dict[str, float] = {}
+        self.pulls: Dict[str, _Pull] = {}
         self.lease_req: Dict[int, str] = {}
         self.sending_done: Set[str] = set()
         self.load_errors: Set[int] = set()
@@ -582,9 +588,8 @@ class _Worker:
                 self.sending_done.add(req_id)
         for req_id, (local, p) in meta.to_recv.items():
             _trace("submit", req_id)
-            self.pulls[req_id] = self.pool.submit(self._pull, req_id, local, p)
-            self.submitted[req_id] = time.perf_counter()
-            self.pull_local[req_id] = list(local)
+            self.pulls[req_id] = _Pull(self.pool.submit(self._pull, req_id, local, p),
+                                       time.perf_counter(), list(local))
         for req_id, p in meta.to_drop.items():
             self.pool.submit(self._drop, req_id, p)
 
@@ -598,11 +603,11 @@ class _Worker:
     def _link(self, rank: Dict[str, Any]) -> None:
         cid = int(rank["cluster_id"])
         with self.lock:
-            if self.linked.get(cid):
+            if cid in self.transports:
                 return
             lk = self.link_locks.setdefault(cid, threading.Lock())
         with lk:
-            if self.linked.get(cid):
+            if cid in self.transports:
                 return
             info = LLMClusterInfo()
             info.remote_cluster_id = cid
@@ -611,7 +616,6 @@ class _Worker:
             if rets[0] not in (LLMStatusCode.LLM_SUCCESS, LLMStatusCode.LLM_ALREADY_LINK):
                 raise LLMException(f"link to prefill worker {rank['host']}:{rank['port']} "
                                    f"(cluster {cid}) failed: {rets[0]!r}", rets[0])
-            self.linked[cid] = True
             try:
                 how = self.dd.link_transport(cid)
             except LLMException as e:
@@ -638,22 +642,9 @@ class _Worker:
             if not dst:
                 self.cm.lease_done(grant)
                 return missing, ("the prefill holds no block for them" if missing else None)
-            deadline = t0 + self.extra["lease_wait_ms"] / 1e3
-            while True:
-                t1 = time.perf_counter()
-                try:
-                    self.cm.pull_leased_blocks(grant, BlocksCacheKey(int(rank["cluster_id"]), 0),
-                                               self.cache, src_blocks=src, dst_blocks=dst,
-                                               done=True, tensor_num_per_layer=self.per_layer)
-                    break
-                except LLMException as e:
-                    # Refused before a byte moved: the prefill's worker may not have created
-                    # the lease yet (it runs one step after the grant was handed out).
-                    if (e.status_code == LLMStatusCode.LLM_LEASE_ENDED and not e.failed_blocks
-                            and time.perf_counter() < deadline):
-                        time.sleep(0.001)
-                        continue
-                    raise
+            t1 = self._until_leased(t0, lambda: self.cm.pull_leased_blocks(
+                grant, BlocksCacheKey(int(rank["cluster_id"]), 0), self.cache, src_blocks=src,
+                dst_blocks=dst, done=True, tensor_num_per_layer=self.per_layer))
             t2 = time.perf_counter()
             _trace("pulled", req_id)
             runs = sum(1 for i, b in enumerate(src)
@@ -678,6 +669,23 @@ class _Worker:
         except Exception as e:  # a malformed parameter set: nothing moved
             return set(local), f"{type(e).__name__}: {e}"
 
+    def _until_leased(self, since: float, call: Callable[[], None]) -> float:
+        """Runs `call`, again while the prefill refuses it before a byte moved because the
+        lease does not exist yet (its worker creates it one step after the grant was handed
+        out), for up to ``lease_wait_ms`` after `since`. Returns when the attempt that went
+        through started; raises the last refusal or any other error."""
+        deadline = since + self.extra["lease_wait_ms"] / 1e3
+        while True:
+            started = time.perf_counter()
+            try:
+                call()
+                return started
+            except LLMException as e:
+                if (e.status_code != LLMStatusCode.LLM_LEASE_ENDED or e.failed_blocks
+                        or time.perf_counter() >= deadline):
+                    raise
+            time.sleep(0.001)
+
     def _forget(self, h: Dict[str, Any]) -> None:
         try:
             rank = h["ranks"][self.tp_rank]
@@ -685,7 +693,7 @@ class _Worker:
         except (KeyError, IndexError, TypeError, ValueError):
             return
         with self.lock:
-            if not self.linked.pop(cid, None):
+            if self.transports.pop(cid, None) is None:
                 return
         info = LLMClusterInfo()
         info.remote_cluster_id = cid
@@ -699,17 +707,7 @@ class _Worker:
         try:
             grant, rank = self._rank(p["hixl"])
             self._link(rank)
-            deadline = time.perf_counter() + self.extra["lease_wait_ms"] / 1e3
-            while True:
-                try:
-                    self.cm.lease_done(grant)
-                    return
-                except LLMException as e:
-                    # as for a pull: the prefill's worker may not have created the lease yet
-                    if (e.status_code != LLMStatusCode.LLM_LEASE_ENDED
-                            or time.perf_counter() >= deadline):
-                        raise
-                    time.sleep(0.001)
+            self._until_leased(time.perf_counter(), lambda: self.cm.lease_done(grant))
         except Exception as e:
             logger.info("hixl: could not tell the prefill that request %s needs its blocks "
                         "no more (%s); its lease expires instead", req_id, e)
@@ -736,17 +734,16 @@ class _Worker:
         # an older one is only polled, so a slow peer cannot stall the other requests.
         now = time.perf_counter()
         budget = self.extra["wait_ms"] / 1e3
-        young = [f for r, f in self.pulls.items()
-                 if not f.done() and now - self.submitted[r] < budget]
+        young = [p for p in self.pulls.values()
+                 if not p.future.done() and now - p.started < budget]
         if young:
-            left = max(self.submitted[r] for r in self.pulls) + budget - now
-            wait(young, timeout=max(0.0, left), return_when=ALL_COMPLETED)
-        for req_id, f in list(self.pulls.items()):
-            if f.done():
+            left = max(p.started for p in young) + budget - now
+            wait([p.future for p in young], timeout=max(0.0, left), return_when=ALL_COMPLETED)
+        for req_id, pull in list(self.pulls.items()):
+            if pull.future.done():
                 del self.pulls[req_id]
-                del self.submitted[req_id]
-                local = self.pull_local.pop(req_id, [])
-                failed, why = f.result()
+                local = pull.local
+                failed, why = pull.future.result()
                 landed = [b for b in local if b not in failed]
                 if landed:
                     try:
