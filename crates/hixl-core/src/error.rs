@@ -157,10 +157,10 @@ pub enum Error {
         /// Length in bytes.
         len: u64,
     },
-    /// A registration partially overlaps an existing region of the same kind.
-    #[error(
-        "region {addr:#x}+{len} partially overlaps registered region {existing_addr:#x}+{existing_len}"
-    )]
+    /// A registration overlaps an existing region of the same kind: partly, or wholly where
+    /// the caller asked for a region of its own ([`Overlap`](Error::Overlap) is never returned
+    /// for the identical range by a plain registration, which gets the existing handle).
+    #[error("region {addr:#x}+{len} overlaps registered region {existing_addr:#x}+{existing_len}")]
     Overlap {
         /// Start of the new region.
         addr: u64,

@@ -226,3 +226,69 @@ async fn switch_role_is_refused_while_links_remain() {
     fresh.switch_role(LlmRole::Decoder).unwrap();
     assert_eq!(fresh.role(), LlmRole::Decoder);
 }
+
+/// A registration refused for any reason gives back only the regions it made: a tensor of a
+/// cache registered before (the same address again) is refused, never shared, and the first
+/// cache stays registered and usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_registration_leaves_other_caches_registered() {
+    use hixl_datadist::BlocksCacheKey;
+    let mut dd = started(1, LlmRole::Prompt).await;
+    let d = desc(2, 256);
+    let size = d.tensor_size().unwrap() as usize;
+    // Four caller-owned tensors: a and b for the first cache, c and e fresh.
+    let mut mem: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; size]).collect();
+    let addr: Vec<u64> = mem.iter_mut().map(|m| m.as_mut_ptr() as u64).collect();
+    let key = BlocksCacheKey {
+        cluster_id: 1,
+        model_id: 7,
+    };
+    // SAFETY: `mem` outlives every registration below (it is dropped at the end of the test,
+    // after `finalize`), and no reference to it is held while the engine may touch it.
+    let first = unsafe { dd.register_kv_cache(d.clone(), &addr[..2], Some(key)) }
+        .await
+        .unwrap();
+    let usable = |c: &Cache| {
+        for t in 0..2 {
+            c.tensor(t).unwrap().write_at(0, &[9]).unwrap();
+        }
+    };
+    usable(&first);
+    // The same tensors again, alone or after a fresh one: refused, naming the address.
+    for (addrs, named) in [
+        (vec![addr[0], addr[1]], addr[0]),
+        (vec![addr[2], addr[1]], addr[1]),
+    ] {
+        // SAFETY: as above.
+        let e = unsafe { dd.register_kv_cache(d.clone(), &addrs, None) }
+            .await
+            .unwrap_err();
+        assert_eq!(e.status, LlmStatus::ParamInvalid, "{e}");
+        assert!(e.message.contains(&format!("{named:#x}")), "{e}");
+        usable(&first);
+    }
+    // A key already in use, on fresh tensors: refused after the tensors registered.
+    // SAFETY: as above.
+    let e = unsafe { dd.register_kv_cache(d.clone(), &addr[2..], Some(key)) }
+        .await
+        .unwrap_err();
+    assert_eq!(e.status, LlmStatus::ParamInvalid, "{e}");
+    usable(&first);
+    // The fresh tensors were given back each time: they register now.
+    // SAFETY: as above.
+    let second = unsafe { dd.register_kv_cache(d.clone(), &addr[2..], None) }
+        .await
+        .unwrap();
+    usable(&second);
+    usable(&first);
+    // After unregistering, the first cache's tensors may be registered again.
+    dd.unregister_kv_cache(first.cache_id).await.unwrap();
+    // SAFETY: as above.
+    let again = unsafe { dd.register_kv_cache(d, &addr[..2], Some(key)) }
+        .await
+        .unwrap();
+    usable(&again);
+    usable(&second);
+    dd.finalize().await;
+    drop(mem);
+}

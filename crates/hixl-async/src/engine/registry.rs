@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use hixl_core::region::OsRkeys;
+use hixl_core::region::{OsRkeys, Registered};
 use hixl_core::{Access, Error, MemDesc, MemKind, RegionId, Result};
 
 use super::Engine;
@@ -33,7 +33,14 @@ impl Engine {
     ) -> Result<Region> {
         let mut buf = buf;
         let desc = MemDesc::new(buf.as_mut_ptr() as u64, buf.len() as u64);
-        self.register_inner(desc, MemKind::Host, access, name, Some(Owned::Host(buf)))
+        self.register_inner(
+            desc,
+            MemKind::Host,
+            access,
+            name,
+            Some(Owned::Host(buf)),
+            false,
+        )
     }
 
     /// Registers memory the caller owns, as HIXL's `RegisterMem` does. Registering the identical
@@ -58,7 +65,27 @@ impl Engine {
         access: Access,
         name: Option<&str>,
     ) -> Result<Region> {
-        self.register_inner(desc, kind, access, name, None)
+        self.register_inner(desc, kind, access, name, None, false)
+    }
+
+    /// As [`Engine::register_raw`], but the region must be new: the identical range registered
+    /// before is refused with [`Error::Overlap`] instead of returning the existing region. For a
+    /// caller that deregisters what it registered (a failed registration of several tensors
+    /// undoing its first ones), which must never deregister someone else's region.
+    ///
+    /// # Safety
+    /// As [`Engine::register_raw`].
+    ///
+    /// # Errors
+    /// As [`Engine::register_raw`], and [`Error::Overlap`] for the identical range.
+    pub unsafe fn register_raw_new(
+        &self,
+        desc: MemDesc,
+        kind: MemKind,
+        access: Access,
+        name: Option<&str>,
+    ) -> Result<Region> {
+        self.register_inner(desc, kind, access, name, None, true)
     }
 
     fn register_inner(
@@ -68,6 +95,7 @@ impl Engine {
         access: Access,
         name: Option<&str>,
         owned: Option<Owned>,
+        exclusive: bool,
     ) -> Result<Region> {
         self.check_open("register refused")?;
         if kind == MemKind::Device {
@@ -113,6 +141,14 @@ impl Engine {
             let e = t.get(r.id()).ok_or(Error::Internal {
                 what: "a region vanished from the table right after its registration",
             })?;
+            if exclusive && matches!(r, Registered::Existing(_)) {
+                return Err(Error::Overlap {
+                    addr: desc.addr,
+                    len: desc.len,
+                    existing_addr: e.addr,
+                    existing_len: e.len,
+                });
+            }
             e.data.clone()
         };
         if access.is_remote() {
@@ -162,7 +198,7 @@ impl Engine {
             .ok_or_else(|| Error::Unsupported {
                 what: "this engine has no fabric pool (hixl.Transport is tcp or verbs, or the build has no fabric)".into(),
             })??;
-        self.register_inner(desc, MemKind::Host, access, name, Some(owned))
+        self.register_inner(desc, MemKind::Host, access, name, Some(owned), false)
     }
 
     /// Ends a registration: peers lose access at once (later requests are refused), then this

@@ -163,7 +163,7 @@ impl LlmDataDist {
         for &a in addrs {
             // SAFETY: the caller keeps each tensor valid until unregister (this fn's contract).
             let r = unsafe {
-                inner.engine.register_raw(
+                inner.engine.register_raw_new(
                     MemDesc::new(a, size),
                     MemKind::Host,
                     Access::REMOTE_RW,
