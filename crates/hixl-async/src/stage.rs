@@ -170,6 +170,20 @@ pub(crate) async fn recv_staged(
     dst: Option<RawRange<'_>>,
     quiet: Duration,
 ) -> io::Result<Got> {
+    if let Some(g) = recv_spinning(s, stage, dst, quiet).await? {
+        return Ok(g);
+    }
+    recv_parked(s, stage, dst).await
+}
+
+/// The spinning half of [`recv_staged`]: tries at once, then spins for up to `quiet` (the
+/// socket out of the reactor); `None` when nothing came meanwhile.
+pub(crate) async fn recv_spinning(
+    s: &mut Sock,
+    stage: &mut Stage,
+    dst: Option<RawRange<'_>>,
+    quiet: Duration,
+) -> io::Result<Option<Got>> {
     let fd = s.fd();
     if !quiet.is_zero() {
         s.unwatch();
@@ -179,11 +193,11 @@ pub(crate) async fn recv_staged(
     loop {
         match stage.recv_now(fd, dst) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            r => return r,
+            r => return r.map(Some),
         }
         let now = Instant::now();
         if now >= until {
-            break;
+            return Ok(None);
         }
         if now >= slice {
             tokio::task::yield_now().await;
@@ -191,6 +205,16 @@ pub(crate) async fn recv_staged(
         }
         std::hint::spin_loop();
     }
+}
+
+/// The parked half of [`recv_staged`]: waits on read readiness (the socket registered for the
+/// wait) and receives what came.
+pub(crate) async fn recv_parked(
+    s: &mut Sock,
+    stage: &mut Stage,
+    dst: Option<RawRange<'_>>,
+) -> io::Result<Got> {
+    let fd = s.fd();
     loop {
         // Honours the cooperative budget (as tokio's reads do) before touching the socket.
         let w = s.watch()?;

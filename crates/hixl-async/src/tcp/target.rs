@@ -231,17 +231,24 @@ async fn next_request(
             }
         }
         // Answers are out (the initiator waits for them): spin for the next request a while,
-        // if no other connection of the engine spins, then wait on readiness.
-        let slot = SpinSlot::take(config);
-        let quiet = if slot.is_some() {
-            config.spin
-        } else {
-            std::time::Duration::ZERO
+        // if no other connection of the engine spins, then wait on readiness. The spinning
+        // slot is given back when the spin ends: a connection parked (idle) holds none.
+        let spun = {
+            let slot = SpinSlot::take(config);
+            let quiet = match slot {
+                Some(_) => config.spin,
+                None => std::time::Duration::ZERO,
+            };
+            stage::recv_spinning(sock, stage, None, quiet)
+                .await
+                .map_err(reading)?
         };
-        let g = stage::recv_staged(sock, stage, None, quiet)
-            .await
-            .map_err(reading)?;
-        drop(slot);
+        let g = match spun {
+            Some(g) => g,
+            None => stage::recv_parked(sock, stage, None)
+                .await
+                .map_err(reading)?,
+        };
         if g.is_eof() {
             return closed(stage.len()).map_err(reading);
         }
@@ -444,5 +451,68 @@ async fn discard(sock: &mut Sock, stage: &mut Stage, mut len: u64) -> std::io::R
                 "connection closed inside a refused payload",
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use hixl_core::RegionTable;
+
+    use super::serve;
+    use crate::context::{EngineConfig, Heartbeat};
+
+    fn config(spin: Duration) -> Arc<EngineConfig> {
+        Arc::new(EngineConfig {
+            name: "127.0.0.1".into(),
+            heartbeat: Heartbeat {
+                interval: Duration::from_secs(1),
+                miss_limit: 3,
+                idle: None,
+            },
+            auth: None,
+            spin,
+            target_spinners: std::sync::atomic::AtomicUsize::new(0),
+            tcp_io: hixl_core::options::TcpIo::Epoll,
+            tcp_io_refused: None,
+        })
+    }
+
+    /// A connection that spun for its next request and then parked (an idle link) gives its
+    /// spinning slot back: another connection of the engine spins for its requests instead of
+    /// paying a wake-up each (it held the engine's only slot for as long as it stayed idle).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_parked_connection_holds_no_spinning_slot() {
+        let config = config(Duration::from_millis(50));
+        let regions = Arc::new(Mutex::new(RegionTable::new()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let task = tokio::spawn(serve(server, "test".into(), regions, config.clone()));
+        // It takes the slot at once (waiting for its first request), spins 50 ms and parks.
+        let mut held = false;
+        for _ in 0..2000 {
+            held |= config.target_spinners.load(Ordering::Acquire) == 1;
+            if held && config.target_spinners.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert!(held, "the connection never spun");
+        assert_eq!(
+            config.target_spinners.load(Ordering::Acquire),
+            0,
+            "a parked connection still holds the spinning slot"
+        );
+        assert!(!task.is_finished(), "the connection is still served");
+        drop(client);
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }
