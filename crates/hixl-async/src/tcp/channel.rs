@@ -16,7 +16,7 @@ use std::sync::Arc;
 use hixl_core::wire::{DataReq, MAX_STRIDED_PIECES};
 use hixl_core::{Error, OpDesc, Result, StridedDesc, Token, TransferOp};
 
-use super::initiator::{fail_with, DataConn, DataOpener, Part, Queued};
+use super::initiator::{fail_with, DataConn, DataOpener, Part, Pending, Queued};
 use crate::context::OpsHandle;
 use crate::keep::Keeps;
 use crate::link_state::LinkState;
@@ -134,7 +134,7 @@ struct TcpBatch<'a> {
     ch: &'a TcpChannel,
     token: Token,
     write: bool,
-    per: Vec<Vec<Part>>,
+    per: Vec<Vec<Pending>>,
     /// The connection of the next part.
     k: usize,
     /// Bytes so far.
@@ -201,16 +201,12 @@ impl<'a> TcpBatch<'a> {
             if parts.is_empty() {
                 continue;
             }
-            let q = Queued {
-                parts,
-                withdrawals: self.withdrawals,
-            };
-            if let Err(parts) = conn.submit(q) {
+            if let Err(parts) = conn.submit(Queued { parts }) {
                 let e = self.ch.state.error().unwrap_or_else(|| Error::PeerLost {
                     peer: self.ch.peer.to_string(),
                     cause: "data connection closed".into(),
                 });
-                fail_with(sink, parts, &e);
+                fail_with(sink, parts.into_iter().map(|p| p.part), &e);
             }
         }
     }
@@ -239,18 +235,21 @@ impl Batch for TcpBatch<'_> {
         while off < d.len {
             let len = self.ch.chunk.min(d.len - off);
             let conn = self.place(n, len);
-            self.per[conn].push(Part {
-                token: self.token,
-                write: self.write,
-                local: PartRange::new(d.local_addr + off, len),
-                req: DataReq {
-                    id: self.token.0,
-                    rkey,
-                    addr: d.remote_addr + off,
-                    len,
+            self.per[conn].push(Pending::new(
+                Part {
+                    token: self.token,
+                    write: self.write,
+                    local: PartRange::new(d.local_addr + off, len),
+                    req: DataReq {
+                        id: self.token.0,
+                        rkey,
+                        addr: d.remote_addr + off,
+                        len,
+                    },
+                    strided: None,
                 },
-                strided: None,
-            });
+                self.withdrawals,
+            ));
             off += len;
         }
         Ok(Some(parts))
@@ -283,23 +282,26 @@ impl Batch for TcpBatch<'_> {
             let count = per_part.min(d.count - first);
             let bytes = count * d.len;
             let conn = self.place(n, bytes);
-            self.per[conn].push(Part {
-                token: self.token,
-                write: self.write,
-                local: PartRange::strided(
-                    d.local_addr + first * d.local_stride,
-                    d.len,
-                    d.local_stride,
-                    count,
-                ),
-                req: DataReq {
-                    id: self.token.0,
-                    rkey,
-                    addr: d.remote_addr + first * d.remote_stride,
-                    len: bytes,
+            self.per[conn].push(Pending::new(
+                Part {
+                    token: self.token,
+                    write: self.write,
+                    local: PartRange::strided(
+                        d.local_addr + first * d.local_stride,
+                        d.len,
+                        d.local_stride,
+                        count,
+                    ),
+                    req: DataReq {
+                        id: self.token.0,
+                        rkey,
+                        addr: d.remote_addr + first * d.remote_stride,
+                        len: bytes,
+                    },
+                    strided: Some((d.len, d.remote_stride, count)),
                 },
-                strided: Some((d.len, d.remote_stride, count)),
-            });
+                self.withdrawals,
+            ));
             first += count;
         }
         Ok(Some(parts))

@@ -64,12 +64,12 @@ const SUBMIT_SEND_BYTES: usize = 256 << 10;
 /// Bytes a spinning waiter sends per progress call at most (it calls again while it spins).
 const SPIN_SEND_BYTES: usize = 1 << 20;
 
-/// One op's parts for one connection, and the link's count of withdrawals when they were
-/// submitted (see [`wanted`]).
+/// One op's parts for one connection, each with the link's count of withdrawals when it was
+/// submitted (see [`wanted`]). Built as the backlog holds them: an idle connection takes the
+/// list as its backlog without copying it.
 #[derive(Debug)]
 pub(crate) struct Queued {
-    pub(crate) parts: Vec<Part>,
-    pub(crate) withdrawals: u64,
+    pub(crate) parts: Vec<Pending>,
 }
 
 /// Opens a data connection of a link (connect and the data channel's handshake).
@@ -123,9 +123,19 @@ struct Conn {
 
 /// A part waiting to be sent, with the withdrawal count of its batch.
 #[derive(Debug)]
-struct Pending {
-    part: Part,
+pub(crate) struct Pending {
+    pub(crate) part: Part,
     seen: u64,
+}
+
+impl Pending {
+    /// `part`, submitted when the link had seen `withdrawals` withdrawals.
+    pub(crate) fn new(part: Part, withdrawals: u64) -> Pending {
+        Pending {
+            part,
+            seen: withdrawals,
+        }
+    }
 }
 
 /// The sending half.
@@ -894,7 +904,7 @@ impl DataConn {
     /// Sends the parts of one op, at once when the connection is free (the rest, if the
     /// socket fills, goes to the writer task). On a closed connection they come back to be
     /// failed.
-    pub(crate) fn submit(&self, q: Queued) -> Result<(), Vec<Part>> {
+    pub(crate) fn submit(&self, q: Queued) -> Result<(), Vec<Pending>> {
         self.start();
         let c = &*self.conn;
         let mut done = Vec::new();
@@ -907,10 +917,12 @@ impl DataConn {
             // sending its first gather here would hold the submitter for no latency gain.
             let many = q.parts.len() > GATHER_PARTS;
             let free = tx.is_free();
-            tx.backlog.extend(q.parts.into_iter().map(|part| Pending {
-                part,
-                seen: q.withdrawals,
-            }));
+            if tx.backlog.is_empty() {
+                // The list becomes the backlog as it is (no copy of thousands of parts).
+                tx.backlog = VecDeque::from(q.parts);
+            } else {
+                tx.backlog.extend(q.parts);
+            }
             // A busy connection has its writer on it (or a spinner): the parts wait their turn.
             // With io_uring the ring is driven below, once the lock is free.
             match (c.uring, many, free) {
