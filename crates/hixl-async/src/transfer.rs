@@ -48,7 +48,7 @@ impl std::fmt::Debug for Transfer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transfer")
             .field("peer", &self.peer_name())
-            .field("status", &self.status())
+            .field("status", &self.peek())
             .finish()
     }
 }
@@ -135,8 +135,23 @@ impl Transfer {
         }
     }
 
-    /// The op's state without waiting (HIXL `GetTransferStatus`).
+    /// The op's state without waiting (HIXL `GetTransferStatus`). An owner that polls this
+    /// instead of awaiting the transfer does not drive it: a waiting op has its link's own
+    /// tasks watch for its completion (no spinning owner will).
     pub fn status(&self) -> TransferStatus {
+        let s = self.peek();
+        if s == TransferStatus::Waiting {
+            if let (State::Posted(_), Some(l)) = (&self.state, self.link.as_deref()) {
+                l.nudge();
+            }
+        }
+        s
+    }
+
+    /// The op's state without waiting, asking nothing of the link: for an owner about to
+    /// await it (which then drives it), such as a binding checking whether it finished at
+    /// submission.
+    pub fn peek(&self) -> TransferStatus {
         match &self.state {
             State::Posted(t) => lock(&self.ops).status(*t).unwrap_or(TransferStatus::Failed),
             State::Connecting(_) => TransferStatus::Waiting,

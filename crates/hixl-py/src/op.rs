@@ -291,7 +291,7 @@ impl Op {
         let budget = Duration::from_micros(budget_us);
         // A transfer that finished already (a same-host copy done at submission) is collected
         // without releasing the GIL: its poll returns at once.
-        let finished = matches!(&f, Fut::Transfer(t) if t.status() != TransferStatus::Waiting);
+        let finished = matches!(&f, Fut::Transfer(t) if t.peek() != TransferStatus::Waiting);
         let polled = if finished {
             Op::poll_for(&mut f, Duration::ZERO, |_| false)
         } else {
@@ -360,7 +360,7 @@ impl Op {
         let limit = timeout.map(crate::seconds).transpose()?;
         if let Some(mut f) = self.take_ready() {
             // Finished already (a same-host copy done at submission): collect it at once.
-            if matches!(&f, Fut::Transfer(t) if t.status() != TransferStatus::Waiting) {
+            if matches!(&f, Fut::Transfer(t) if t.peek() != TransferStatus::Waiting) {
                 if let Some(o) = Op::poll_for(&mut f, Duration::ZERO, |_| false) {
                     drop(f);
                     finish(&self.shared, self.id, o);

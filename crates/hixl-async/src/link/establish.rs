@@ -121,7 +121,7 @@ impl Link {
             lcx.ops.clone(),
             state.clone(),
             p.chunk.max(4096),
-            lcx.config.tcp_io == hixl_core::options::TcpIo::Uring,
+            &lcx.config,
         ));
         let (tx, rx) = mpsc::unbounded_channel();
         let mut cx = Negotiation {

@@ -216,6 +216,12 @@ impl Withdraw for Link {
         }
     }
 
+    fn nudge(&self) {
+        for ch in &self.channels {
+            ch.nudge();
+        }
+    }
+
     fn spin(&self) -> std::time::Duration {
         self.spin
     }

@@ -17,7 +17,7 @@ use hixl_core::wire::{DataReq, MAX_STRIDED_PIECES};
 use hixl_core::{Error, OpDesc, Result, StridedDesc, Token, TransferOp};
 
 use super::initiator::{fail_with, DataConn, DataOpener, Part, Pending, Queued};
-use crate::context::OpsHandle;
+use crate::context::{EngineConfig, OpsHandle};
 use crate::keep::Keeps;
 use crate::link_state::LinkState;
 use crate::memory::RegionInner;
@@ -50,7 +50,7 @@ pub(crate) struct TcpChannel {
 
 impl TcpChannel {
     /// The link's `streams` data connections, each opened by `open` when first used; with
-    /// `uring`, each moves its bytes through an io_uring of its own.
+    /// `hixl.TcpIo=uring` in `config`, each moves its bytes through an io_uring of its own.
     pub(crate) fn spawn(
         streams: usize,
         open: DataOpener,
@@ -58,8 +58,11 @@ impl TcpChannel {
         ops: OpsHandle,
         state: Arc<LinkState>,
         chunk: u64,
-        uring: bool,
+        config: &EngineConfig,
     ) -> TcpChannel {
+        let uring = config.tcp_io == hixl_core::options::TcpIo::Uring;
+        // Owners spin for their transfers when the engine's spin is on.
+        let owners_spin = !config.spin.is_zero();
         let withdrawals = Arc::new(AtomicU64::new(0));
         let conns = (0..streams)
             .map(|_| {
@@ -70,6 +73,7 @@ impl TcpChannel {
                     state.clone(),
                     withdrawals.clone(),
                     uring,
+                    owners_spin,
                 )
             })
             .collect();
@@ -107,6 +111,9 @@ impl PeerChannel for TcpChannel {
     /// unsent parts of an op that is no longer wanted. Parts already sent are answered.
     fn withdraw(&self, _token: Token, _cause: &Error) {
         self.withdrawals.fetch_add(1, Ordering::Release);
+        // The withdrawn op's parts already sent are still answered: nobody may spin for them
+        // any more, so the readers must be watching.
+        self.nudge();
     }
 
     /// Nothing to do here: the connections' tasks see the link's death themselves (the
@@ -116,6 +123,12 @@ impl PeerChannel for TcpChannel {
     fn spinning(&self, on: bool) {
         for c in &self.conns {
             c.spinning(on);
+        }
+    }
+
+    fn nudge(&self) {
+        for c in &self.conns {
+            c.nudge();
         }
     }
 

@@ -105,8 +105,10 @@ struct Conn {
     /// Waiters spinning on the connection now (`DataConn::spinning`): while there are, the
     /// reader task leaves the socket to them, unregistered.
     spinners: AtomicUsize,
-    /// Rung when the last spinner stops.
-    spin_ended: Notify,
+    /// Whether the owner of a transfer spins on it when it awaits it (the engine's
+    /// `hixl.SpinUs` is not zero): a part queued then wakes no reader, the owner's spin takes
+    /// its answer (and a spin that ends without it hands the answer over to the reader).
+    owners_spin: bool,
     open: DataOpener,
     peer: Arc<str>,
     ops: OpsHandle,
@@ -117,8 +119,9 @@ struct Conn {
     rx: Mutex<Rx>,
     /// Wakes the writer task: the socket refused part of the backlog.
     tx_blocked: Notify,
-    /// Wakes the reader task when it idles and a part is queued for an answer.
-    rx_pushed: Notify,
+    /// Wakes the parked reader task ([`Rx::reader_parked`]): answers are awaited that nobody
+    /// spinning takes, or answers wait in the stage.
+    reader_kick: Notify,
 }
 
 /// A part waiting to be sent, with the withdrawal count of its batch.
@@ -154,6 +157,9 @@ struct Tx {
     /// The last withdrawal check: the op, the count it was made at, and whether the op was
     /// still wanted.
     checked: Option<(Token, u64, bool)>,
+    /// Whether a submitter or a spinning waiter pumps now (not the writer task): a part it
+    /// queues for an answer is taken by its owner's spin, not by the reader.
+    direct: bool,
     /// Set once the connection is closed: nothing is sent any more.
     closed: bool,
 }
@@ -198,8 +204,9 @@ struct Rx {
     stage: Stage,
     /// `Some(n)` while the front part's read payload is coming: `n` bytes are in.
     payload: Option<usize>,
-    /// The reader task waits for [`Conn::rx_pushed`].
-    reader_idle: bool,
+    /// The reader task waits for [`Conn::reader_kick`] (with nothing awaited, or while a
+    /// waiter spins); whoever kicks it clears this.
+    reader_parked: bool,
 }
 
 /// Where a half stands after a pump.
@@ -347,7 +354,9 @@ impl Conn {
         budget: usize,
         done: &mut Vec<Completion>,
     ) -> Result<Pumped, Error> {
+        tx.direct = via == Via::Direct;
         let r = tx.pump(self, budget, done);
+        tx.direct = false;
         if matches!(r, Ok(Pumped::Blocked)) && via == Via::Direct {
             self.tx_blocked.notify_one();
         }
@@ -391,7 +400,10 @@ impl Conn {
             };
             if let Some(mut tx) = tx {
                 if !tx.closed && !tx.is_free() {
-                    tx.pump(self, budget, done)?;
+                    tx.direct = via == Via::Direct;
+                    let r = tx.pump(self, budget, done);
+                    tx.direct = false;
+                    r?;
                 }
             }
             match u.flush() {
@@ -435,17 +447,28 @@ impl Conn {
     }
 
     /// Queues `part` for its answer; gives it back if the connection is closed.
-    fn push_rx(&self, part: Part) -> Result<(), Part> {
+    fn push_rx(&self, part: Part, direct: bool) -> Result<(), Part> {
         let mut rx = lock(&self.rx);
         // Answers received ahead (with an earlier one, before this part was queued) wait in
-        // the stage, announced by no readiness edge: the reader must look.
-        let ring = std::mem::replace(&mut rx.reader_idle, false) || !rx.stage.is_empty();
+        // the stage, announced by no readiness edge: the reader must look. Otherwise a parked
+        // reader is woken unless a waiter spins now (the last to stop hands the answers over,
+        // `DataConn::spinning`), or the part's submitter queued it and its owner will spin
+        // for the answer on its own thread when it awaits the transfer (no wake-up of another
+        // thread). An owner that does not await it hands it over when it asks the status or
+        // drops it (`DataConn::nudge`).
+        let ring = !rx.stage.is_empty()
+            || (rx.reader_parked
+                && self.spinners.load(Ordering::SeqCst) == 0
+                && !(direct && self.owners_spin));
         match rx.inflight.as_mut() {
             Some(q) => {
                 q.push_back(part);
+                if ring {
+                    rx.reader_parked = false;
+                }
                 drop(rx);
                 if ring {
-                    self.rx_pushed.notify_one();
+                    self.reader_kick.notify_one();
                 }
                 Ok(())
             }
@@ -518,7 +541,7 @@ impl Tx {
                     write: Some(part),
                     hlen,
                 });
-            } else if let Err(p) = conn.push_rx(part) {
+            } else if let Err(p) = conn.push_rx(part, self.direct) {
                 done.push(Completion {
                     token: p.token,
                     result: Err(lost(&conn.peer, "data connection closed")),
@@ -642,7 +665,7 @@ impl Tx {
             self.head_off += hlen;
             if let Some(Out { write: Some(p), .. }) = self.out.pop_front() {
                 // Its ack may already be in the socket: the reader matches it once queued.
-                if let Err(p) = conn.push_rx(p) {
+                if let Err(p) = conn.push_rx(p, self.direct) {
                     done.push(Completion {
                         token: p.token,
                         result: Err(lost(&conn.peer, "data connection closed")),
@@ -688,7 +711,7 @@ impl Rx {
             inflight: Some(VecDeque::new()),
             stage: Stage::default(),
             payload: None,
-            reader_idle: false,
+            reader_parked: false,
         }
     }
 
@@ -854,6 +877,7 @@ impl DataConn {
         state: Arc<LinkState>,
         withdrawals: Arc<AtomicU64>,
         uring: bool,
+        owners_spin: bool,
     ) -> DataConn {
         let conn = Arc::new(Conn {
             watch: Mutex::new(Registration::default()),
@@ -864,7 +888,7 @@ impl DataConn {
             started: AtomicBool::new(false),
             sock: OnceLock::new(),
             spinners: AtomicUsize::new(0),
-            spin_ended: Notify::new(),
+            owners_spin,
             open,
             peer,
             ops,
@@ -873,7 +897,7 @@ impl DataConn {
             tx: Mutex::new(Tx::default()),
             rx: Mutex::new(Rx::new()),
             tx_blocked: Notify::new(),
-            rx_pushed: Notify::new(),
+            reader_kick: Notify::new(),
         });
         DataConn { conn }
     }
@@ -964,11 +988,29 @@ impl DataConn {
         if on {
             c.spinners.fetch_add(1, Ordering::SeqCst);
         } else if c.spinners.fetch_sub(1, Ordering::SeqCst) == 1 {
-            c.spin_ended.notify_one();
+            self.nudge();
             if let Some(u) = c.ring.get() {
                 // A send the spinner left in flight is the driver's again.
                 c.hand_over(u);
             }
+        }
+    }
+
+    /// Wakes the reader if it is parked while answers are awaited and nobody spins for them:
+    /// when the last spinner stops, when an owner asks its transfer's status instead of
+    /// awaiting it, and when an op is withdrawn (its answers must still be read).
+    pub(crate) fn nudge(&self) {
+        let c = &*self.conn;
+        let kick = {
+            let mut rx = lock(&c.rx);
+            let kick = rx.reader_parked && rx.awaiting() && c.spinners.load(Ordering::SeqCst) == 0;
+            if kick {
+                rx.reader_parked = false;
+            }
+            kick
+        };
+        if kick {
+            c.reader_kick.notify_one();
         }
     }
 
@@ -1168,30 +1210,28 @@ async fn reader(conn: Arc<Conn>) {
         if *dead.borrow() {
             break;
         }
-        let idle = {
+        let parked = {
             let mut rx = lock(&conn.rx);
             if rx.inflight.is_none() {
                 break;
             }
-            let idle = !rx.awaiting() || conn.sock.get().is_none();
-            rx.reader_idle = idle;
-            idle
-        };
-        if idle {
             // Answers only follow requests, and a part is queued before (read) or right
             // after (write) its request is sent: with nothing queued, wait for a push (no
             // socket syscall, and the socket unregistered). A peer that closes meanwhile is
             // seen by the control channel (which kills the link) or by the next read.
+            // While a waiter spins it drives the connection; the last one to stop kicks us
+            // if answers are still awaited. Decided under the lock that kickers take, so no
+            // kick is lost between the decision and the wait (a kick before the wait is kept
+            // by the Notify).
+            let parked = !rx.awaiting()
+                || conn.sock.get().is_none()
+                || conn.spinners.load(Ordering::SeqCst) > 0;
+            rx.reader_parked = parked;
+            parked
+        };
+        if parked {
             watch = None;
-            if !woken(&mut dead, &conn.rx_pushed).await {
-                break;
-            }
-            continue;
-        }
-        if conn.spinners.load(Ordering::Acquire) > 0 {
-            // A waiter drives the connection; it rings when it stops spinning.
-            watch = None;
-            if !woken(&mut dead, &conn.spin_ended).await {
+            if !woken(&mut dead, &conn.reader_kick).await {
                 break;
             }
             continue;
@@ -1218,7 +1258,7 @@ async fn reader(conn: Arc<Conn>) {
             biased;
             r = dead.changed() => { let _ = r; break }
             // A part queued while answers for it wait in the stage (see `push_rx`).
-            _ = conn.rx_pushed.notified() => {}
+            _ = conn.reader_kick.notified() => {}
             r = w.fd.readable() => match r {
                 // Cleared before the next pump, which receives whatever came before; what
                 // comes after raises a new edge.

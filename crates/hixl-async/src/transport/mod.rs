@@ -261,6 +261,10 @@ pub(crate) trait PeerChannel: Send + Sync + std::fmt::Debug {
     /// A waiter starts (`true`) or stops (`false`) spinning on the channel: a channel whose
     /// own tasks would otherwise watch the device may leave it to the spinner meanwhile.
     fn spinning(&self, _on: bool) {}
+
+    /// An owner asks about a transfer without driving it (its status): a channel that left
+    /// its device to spinning owners makes sure its own tasks watch it now.
+    fn nudge(&self) {}
 }
 
 /// The part of one call that one channel takes, built descriptor by descriptor and posted
@@ -368,6 +372,9 @@ pub(crate) trait Withdraw: Send + Sync {
 
     /// A transfer starts or stops spinning on the link ([`PeerChannel::spinning`]).
     fn spinning(&self, on: bool);
+
+    /// An owner asks about a transfer without driving it ([`PeerChannel::nudge`]).
+    fn nudge(&self);
 
     /// How long an awaiting transfer keeps spinning after the last progress before it parks
     /// (`hixl.SpinUs`; zero: it parks at once).
