@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List
 
@@ -11,6 +13,26 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 TRANSPORTS = ["tcp", "fabric"]
+
+
+def sigstop(pid: int, timeout: float = 5.0) -> None:
+    """SIGSTOPs `pid` and returns once every thread of it is stopped: `kill` only sends the
+    signal, and a thread still running on another vCPU could serve one more request."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                continue  # a thread that just ended
+        if states and all(st in ("T", "t") for st in states):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pid {pid} not stopped after {timeout}s: thread states {states}")
+        time.sleep(0.001)
 
 
 class Child:

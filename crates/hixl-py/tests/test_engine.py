@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hixl
-from conftest import HERE, TRANSPORTS
+from conftest import HERE, TRANSPORTS, sigstop
 
 MiB = 1 << 20
 
@@ -295,7 +295,7 @@ def test_errors_name_the_offending_value(spawn):
         with pytest.raises(hixl.HixlError):
             eng.connect("127.0.0.1:1", timeout=0.5).wait(5)
         # a peer that stops answering: the op's own timeout ends it
-        os.kill(child.proc.pid, signal.SIGSTOP)
+        sigstop(child.proc.pid)
         try:
             big = bytearray(32 * MiB)
             breg = eng.register(big)

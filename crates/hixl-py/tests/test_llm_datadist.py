@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import sigstop
 from dd_util import Peer, blocks_cache, digest, filled, local, value
 from hixl.llm_datadist import (BlockFailure, BlocksCacheKey, Cache, CacheDesc, CacheKey,
                                CacheKeyByIdAndIndex, DataType, LayerSynchronizer, LeaseGrant,
@@ -447,7 +448,7 @@ def test_errors_are_llm_exceptions_with_their_codes():
                                      [arrs[1].ctypes.data + 32])
         assert e.value.status_code == S.LLM_PARAM_INVALID and "overlaps" in str(e.value)
         # a transfer past sync_kv_timeout: the peer is stopped
-        os.kill(peer.proc.pid, signal.SIGSTOP)
+        sigstop(peer.proc.pid)
         try:
             t0 = time.monotonic()
             assert code(cm.pull_blocks, BlocksCacheKey(1, 0), dc, [0], [0]) == S.LLM_TIMEOUT
@@ -520,7 +521,7 @@ def test_concurrent_pulls_release_the_gil():
         expect_blocks(digest(guard), SEED, [(b, b) for b in range(8)],
                       lambda t, b: value(96, t, b))
         # while a pull waits on a stopped peer, this thread keeps running Python
-        os.kill(peer.proc.pid, signal.SIGSTOP)
+        sigstop(peer.proc.pid)
         try:
             waiting = threading.Thread(target=pull, args=([9],))
             waiting.start()
