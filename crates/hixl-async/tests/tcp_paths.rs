@@ -37,6 +37,19 @@ fn uses(e: &Engine, io: &str) {
     eprintln!("asked for hixl.TcpIo={io}, runs {}: {why}", got.as_str());
 }
 
+/// A TCP initiator moving its bytes as `io` asks, spinning `spin` µs (`hixl.SpinUs`).
+async fn tcp_initiator(io: &str, spin: &str) -> Engine {
+    let init = Engine::builder("127.0.0.1")
+        .option("hixl.Transport", "tcp")
+        .option("hixl.SpinUs", spin)
+        .option("hixl.TcpIo", io)
+        .build()
+        .await
+        .unwrap();
+    uses(&init, io);
+    init
+}
+
 /// A target engine (`hixl.SpinUs` = `spin`) with a zeroed region `kv` of `len` bytes.
 async fn kv_target(len: usize, spin: &str) -> (Engine, hixl_async::Region) {
     let target = Engine::builder("127.0.0.1")
@@ -252,13 +265,7 @@ async fn big(io: &str, data: &[u8]) -> Big {
     let len = data.len();
     let block = len / BLOCKS;
     let (target, remote) = kv_target(len, "50").await;
-    let init = Engine::builder("127.0.0.1")
-        .option("hixl.Transport", "tcp")
-        .option("hixl.TcpIo", io)
-        .build()
-        .await
-        .unwrap();
-    uses(&init, io);
+    let init = tcp_initiator(io, "50").await;
     let mut src = HostBuffer::zeroed(len).unwrap();
     src.as_mut_slice().copy_from_slice(data);
     let local = init.register(src).unwrap();
@@ -559,20 +566,13 @@ async fn by_status(t: &hixl_async::Transfer, what: &str) {
 /// over to the connection's reader.
 async fn unspun_owners(io: &str) {
     let len = 16 << 20;
-    let (_target, remote) = kv_target(len, "50").await;
+    let (target, remote) = kv_target(len, "50").await;
     // Spinning on, with a quiet period of 1 µs: a spin ends as soon as the socket blocks.
-    let init = Engine::builder("127.0.0.1")
-        .option("hixl.Transport", "tcp")
-        .option("hixl.SpinUs", "1")
-        .option("hixl.TcpIo", io)
-        .build()
-        .await
-        .unwrap();
-    uses(&init, io);
+    let init = tcp_initiator(io, "1").await;
     let local = init.register(HostBuffer::zeroed(len).unwrap()).unwrap();
     let data = pattern(len, 7);
     local.write_at(0, &data).unwrap();
-    let peer = init.connect(_target.local_engine(), T).await.unwrap();
+    let peer = init.connect(target.local_engine(), T).await.unwrap();
     let rr = peer.region("kv").unwrap();
     // Writes and reads of sizes the submitter sends whole, asked by status only.
     let mut off = 0u64;
@@ -585,7 +585,8 @@ async fn unspun_owners(io: &str) {
             got == data[off as usize..(off + l) as usize],
             "write of {l} B"
         );
-        // Read it back over the next bytes of the local region.
+        // Read it back over the next bytes of the local region (the next write's source
+        // starts past them).
         let back = off + l;
         let r = peer.read(&[OpDesc::new(local.addr() + back, rr.addr + off, l)]);
         by_status(&r, &format!("read of {l} B")).await;
@@ -593,7 +594,6 @@ async fn unspun_owners(io: &str) {
         local.read_at(back, &mut mine).unwrap();
         assert!(mine == got, "read of {l} B");
         off = back + l;
-        local.write_at(off, &data[off as usize..]).unwrap();
     }
     // Polled once (its spin ends when the socket blocks, long before 8 MiB are
     // acknowledged), then awaited: the reader takes the answers over when the spin stops.

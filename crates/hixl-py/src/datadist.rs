@@ -172,44 +172,9 @@ pub(crate) struct Shared {
     /// The caches registered through this instance, by id (transfers need their regions).
     pub(crate) caches: Mutex<HashMap<i64, (Cache, Option<BlocksCacheKey>)>>,
     events: tokio::sync::Mutex<Option<LeaseEvents>>,
-    /// Held by a registration from its checks until its cache is in `caches`.
-    registering: Mutex<()>,
 }
 
 impl Shared {
-    /// Refuses a registration whose tensors overlap a cache registered here, or whose key is in
-    /// use: the engine would hand back the existing cache's regions, and a failed or later
-    /// unregistration would then take them from under that cache.
-    fn check_new(
-        &self,
-        addrs: &[u64],
-        size: u64,
-        key: Option<BlocksCacheKey>,
-    ) -> Result<(), DataDistError> {
-        let caches = lock(&self.caches);
-        for (id, (c, ckey)) in caches.iter() {
-            if let Some(k) = key.filter(|k| *ckey == Some(*k)) {
-                return Err(DataDistError::param(format!(
-                    "blocks cache key (cluster_id {}, model_id {}) is already used by cache \
-                     {id}; use a distinct model_id",
-                    k.cluster_id, k.model_id
-                )));
-            }
-            let csize = c.desc.tensor_size()?;
-            for (t, &a) in addrs.iter().enumerate() {
-                for (u, &b) in c.tensor_addrs.iter().enumerate() {
-                    if a < b.saturating_add(csize) && b < a.saturating_add(size) {
-                        return Err(DataDistError::param(format!(
-                            "tensor {t} at {a:#x} ({size} bytes) overlaps tensor {u} of cache {id} \
-                             at {b:#x}: a memory range belongs to one cache"
-                        )));
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
     pub(crate) fn cache(&self, id: i64) -> PyResult<Cache> {
         lock(&self.caches)
             .get(&id)
@@ -264,7 +229,6 @@ impl DataDist {
                 dd: Arc::new(tokio::sync::RwLock::new(dd)),
                 caches: Mutex::new(HashMap::new()),
                 events: tokio::sync::Mutex::new(None),
-                registering: Mutex::new(()),
             }),
         })
     }
@@ -419,9 +383,6 @@ impl DataDist {
         let keys: Vec<CacheKey> = cache_keys.into_iter().map(cache_key).collect();
         let sh = self.shared.clone();
         let cache = py.detach(|| {
-            // One registration at a time: the overlap check below holds until it is in the map.
-            let _one = lock(&sh.registering);
-            sh.check_new(&addrs, size, key)?;
             runtime()
                 .block_on(async {
                     let g = sh.dd.read().await;
@@ -468,8 +429,6 @@ impl DataDist {
         let keys: Vec<CacheKey> = cache_keys.into_iter().map(cache_key).collect();
         let sh = self.shared.clone();
         let cache = py.detach(|| {
-            let _one = lock(&sh.registering);
-            sh.check_new(&[], 0, key)?;
             runtime()
                 .block_on(async {
                     let g = sh.dd.read().await;

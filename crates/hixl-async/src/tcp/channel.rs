@@ -16,7 +16,7 @@ use std::sync::Arc;
 use hixl_core::wire::{DataReq, MAX_STRIDED_PIECES};
 use hixl_core::{Error, OpDesc, Result, StridedDesc, Token, TransferOp};
 
-use super::initiator::{fail_with, DataConn, DataOpener, Part, Pending, Queued};
+use super::initiator::{fail_with, DataConn, DataOpener, Part, Pending};
 use crate::context::{EngineConfig, OpsHandle};
 use crate::keep::Keeps;
 use crate::link_state::LinkState;
@@ -214,7 +214,7 @@ impl<'a> TcpBatch<'a> {
             if parts.is_empty() {
                 continue;
             }
-            if let Err(parts) = conn.submit(Queued { parts }) {
+            if let Err(parts) = conn.submit(parts) {
                 let e = self.ch.state.error().unwrap_or_else(|| Error::PeerLost {
                     peer: self.ch.peer.to_string(),
                     cause: "data connection closed".into(),

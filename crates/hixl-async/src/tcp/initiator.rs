@@ -64,14 +64,6 @@ const SUBMIT_SEND_BYTES: usize = 256 << 10;
 /// Bytes a spinning waiter sends per progress call at most (it calls again while it spins).
 const SPIN_SEND_BYTES: usize = 1 << 20;
 
-/// One op's parts for one connection, each with the link's count of withdrawals when it was
-/// submitted (see [`wanted`]). Built as the backlog holds them: an idle connection takes the
-/// list as its backlog without copying it.
-#[derive(Debug)]
-pub(crate) struct Queued {
-    pub(crate) parts: Vec<Pending>,
-}
-
 /// Opens a data connection of a link (connect and the data channel's handshake).
 pub(crate) type DataOpener =
     Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<TcpStream, Error>> + Send + Sync>;
@@ -124,7 +116,9 @@ struct Conn {
     reader_kick: Notify,
 }
 
-/// A part waiting to be sent, with the withdrawal count of its batch.
+/// A part waiting to be sent, with the link's count of withdrawals when it was submitted (see
+/// [`wanted`]). A batch builds its parts as these, so an idle connection takes the list as
+/// its backlog without copying it ([`DataConn::submit`]).
 #[derive(Debug)]
 pub(crate) struct Pending {
     pub(crate) part: Part,
@@ -157,9 +151,6 @@ struct Tx {
     /// The last withdrawal check: the op, the count it was made at, and whether the op was
     /// still wanted.
     checked: Option<(Token, u64, bool)>,
-    /// Whether a submitter or a spinning waiter pumps now (not the writer task): a part it
-    /// queues for an answer is taken by its owner's spin, not by the reader.
-    direct: bool,
     /// Set once the connection is closed: nothing is sent any more.
     closed: bool,
 }
@@ -354,9 +345,7 @@ impl Conn {
         budget: usize,
         done: &mut Vec<Completion>,
     ) -> Result<Pumped, Error> {
-        tx.direct = via == Via::Direct;
-        let r = tx.pump(self, budget, done);
-        tx.direct = false;
+        let r = tx.pump(self, via, budget, done);
         if matches!(r, Ok(Pumped::Blocked)) && via == Via::Direct {
             self.tx_blocked.notify_one();
         }
@@ -400,10 +389,7 @@ impl Conn {
             };
             if let Some(mut tx) = tx {
                 if !tx.closed && !tx.is_free() {
-                    tx.direct = via == Via::Direct;
-                    let r = tx.pump(self, budget, done);
-                    tx.direct = false;
-                    r?;
+                    tx.pump(self, via, budget, done)?;
                 }
             }
             match u.flush() {
@@ -447,7 +433,7 @@ impl Conn {
     }
 
     /// Queues `part` for its answer; gives it back if the connection is closed.
-    fn push_rx(&self, part: Part, direct: bool) -> Result<(), Part> {
+    fn push_rx(&self, part: Part, via: Via) -> Result<(), Part> {
         let mut rx = lock(&self.rx);
         // Answers received ahead (with an earlier one, before this part was queued) wait in
         // the stage, announced by no readiness edge: the reader must look. Otherwise a parked
@@ -459,20 +445,22 @@ impl Conn {
         let ring = !rx.stage.is_empty()
             || (rx.reader_parked
                 && self.spinners.load(Ordering::SeqCst) == 0
-                && !(direct && self.owners_spin));
-        match rx.inflight.as_mut() {
-            Some(q) => {
-                q.push_back(part);
-                if ring {
-                    rx.reader_parked = false;
-                }
-                drop(rx);
-                if ring {
-                    self.reader_kick.notify_one();
-                }
-                Ok(())
-            }
-            None => Err(part),
+                && !(via == Via::Direct && self.owners_spin));
+        let Some(q) = rx.inflight.as_mut() else {
+            return Err(part);
+        };
+        q.push_back(part);
+        self.kick_reader(rx, ring);
+        Ok(())
+    }
+
+    /// Wakes the reader task when `ring`, releasing `rx` first; a kicked reader is no longer
+    /// parked (a kick it has not waited for yet is kept by the `Notify`).
+    fn kick_reader(&self, mut rx: std::sync::MutexGuard<'_, Rx>, ring: bool) {
+        if ring {
+            rx.reader_parked = false;
+            drop(rx);
+            self.reader_kick.notify_one();
         }
     }
 
@@ -492,7 +480,7 @@ impl Tx {
     /// bounds allow, at least one, all reads or all writes. Parts of withdrawn ops complete
     /// as cancelled (into `done`); a read part is queued for its answer before its header can
     /// go out.
-    fn gather(&mut self, conn: &Conn, done: &mut Vec<Completion>) -> Result<(), Error> {
+    fn gather(&mut self, conn: &Conn, via: Via, done: &mut Vec<Completion>) -> Result<(), Error> {
         let mut bytes: u64 = 0;
         // Reads or writes only: a read joins `rx` when gathered and a write once sent, so a
         // mixed gather would queue a read ahead of a write sent before it.
@@ -541,7 +529,7 @@ impl Tx {
                     write: Some(part),
                     hlen,
                 });
-            } else if let Err(p) = conn.push_rx(part, self.direct) {
+            } else if let Err(p) = conn.push_rx(part, via) {
                 done.push(Completion {
                     token: p.token,
                     result: Err(lost(&conn.peer, "data connection closed")),
@@ -561,9 +549,12 @@ impl Tx {
     /// writer task to finish), so a submitter is not held by a large op.
     ///
     /// Returns an error only when the connection is unusable; the caller then fails it.
+    /// `via`: who pumps (a part queued for its answer by a submitter or a spinner is left to
+    /// its owner's spin, see [`Conn::push_rx`]).
     fn pump(
         &mut self,
         conn: &Conn,
+        via: Via,
         budget: usize,
         done: &mut Vec<Completion>,
     ) -> Result<Pumped, Error> {
@@ -583,7 +574,7 @@ impl Tx {
                 if self.backlog.is_empty() {
                     return Ok(Pumped::Idle);
                 }
-                self.gather(conn, done)?;
+                self.gather(conn, via, done)?;
                 if self.out.is_empty() {
                     continue;
                 }
@@ -606,7 +597,7 @@ impl Tx {
                 }
             };
             moved += n;
-            self.advance(conn, n, done)?;
+            self.advance(conn, via, n, done)?;
         }
     }
 
@@ -653,7 +644,13 @@ impl Tx {
 
     /// `n` more bytes went out: the requests now wholly sent leave `out`, a write part joining
     /// `rx` for its ack.
-    fn advance(&mut self, conn: &Conn, n: usize, done: &mut Vec<Completion>) -> Result<(), Error> {
+    fn advance(
+        &mut self,
+        conn: &Conn,
+        via: Via,
+        n: usize,
+        done: &mut Vec<Completion>,
+    ) -> Result<(), Error> {
         let mut left = self.front_sent + n;
         while let Some(front) = self.out.front() {
             let hlen = front.hlen;
@@ -665,7 +662,7 @@ impl Tx {
             self.head_off += hlen;
             if let Some(Out { write: Some(p), .. }) = self.out.pop_front() {
                 // Its ack may already be in the socket: the reader matches it once queued.
-                if let Err(p) = conn.push_rx(p, self.direct) {
+                if let Err(p) = conn.push_rx(p, via) {
                     done.push(Completion {
                         token: p.token,
                         result: Err(lost(&conn.peer, "data connection closed")),
@@ -928,24 +925,24 @@ impl DataConn {
     /// Sends the parts of one op, at once when the connection is free (the rest, if the
     /// socket fills, goes to the writer task). On a closed connection they come back to be
     /// failed.
-    pub(crate) fn submit(&self, q: Queued) -> Result<(), Vec<Pending>> {
+    pub(crate) fn submit(&self, parts: Vec<Pending>) -> Result<(), Vec<Pending>> {
         self.start();
         let c = &*self.conn;
         let mut done = Vec::new();
         let r = {
             let mut tx = lock(&c.tx);
             if tx.closed {
-                return Err(q.parts);
+                return Err(parts);
             }
             // An op of many parts (thousands of KV blocks) is handed to the writer task whole:
             // sending its first gather here would hold the submitter for no latency gain.
-            let many = q.parts.len() > GATHER_PARTS;
+            let many = parts.len() > GATHER_PARTS;
             let free = tx.is_free();
             if tx.backlog.is_empty() {
                 // The list becomes the backlog as it is (no copy of thousands of parts).
-                tx.backlog = VecDeque::from(q.parts);
+                tx.backlog = VecDeque::from(parts);
             } else {
-                tx.backlog.extend(q.parts);
+                tx.backlog.extend(parts);
             }
             // A busy connection has its writer on it (or a spinner): the parts wait their turn.
             // With io_uring the ring is driven below, once the lock is free.
@@ -1001,17 +998,9 @@ impl DataConn {
     /// awaiting it, and when an op is withdrawn (its answers must still be read).
     pub(crate) fn nudge(&self) {
         let c = &*self.conn;
-        let kick = {
-            let mut rx = lock(&c.rx);
-            let kick = rx.reader_parked && rx.awaiting() && c.spinners.load(Ordering::SeqCst) == 0;
-            if kick {
-                rx.reader_parked = false;
-            }
-            kick
-        };
-        if kick {
-            c.reader_kick.notify_one();
-        }
+        let rx = lock(&c.rx);
+        let ring = rx.reader_parked && rx.awaiting() && c.spinners.load(Ordering::SeqCst) == 0;
+        c.kick_reader(rx, ring);
     }
 
     /// Drives both halves once without waiting, if nobody else is: sends what the socket

@@ -233,16 +233,16 @@ async fn next_request(
         // Answers are out (the initiator waits for them): spin for the next request a while,
         // if no other connection of the engine spins, then wait on readiness. The spinning
         // slot is given back when the spin ends: a connection parked (idle) holds none.
-        let spun = {
-            let slot = SpinSlot::take(config);
-            let quiet = match slot {
-                Some(_) => config.spin,
-                None => std::time::Duration::ZERO,
-            };
-            stage::recv_spinning(sock, stage, None, quiet)
-                .await
-                .map_err(reading)?
+        let slot = SpinSlot::take(config);
+        let quiet = if slot.is_some() {
+            config.spin
+        } else {
+            std::time::Duration::ZERO
         };
+        let spun = stage::recv_spinning(sock, stage, None, quiet)
+            .await
+            .map_err(reading)?;
+        drop(slot);
         let g = match spun {
             Some(g) => g,
             None => stage::recv_parked(sock, stage, None)

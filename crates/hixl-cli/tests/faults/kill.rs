@@ -52,7 +52,9 @@ pub(crate) fn target_killed_mid_transfer() {
         let after = f.after(&p);
         assert!(
             in_flight.iter().any(|o| o.err.is_some()),
-            "no transfer in flight when the target was killed failed"
+            "no transfer in flight when the target was killed failed ({} in flight, fault {f:?}, {} ops in the phase)",
+            in_flight.len(),
+            p.ops.len()
         );
         for o in unanswered.iter().chain(&after) {
             assert!(
