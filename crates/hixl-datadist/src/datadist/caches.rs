@@ -229,10 +229,17 @@ impl LlmDataDist {
         let mut regions = Vec::with_capacity(desc.num_tensors as usize);
         for _ in 0..desc.num_tensors {
             let r = match inner.engine.register_pooled(size, Access::REMOTE_RW, None) {
-                Ok(r) => r,
-                Err(_) => inner.engine.register(HostBuffer::zeroed(size as usize)?)?,
+                Ok(r) => Ok(r),
+                Err(_) => HostBuffer::zeroed(size as usize).and_then(|b| inner.engine.register(b)),
             };
-            regions.push(r);
+            match r {
+                Ok(r) => regions.push(r),
+                Err(e) => {
+                    // The tensors allocated so far go back.
+                    release(inner, &regions).await;
+                    return Err(e.into());
+                }
+            }
         }
         let cache = match self.add_cache(desc, regions.clone(), key, keys) {
             Ok(c) => c,
