@@ -302,9 +302,17 @@ struct Run<'a> {
     mem: u64,
 }
 
+/// Most warm-up calls before a case is measured (the peer harness warms its engines with 20).
+const WARM_CALLS: usize = 20;
+
 impl Run<'_> {
-    /// Measures `op` with blocks of `block` bytes: a warm-up call, then calls for the duration
+    /// Measures `op` with blocks of `block` bytes: warm-up calls, then calls for the duration
     /// (at least 3) with both processes' memory sampled, then the baseline.
+    ///
+    /// The warm-up is up to [`WARM_CALLS`] calls within a fifth of the duration (at least
+    /// one), as the peer harness warms NIXL and Mooncake: a fresh TCP connection's buffers
+    /// grow over its first megabytes, and a case measured for half a second would otherwise
+    /// count that ramp.
     async fn case(&self, op: TransferOp, block: u64) -> CliResult<CaseResult> {
         let (a, peer, dur) = (self.a, self.peer, self.dur);
         let pc = per_call(a, block);
@@ -312,7 +320,13 @@ impl Run<'_> {
         let descs: Vec<OpDesc> = (0..n)
             .map(|i| OpDesc::new(self.local + i * block, self.remote + i * block, block))
             .collect();
-        peer.transfer(op, &descs).await?; // warm-up
+        let warm_until = Instant::now() + dur / 5;
+        for _ in 0..WARM_CALLS {
+            peer.transfer(op, &descs).await?;
+            if Instant::now() >= warm_until {
+                break;
+            }
+        }
         let mut pids = vec![std::process::id()];
         pids.extend(self.target.map(|t| t.pid));
         let sampler = RssSampler::start(pids);
