@@ -302,17 +302,35 @@ struct Run<'a> {
     mem: u64,
 }
 
-/// Most warm-up calls before a case is measured (the peer harness warms its engines with 20).
-const WARM_CALLS: usize = 20;
+/// The warm-up before a case or its baseline is measured: up to [`Warmup::CALLS`] calls
+/// within a fifth of the duration, at least one. The peer harness warms NIXL and Mooncake with
+/// 20 iterations; hixl and its baselines are warmed alike (a fresh TCP connection's buffers
+/// grow over its first calls).
+struct Warmup {
+    until: Instant,
+    left: usize,
+}
+
+impl Warmup {
+    const CALLS: usize = 20;
+
+    fn new(dur: Duration) -> Warmup {
+        Warmup {
+            until: Instant::now() + dur / 5,
+            left: Self::CALLS,
+        }
+    }
+
+    /// After one warm-up call: whether the warm-up is over.
+    fn done(&mut self) -> bool {
+        self.left = self.left.saturating_sub(1);
+        self.left == 0 || Instant::now() >= self.until
+    }
+}
 
 impl Run<'_> {
-    /// Measures `op` with blocks of `block` bytes: warm-up calls, then calls for the duration
+    /// Measures `op` with blocks of `block` bytes: the [`Warmup`], then calls for the duration
     /// (at least 3) with both processes' memory sampled, then the baseline.
-    ///
-    /// The warm-up is up to [`WARM_CALLS`] calls within a fifth of the duration (at least
-    /// one), as the peer harness warms NIXL and Mooncake: a fresh TCP connection's buffers
-    /// grow over its first megabytes, and a case measured for half a second would otherwise
-    /// count that ramp.
     async fn case(&self, op: TransferOp, block: u64) -> CliResult<CaseResult> {
         let (a, peer, dur) = (self.a, self.peer, self.dur);
         let pc = per_call(a, block);
@@ -320,10 +338,10 @@ impl Run<'_> {
         let descs: Vec<OpDesc> = (0..n)
             .map(|i| OpDesc::new(self.local + i * block, self.remote + i * block, block))
             .collect();
-        let warm_until = Instant::now() + dur / 5;
-        for _ in 0..WARM_CALLS {
+        let mut warm = Warmup::new(dur);
+        loop {
             peer.transfer(op, &descs).await?;
-            if Instant::now() >= warm_until {
+            if warm.done() {
                 break;
             }
         }
@@ -451,7 +469,13 @@ async fn memcpy_baseline(per_call: u64, block: u64, dur: Duration) -> CliResult<
             }
             std::hint::black_box(&mut dst);
         };
-        call();
+        let mut warm = Warmup::new(dur);
+        loop {
+            call();
+            if warm.done() {
+                break;
+            }
+        }
         let start = Instant::now();
         let mut calls = 0u64;
         while start.elapsed() < dur || calls < 3 {
@@ -501,7 +525,13 @@ async fn baseline(
                 Ok(())
             }
         };
-        call(&mut s)?;
+        let mut warm = Warmup::new(dur);
+        loop {
+            call(&mut s)?;
+            if warm.done() {
+                break;
+            }
+        }
         let start = Instant::now();
         let mut calls = 0u64;
         while start.elapsed() < dur || calls < 3 {
