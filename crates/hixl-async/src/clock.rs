@@ -17,6 +17,17 @@ pub(crate) async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
+/// `now + d`, or about thirty years from now when that does not fit an instant: a bound a
+/// caller gives as `Duration::MAX` (or any other that overflows) means "no bound", as
+/// tokio's own timers take it, never a panic.
+pub(crate) fn deadline_after(d: std::time::Duration) -> tokio::time::Instant {
+    const FAR: std::time::Duration = std::time::Duration::from_secs(86_400 * 365 * 30);
+    let now = tokio::time::Instant::now();
+    now.checked_add(d)
+        .or_else(|| now.checked_add(FAR))
+        .unwrap_or(now)
+}
+
 /// The process's fixed instant the links align their probes to (the first time it is asked
 /// for). Any instant would do; one shared by every link is what lets one timer wake-up serve
 /// them all.

@@ -563,17 +563,46 @@ async fn strided_round_trip(transport: &str, pooled: bool) {
         ..w
     };
     let none = hixl_core::StridedDesc { count: 0, ..w };
+    // Zero-length pieces whose span (15 strides) is not zero: refused as a zero-length plain
+    // descriptor is, on every transport (tcp divided by the piece length, the fabric moved
+    // nothing and said Ok).
+    let empty = hixl_core::StridedDesc {
+        len: 0,
+        count: 16,
+        local_stride: 512,
+        remote_stride: 1024,
+        ..w
+    };
+    let empty_one = hixl_core::StridedDesc {
+        len: 0,
+        count: 1,
+        ..w
+    };
+    let stacked = hixl_core::StridedDesc {
+        remote_stride: 0,
+        ..w
+    };
     for (d, want) in [
         (past, "descriptor 1"),
         (overlap, "strided descriptor 1"),
+        (
+            stacked,
+            "strided descriptor 1: strides 40 (local) and 0 (remote)",
+        ),
         (none, "strided descriptor 1: count is 0"),
+        (empty, "descriptor 1 has zero length"),
+        (empty_one, "descriptor 1 has zero length"),
     ] {
-        let e = peer
-            .transfer_strided(hixl_core::TransferOp::Write, &[w, d])
-            .await
-            .unwrap_err();
-        assert!(e.to_string().contains(want), "{e}");
+        for op in [hixl_core::TransferOp::Write, hixl_core::TransferOp::Read] {
+            let e = peer.transfer_strided(op, &[w, d]).await.unwrap_err();
+            assert!(e.to_string().contains(want), "{d:?}: {e}");
+            assert_eq!(e.status(), hixl_core::Status::ParamInvalid, "{e}");
+        }
     }
+    // A refused call leaves the link working.
+    peer.transfer_strided(hixl_core::TransferOp::Write, &[w])
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -681,5 +710,48 @@ async fn telemetry_counts_each_transfer_and_serves_prometheus_text() {
         let mut other = String::new();
         s.read_to_string(&mut other).await.unwrap();
         assert!(other.starts_with("HTTP/1.1 404"), "{other}");
+    }
+}
+
+/// Durations that do not fit an instant (`Duration::MAX` as "no bound") mean "no bound"
+/// wherever the API takes one: none panics, and each call does what it does with a finite
+/// bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_past_any_instant_mean_no_bound() {
+    for transport in ["tcp", "fabric"] {
+        let (target, _, remote, _, _) = pair_over(1 << 20, transport).await;
+        let init = Engine::builder("127.0.0.1")
+            .option("hixl.Transport", transport)
+            .build()
+            .await
+            .unwrap();
+        let local = init.register(HostBuffer::zeroed(1 << 20).unwrap()).unwrap();
+        let peer = init
+            .connect(target.local_engine(), Duration::MAX)
+            .await
+            .unwrap();
+        let rr = peer.region("kv").unwrap();
+        local.write_at(0, &pattern(4096, 9)).unwrap();
+        peer.write(&[OpDesc::new(local.addr(), rr.addr, 4096)])
+            .timeout(Duration::MAX)
+            .await
+            .unwrap();
+        let mut got = vec![0u8; 4096];
+        remote.read_at(0, &mut got).unwrap();
+        assert_eq!(got, pattern(4096, 9), "{transport}");
+        peer.notify_timeout("n", "m", Duration::MAX).await.unwrap();
+        init.disconnect_async(target.local_engine(), Duration::MAX)
+            .unwrap();
+        init.connect_async(target.local_engine(), Duration::MAX)
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + T;
+        while init.async_connect_status(target.local_engine()).ok()
+            != Some(hixl_core::AsyncConnectStatus::Connected)
+        {
+            assert!(tokio::time::Instant::now() < deadline, "{transport}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        init.shutdown(Duration::MAX).await;
+        target.shutdown(Duration::MAX).await;
     }
 }

@@ -125,7 +125,7 @@ pub struct StridedDesc {
     pub local_addr: u64,
     /// First piece in the peer's remotely accessible memory.
     pub remote_addr: u64,
-    /// Bytes per piece.
+    /// Bytes per piece (≥ 1).
     pub len: u64,
     /// Distance between pieces locally (≥ `len` when `count > 1`: pieces never overlap).
     pub local_stride: u64,
@@ -173,12 +173,18 @@ impl StridedDesc {
     /// piece's end: what must lie in one region on each side.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidParam`] naming the descriptor (`index`) and the value: a zero
-    /// count, a stride shorter than a piece (overlapping pieces), or a span that overflows.
+    /// [`crate::Error::ZeroLength`] naming the descriptor (`index`) for pieces of zero bytes
+    /// (as a plain descriptor of zero length is refused, whatever the strides and count);
+    /// [`crate::Error::InvalidParam`] naming the descriptor and the value for a zero count, a
+    /// stride shorter than a piece (pieces that overlap, locally or at the peer: a stride of 0
+    /// with more than one piece among them), or a span that overflows.
     pub fn spans(&self, index: usize) -> crate::Result<((u64, u64), (u64, u64))> {
         let bad = |why: String| crate::Error::InvalidParam {
             what: format!("strided descriptor {index}: {why}"),
         };
+        if self.len == 0 {
+            return Err(crate::Error::ZeroLength { index });
+        }
         if self.count == 0 {
             return Err(bad("count is 0".into()));
         }
@@ -405,5 +411,78 @@ mod tests {
         assert!(r.contains(u64::MAX - 10, 10));
         assert!(!r.contains(u64::MAX - 5, 10));
         assert!(!r.contains(0, 1));
+    }
+
+    fn strided(len: u64, count: u64, local_stride: u64, remote_stride: u64) -> StridedDesc {
+        StridedDesc {
+            local_addr: 1 << 20,
+            remote_addr: 1 << 30,
+            len,
+            local_stride,
+            remote_stride,
+            count,
+        }
+    }
+
+    #[test]
+    fn degenerate_strided_shapes_are_refused_by_name() {
+        // Zero-length pieces are refused as a zero-length plain descriptor is, whatever the
+        // strides make the span.
+        assert!(matches!(
+            strided(0, 16, 512, 1024).spans(7),
+            Err(crate::Error::ZeroLength { index: 7 })
+        ));
+        assert!(matches!(
+            strided(0, 1, 0, 0).spans(0),
+            Err(crate::Error::ZeroLength { index: 0 })
+        ));
+        for (d, says) in [
+            (strided(8, 0, 8, 8), "count is 0"),
+            (strided(8, 2, 4, 8), "must be at least the piece length 8"),
+            // Remote pieces that overlap (a write would land twice on the same bytes).
+            (strided(8, 2, 8, 0), "must be at least the piece length 8"),
+            (strided(8, u64::MAX, 8, 8), "overflow"),
+            (strided(u64::MAX, 2, u64::MAX, u64::MAX), "overflow"),
+        ] {
+            match d.spans(3) {
+                Err(crate::Error::InvalidParam { what }) => {
+                    assert!(what.starts_with("strided descriptor 3: "), "{what}");
+                    assert!(what.contains(says), "{what}");
+                }
+                other => panic!("{d:?}: {other:?}"),
+            }
+        }
+        // One piece: the strides do not matter.
+        assert_eq!(
+            strided(8, 1, 0, 0).spans(0).ok(),
+            Some(((1 << 20, 8), (1 << 30, 8)))
+        );
+    }
+
+    proptest::proptest! {
+        /// Any shape is either refused or has spans that hold each piece, pieces that never
+        /// overlap on either side, and a byte count that fits.
+        #[test]
+        fn accepted_strided_shapes_hold_their_pieces(
+            len in proptest::prop_oneof![0u64..64, proptest::num::u64::ANY],
+            count in proptest::prop_oneof![0u64..8, proptest::num::u64::ANY],
+            ls in proptest::prop_oneof![0u64..128, proptest::num::u64::ANY],
+            rs in proptest::prop_oneof![0u64..128, proptest::num::u64::ANY],
+        ) {
+            let d = strided(len, count, ls, rs);
+            let Ok(((la, ll), (ra, rl))) = d.spans(0) else { return Ok(()) };
+            proptest::prop_assert!(len > 0 && count > 0);
+            proptest::prop_assert!(d.bytes().is_some());
+            let m = d.merged();
+            proptest::prop_assert_eq!(m.bytes(), d.bytes());
+            for i in [0, count / 2, count - 1] {
+                let p = d.piece(i);
+                proptest::prop_assert!(p.local_addr >= la && p.local_addr - la + len <= ll);
+                proptest::prop_assert!(p.remote_addr >= ra && p.remote_addr - ra + len <= rl);
+            }
+            if count > 1 {
+                proptest::prop_assert!(ls >= len && rs >= len);
+            }
+        }
     }
 }

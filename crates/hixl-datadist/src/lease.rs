@@ -35,6 +35,12 @@ pub const LEASE_NOTIFY: &str = "hixl.kv.lease";
 /// A ticket's window is capped at this, whatever the puller asks.
 pub const MAX_WINDOW: Duration = Duration::from_secs(600);
 
+/// The longest lease TTL (time without progress before a lease expires): one day. A longer
+/// one (`Duration::MAX` as "forever", a TTL in milliseconds that does not fit an `Instant`)
+/// is refused with `LLM_PARAM_INVALID` naming it: a lease is meant to end, and an owner that
+/// wants one to last does so by ending it (`end_lease`) instead of by its TTL.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
+
 /// What the owner hands the puller (out of band, e.g. in a serving engine's per-request
 /// transfer parameters; it is `serde`-serializable): which blocks of which caches are leased,
 /// under which id and generation, for how long without progress.
@@ -233,7 +239,10 @@ struct Live {
 
 impl Live {
     fn extend(&mut self, now: Instant) {
-        self.deadline = self.deadline.max(now + self.ttl);
+        // `ttl` ≤ MAX_TTL; an `Instant` that cannot hold it keeps the deadline it has.
+        if let Some(d) = now.checked_add(self.ttl) {
+            self.deadline = self.deadline.max(d);
+        }
     }
 }
 
@@ -250,7 +259,8 @@ impl LeaseTable {
     /// Leases `blocks` of `caches` for `request_id`, with generation `gen`, under a fresh id.
     ///
     /// # Errors
-    /// `LLM_PARAM_INVALID` for no blocks or caches, a zero TTL, a block or cache named twice;
+    /// `LLM_PARAM_INVALID` for no blocks or caches, a zero TTL or one over [`MAX_TTL`], a
+    /// block or cache named twice;
     /// `LLM_LEASE_HELD` naming a block a live lease already holds and that lease's request.
     #[allow(clippy::too_many_arguments)]
     pub fn create(
@@ -308,8 +318,23 @@ impl LeaseTable {
             )));
         }
         if ttl.is_zero() {
-            return Err(DataDistError::param("a lease TTL must be > 0"));
+            return Err(DataDistError::param(format!(
+                "the lease TTL of request {request_id} must be > 0"
+            )));
         }
+        // Every check (and the deadline's arithmetic) comes before the table changes: a
+        // refused lease leaves nothing behind.
+        let deadline = now
+            .checked_add(ttl)
+            .filter(|_| ttl <= MAX_TTL)
+            .ok_or_else(|| {
+                DataDistError::param(format!(
+                "the lease TTL of request {request_id} is {ttl:?} ({} ms); the longest is {} s \
+                 (end a lease early with end_lease instead)",
+                ttl.as_millis(),
+                MAX_TTL.as_secs()
+            ))
+            })?;
         let mut seen = HashSet::with_capacity(blocks.len());
         if let Some(b) = blocks.iter().find(|&&b| !seen.insert(b)) {
             return Err(DataDistError::param(format!(
@@ -365,7 +390,7 @@ impl LeaseTable {
                 digest: grant.digest(),
                 grant: grant.clone(),
                 ttl,
-                deadline: now + ttl,
+                deadline,
                 link: None,
                 tickets: HashMap::new(),
                 ending: None,
@@ -410,7 +435,8 @@ impl LeaseTable {
                 }
                 l.link = Some(link);
                 let window = Duration::from_millis(u64::from(window_ms)).min(MAX_WINDOW);
-                l.tickets.insert(ticket, now + window);
+                l.tickets
+                    .insert(ticket, now.checked_add(window).unwrap_or(now));
                 l.extend(now);
                 Ok(())
             }),
@@ -537,223 +563,5 @@ impl LeaseTable {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const TTL: Duration = Duration::from_millis(100);
-
-    fn table(now: Instant) -> (LeaseTable, LeaseGrant) {
-        let mut t = LeaseTable::default();
-        let g = t
-            .create(1, 42, &[7, 8], &[3, 4, 5], TTL, 0xabc, now)
-            .unwrap();
-        (t, g)
-    }
-
-    fn acquire(g: &LeaseGrant, ticket: u64, window_ms: u32) -> Option<Frame> {
-        Some(Frame::Acquire {
-            lease: g.lease_id,
-            gen: g.generation,
-            ticket,
-            window_ms,
-            digest: g.digest(),
-        })
-    }
-
-    fn release(g: &LeaseGrant, ticket: u64, done: bool) -> Option<Frame> {
-        Some(Frame::Release {
-            lease: g.lease_id,
-            gen: g.generation,
-            ticket,
-            done,
-        })
-    }
-
-    #[test]
-    fn frames_round_trip_and_garbage_is_refused() {
-        for f in [
-            Frame::Acquire {
-                lease: 1,
-                gen: u64::MAX,
-                ticket: 9,
-                window_ms: 1000,
-                digest: 77,
-            },
-            Frame::Release {
-                lease: 2,
-                gen: 3,
-                ticket: 4,
-                done: true,
-            },
-            Frame::Renew { lease: 5, gen: 6 },
-        ] {
-            assert_eq!(Frame::decode(&f.encode()), Some(f));
-        }
-        assert_eq!(Frame::decode(&[]), None);
-        assert_eq!(Frame::decode(&[1; Frame::LEN - 1]), None);
-        assert_eq!(Frame::decode(&[9; Frame::LEN]), None);
-        let mut bad = Frame::Release {
-            lease: 1,
-            gen: 1,
-            ticket: 1,
-            done: false,
-        }
-        .encode();
-        bad[25] = 2;
-        assert_eq!(Frame::decode(&bad), None);
-    }
-
-    #[test]
-    fn done_ends_the_lease_after_the_pull() {
-        let t0 = Instant::now();
-        let (mut t, g) = table(t0);
-        let (r, ended) = t.on_frame(acquire(&g, 1, 1000), 77, t0);
-        assert_eq!(r, Ok(()));
-        assert!(ended.is_empty());
-        let (r, ended) = t.on_frame(release(&g, 1, true), 77, t0);
-        assert_eq!(r, Ok(()));
-        assert_eq!(ended.len(), 1);
-        assert_eq!(ended[0].why, LeaseEnd::Done);
-        assert_eq!(ended[0].blocks, vec![3, 4, 5]);
-        assert_eq!(ended[0].caches, vec![7, 8]);
-        assert!(t.is_empty());
-        // the grant is dead for good
-        let (r, _) = t.on_frame(acquire(&g, 2, 1000), 77, t0);
-        assert_eq!(r, Err(Refusal::NotLive));
-    }
-
-    #[test]
-    fn expiry_waits_for_a_held_ticket_and_progress_extends() {
-        let t0 = Instant::now();
-        let (mut t, g) = table(t0);
-        assert_eq!(t.next_deadline(), Some(t0 + TTL));
-        // progress at 90 ms moves the deadline to 190 ms
-        t.on_frame(acquire(&g, 1, 500), 77, t0 + Duration::from_millis(90))
-            .0
-            .unwrap();
-        assert!(t.tick(t0 + Duration::from_millis(300), |_| true).is_empty());
-        // the ticket's window (590 ms) passes: the lease, past its TTL, expires
-        let ended = t.tick(t0 + Duration::from_millis(600), |_| true);
-        assert_eq!(ended.len(), 1);
-        assert_eq!(ended[0].why, LeaseEnd::Expired);
-        // a lost done: no progress → expiry
-        let (mut t, g) = table(t0);
-        t.on_frame(acquire(&g, 1, 50), 77, t0).0.unwrap();
-        t.on_frame(release(&g, 1, false), 77, t0 + Duration::from_millis(20))
-            .0
-            .unwrap();
-        assert!(t.tick(t0 + Duration::from_millis(119), |_| true).is_empty());
-        let ended = t.tick(t0 + Duration::from_millis(120), |_| true);
-        assert_eq!(ended[0].why, LeaseEnd::Expired);
-    }
-
-    #[test]
-    fn a_dead_link_ends_the_lease_at_once_even_mid_pull() {
-        let t0 = Instant::now();
-        let (mut t, g) = table(t0);
-        t.on_frame(acquire(&g, 1, 60_000), 77, t0).0.unwrap();
-        assert!(t.any_bound());
-        assert!(t.tick(t0, |_| true).is_empty());
-        let ended = t.tick(t0, |l| l != 77);
-        assert_eq!(ended[0].why, LeaseEnd::LinkDown);
-    }
-
-    #[test]
-    fn other_links_ending_leases_and_stale_generations_are_refused() {
-        let t0 = Instant::now();
-        let (mut t, g) = table(t0);
-        t.on_frame(acquire(&g, 1, 1000), 77, t0).0.unwrap();
-        assert_eq!(
-            t.on_frame(acquire(&g, 2, 1000), 78, t0).0,
-            Err(Refusal::OtherLink)
-        );
-        let stale = LeaseGrant {
-            generation: g.generation + 1,
-            ..g.clone()
-        };
-        assert_eq!(
-            t.on_frame(acquire(&stale, 2, 1000), 77, t0).0,
-            Err(Refusal::NotLive)
-        );
-        assert_eq!(t.on_frame(None, 77, t0).0, Err(Refusal::Malformed));
-        let mut forged = g.clone();
-        forged.blocks.push(63);
-        assert_eq!(
-            t.on_frame(acquire(&forged, 2, 1000), 77, t0).0,
-            Err(Refusal::Mismatch)
-        );
-        // revoked while a pull holds a ticket: no new pull, ends when the ticket is back
-        assert!(t.revoke(g.lease_id));
-        assert!(!t.revoke(999));
-        assert!(t.tick(t0, |_| true).is_empty());
-        assert_eq!(
-            t.on_frame(acquire(&g, 3, 1000), 77, t0).0,
-            Err(Refusal::Ending)
-        );
-        let (_, ended) = t.on_frame(release(&g, 1, false), 77, t0);
-        assert_eq!(ended[0].why, LeaseEnd::Revoked);
-    }
-
-    #[test]
-    fn held_blocks_cannot_be_leased_again_until_the_end() {
-        let t0 = Instant::now();
-        let (mut t, g) = table(t0);
-        let e = t.create(1, 43, &[8], &[9, 5], TTL, 1, t0).unwrap_err();
-        assert_eq!(e.status, LlmStatus::LeaseHeld);
-        assert!(e.message.contains("block 5 of cache 8"), "{e}");
-        assert!(e.message.contains("request 42"), "{e}");
-        assert_eq!(t.holder(7, &[1, 4]), Some((4, 42)));
-        assert_eq!(t.holds_cache(8), Some(42));
-        assert!(
-            t.create(1, 43, &[9], &[5], TTL, 1, t0).is_ok(),
-            "other cache"
-        );
-        for bad in [
-            t.create(1, 44, &[7], &[], TTL, 1, t0),
-            t.create(1, 44, &[], &[1], TTL, 1, t0),
-            t.create(1, 44, &[7], &[1], Duration::ZERO, 1, t0),
-            t.create(1, 44, &[7], &[1, 1], TTL, 1, t0),
-            t.create(1, 44, &[6, 6], &[1], TTL, 1, t0),
-        ] {
-            assert_eq!(bad.unwrap_err().status, LlmStatus::ParamInvalid);
-        }
-        t.on_frame(release(&g, 0, true), 77, t0).0.unwrap();
-        assert!(t.holder(7, &[3, 4, 5]).is_none());
-        let again = t.create(1, 45, &[7], &[3, 4, 5], TTL, 2, t0).unwrap();
-        assert!(again.lease_id > g.lease_id, "lease ids are never reused");
-    }
-
-    #[test]
-    fn a_minted_grant_is_refused_until_the_owner_creates_it() {
-        let t0 = Instant::now();
-        let mut t = LeaseTable::default();
-        let minted = LeaseGrant {
-            owner: 1,
-            lease_id: 1000,
-            generation: 0x5eed,
-            request_id: 42,
-            caches: vec![7],
-            blocks: vec![2, 3],
-            ttl_ms: TTL.as_millis() as u64,
-        };
-        assert_eq!(
-            t.on_frame(acquire(&minted, 1, 1000), 77, t0).0,
-            Err(Refusal::NotLive)
-        );
-        let g = t
-            .create_as(1, 42, &[7], &[2, 3], TTL, Some(1000), 0x5eed, t0)
-            .unwrap();
-        assert_eq!(g, minted);
-        t.on_frame(acquire(&minted, 1, 1000), 77, t0).0.unwrap();
-        for (id, gen) in [(1000, 9), (0, 9), (1001, 0)] {
-            let e = t
-                .create_as(1, 43, &[8], &[1], TTL, Some(id), gen, t0)
-                .unwrap_err();
-            assert_eq!(e.status, LlmStatus::ParamInvalid, "{e}");
-        }
-        // The automatic ids step over a minted one that is live.
-        t.next_id = 999;
-        let auto = t.create(1, 44, &[9], &[1], TTL, 3, t0).unwrap();
-        assert_eq!(auto.lease_id, 1001);
-    }
-}
+#[path = "lease_tests.rs"]
+mod tests;

@@ -17,6 +17,7 @@ pub mod lease;
 pub mod models;
 pub mod options;
 pub mod status;
+mod sync;
 pub mod table;
 pub mod tp;
 

@@ -283,8 +283,18 @@ async fn leases_end_by_done_expiry_and_revocation_and_refuse_late_pulls() {
     puller.send(&format!("link {}", owner.listen_addr().unwrap()));
     assert_eq!(puller.expect("LINKED "), "true");
 
-    // 1. A pull with done: the lease ends Done; the bytes are the request's.
+    // 0. A TTL that does not fit an instant (`Duration::MAX`, which panicked with the lease
+    // lock held and so disabled every later lease call, the reaper and the lease service) is
+    // refused naming it; the instance goes on (every step below uses it).
     let a: Vec<u64> = (0..8).collect();
+    for ttl in [Duration::MAX, Duration::from_millis(u64::MAX)] {
+        let e = owner.lease_blocks(1, &[&cache], &a, ttl).unwrap_err();
+        assert_eq!(e.status, LlmStatus::ParamInvalid, "{e}");
+        assert!(e.message.contains("lease TTL of request 1"), "{e}");
+        assert_eq!(owner.live_leases().unwrap(), 0);
+    }
+
+    // 1. A pull with done: the lease ends Done; the bytes are the request's.
     let g1 = owner
         .lease_blocks(1, &[&cache], &a, Duration::from_secs(5))
         .unwrap();

@@ -381,11 +381,12 @@ impl Engine {
     fn close(&self, py: Python<'_>, grace: f64) {
         let e = lock(&self.engine).take();
         if let Some(e) = e {
-            let grace = Duration::from_secs_f64(if grace.is_finite() && grace > 0.0 {
-                grace
+            // Not positive or not a number: no wait; past a `Duration`: no bound.
+            let grace = if grace > 0.0 {
+                Duration::try_from_secs_f64(grace).unwrap_or(Duration::MAX)
             } else {
-                0.0
-            });
+                Duration::ZERO
+            };
             py.detach(|| {
                 runtime().block_on(e.shutdown(grace));
                 drop(e);

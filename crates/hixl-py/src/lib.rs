@@ -22,10 +22,12 @@ mod waker;
 
 pub(crate) use errors::{hixl_err, py_result};
 
-/// A timeout given in seconds: `> 0` and finite, else HIXL's PARAM_INVALID naming it.
+/// A timeout given in seconds: `> 0` and finite, else HIXL's PARAM_INVALID naming it. One
+/// too long for a `Duration` (past 2^64 s) is `Duration::MAX`, which the engine takes as no
+/// bound.
 pub(crate) fn seconds(t: f64) -> PyResult<std::time::Duration> {
     if t > 0.0 && t.is_finite() {
-        Ok(std::time::Duration::from_secs_f64(t))
+        Ok(std::time::Duration::try_from_secs_f64(t).unwrap_or(std::time::Duration::MAX))
     } else {
         Err(hixl_err(hixl_core::Error::InvalidTimeout {
             millis: if t.is_finite() {

@@ -405,7 +405,8 @@ impl Op {
             return self.collect(py);
         }
         // Driven elsewhere: wait for its end.
-        let deadline = limit.map(|d| Instant::now() + d);
+        // A limit past any instant is none.
+        let deadline = limit.and_then(|d| Instant::now().checked_add(d));
         let finished = py.detach(|| {
             let mut slot = lock(&self.shared.slot);
             loop {

@@ -99,6 +99,18 @@ def test_strided_descriptors(spawn, transport):
         want = b"".join(bytes(src[k * 8192: k * 8192 + 4096]) for k in range(64))
         assert child.ask(cmd="digest", off=0, len=len(want))["sha"] == sha(want)
         assert child.ask(cmd="count", off=len(want), len=4096, byte=0xEE)["n"] == 4096
+        # Degenerate shapes are ordinary errors naming the descriptor, not a PanicException
+        # (which `except Exception` does not catch): zero-length pieces whose span is not
+        # zero, no pieces, remote pieces stacked on each other.
+        for row, says in [([reg.addr, rr.addr, 0, 512, 1024, 16], "descriptor 1 has zero length"),
+                          ([reg.addr, rr.addr, 4096, 8192, 4096, 0], "count is 0"),
+                          ([reg.addr, rr.addr, 4096, 4096, 0, 4], "0 (remote)")]:
+            bad = np.array([[reg.addr, rr.addr, 4096, 8192, 4096, 1], row], dtype=np.uint64)
+            for op in (hixl.TransferOp.WRITE, hixl.TransferOp.READ):
+                with pytest.raises(hixl.ParamInvalidError) as e:
+                    peer.transfer_strided(op, bad).wait(5)
+                assert says in str(e.value) and e.value.status == 103900, e.value
+        peer.transfer_strided(hixl.TransferOp.WRITE, d).wait(5)
     finally:
         eng.close()
 

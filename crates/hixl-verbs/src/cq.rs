@@ -317,7 +317,8 @@ impl CompletionQueue {
     /// `timeout` passed. Returns how many results were appended.
     pub fn wait_for(&self, out: &mut Vec<PartResult>, want: usize, timeout: Duration) -> usize {
         let start = out.len();
-        let deadline = Instant::now() + timeout;
+        // A timeout past any instant (`Duration::MAX`) is no bound.
+        let deadline = Instant::now().checked_add(timeout);
         while out.len() - start < want {
             if self.poll(out) > 0 {
                 continue;
@@ -328,7 +329,9 @@ impl CompletionQueue {
             if self.poll(out) > 0 {
                 continue;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            });
             if left.is_zero() {
                 break;
             }

@@ -255,7 +255,7 @@ impl Engine {
         if let Some(s) = &self.inner.server {
             s.close_all("engine finalized");
         }
-        let deadline = tokio::time::Instant::now() + grace;
+        let deadline = crate::clock::deadline_after(grace);
         // Each link's driver joins its tasks (their ops resolved) as it ends.
         let joined = futures::future::join_all(up.iter().map(|l| l.closed()));
         let _ = tokio::time::timeout_at(deadline, joined).await;

@@ -287,7 +287,8 @@ impl Batch for TcpBatch<'_> {
         let Some(n) = self.start() else {
             return Ok(None);
         };
-        let per_part = (self.ch.chunk / d.len).clamp(1, MAX_STRIDED_PIECES);
+        // `submit` refuses zero-length pieces; `max(1)` keeps the division total regardless.
+        let per_part = (self.ch.chunk / d.len.max(1)).clamp(1, MAX_STRIDED_PIECES);
         let parts = u32::try_from(d.count.div_ceil(per_part))
             .map_err(|_| crate::transport::too_many_parts())?;
         let mut first = 0;

@@ -4,9 +4,10 @@
 use hixl_async::{HostBuffer, Region};
 use hixl_core::{Access, MemDesc, MemKind};
 
-use super::{poisoned, Cache, LlmDataDist, Local};
+use super::{Cache, LlmDataDist, Local};
 use crate::cache::{BlocksCacheKey, CacheDesc, CacheKey, Placement};
 use crate::status::{DataDistError, LlmStatus, Result};
+use crate::sync::lock;
 use crate::table::CacheEntry;
 
 impl LlmDataDist {
@@ -18,7 +19,7 @@ impl LlmDataDist {
         keys: &[CacheKey],
     ) -> Result<Cache> {
         let inner = self.inner()?;
-        let mut st = inner.state.lock().map_err(|_| poisoned())?;
+        let mut st = lock(&inner.state);
         for (i, k) in keys.iter().enumerate() {
             if keys[..i].contains(k) {
                 return Err(DataDistError::param(format!(
@@ -259,12 +260,7 @@ impl LlmDataDist {
     pub async fn unregister_kv_cache(&self, cache_id: i64) -> Result<()> {
         let inner = self.inner()?;
         self.check_cache_not_leased(cache_id)?;
-        let local = inner
-            .state
-            .lock()
-            .map_err(|_| poisoned())?
-            .caches
-            .remove(&cache_id);
+        let local = lock(&inner.state).caches.remove(&cache_id);
         let Some(local) = local else { return Ok(()) };
         self.publish().await?;
         for r in &local.regions {
@@ -283,7 +279,7 @@ impl LlmDataDist {
     pub async fn remove_cache_key(&self, key: CacheKey) -> Result<()> {
         let inner = self.inner()?;
         let removed = {
-            let mut st = inner.state.lock().map_err(|_| poisoned())?;
+            let mut st = lock(&inner.state);
             st.caches.values_mut().any(|l| {
                 let before = l.entry.keys.len();
                 l.entry.keys.retain(|(k, _)| *k != key);

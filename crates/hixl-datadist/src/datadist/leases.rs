@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use hixl_core::{Error, Notify, Status};
 
-use super::{poisoned, Cache, Inner, LlmDataDist};
+use super::{Cache, Inner, LlmDataDist};
 use crate::cache::{coalesce, BlocksCacheKey, KvCacheExtParam};
 use crate::lease::{EndedLease, Frame, LeaseGrant, LEASE_NOTIFY};
 use crate::status::{DataDistError, LlmStatus, Result};
+use crate::sync::lock;
 
 /// How often the reaper checks the links of bound leases (a killed puller's link closes at
 /// once; a silent one is ended by the engine's heartbeats, then seen here).
@@ -30,18 +31,16 @@ pub(super) fn start(inner: &Arc<Inner>) -> Result<()> {
             Some(inner) => on_frame(&inner, n),
             None => Status::Failed,
         })?;
-    *inner.lease_service.lock().map_err(|_| poisoned())? = Some(svc);
+    *lock(&inner.lease_service) = Some(svc);
     let task = tokio::spawn(reaper(Arc::downgrade(inner), inner.reaper_wake.clone()));
-    *inner.reaper.lock().map_err(|_| poisoned())? = Some(task.abort_handle());
+    *lock(&inner.reaper) = Some(task.abort_handle());
     Ok(())
 }
 
 /// Stops both (finalize).
 pub(super) fn stop(inner: &Inner) {
-    if let Ok(mut s) = inner.lease_service.lock() {
-        s.take();
-    }
-    if let Some(r) = inner.reaper.lock().ok().and_then(|mut r| r.take()) {
+    lock(&inner.lease_service).take();
+    if let Some(r) = lock(&inner.reaper).take() {
         r.abort();
     }
 }
@@ -61,9 +60,7 @@ fn emit(inner: &Inner, ended: Vec<EndedLease>) {
 /// The owner's answer to a lease frame from a puller.
 fn on_frame(inner: &Inner, n: &Notify) -> Status {
     let frame = Frame::decode(&n.msg);
-    let Ok(mut t) = inner.leases.lock() else {
-        return Status::Failed;
-    };
+    let mut t = lock(&inner.leases);
     let (r, ended) = t.on_frame(frame, n.link, Instant::now());
     drop(t);
     emit(inner, ended);
@@ -82,9 +79,7 @@ async fn reaper(inner: Weak<Inner>, wake: Arc<tokio::sync::Notify>) {
     loop {
         let (next, bound) = {
             let Some(inner) = inner.upgrade() else { return };
-            let Ok(mut t) = inner.leases.lock() else {
-                return;
-            };
+            let mut t = lock(&inner.leases);
             let ended = t.tick(Instant::now(), |l| inner.engine.initiator_connected(l));
             let next = (t.next_deadline(), t.any_bound());
             drop(t);
@@ -161,7 +156,7 @@ impl LlmDataDist {
     ) -> Result<LeaseGrant> {
         let inner = self.inner()?;
         {
-            let st = inner.state.lock().map_err(|_| poisoned())?;
+            let st = lock(&inner.state);
             for c in caches {
                 if !st.caches.contains_key(&c.cache_id) {
                     return Err(DataDistError::new(
@@ -179,7 +174,7 @@ impl LlmDataDist {
             }
         }
         let ids: Vec<i64> = caches.iter().map(|c| c.cache_id).collect();
-        let grant = inner.leases.lock().map_err(|_| poisoned())?.create_as(
+        let grant = lock(&inner.leases).create_as(
             self.cluster_id,
             request_id,
             &ids,
@@ -202,7 +197,7 @@ impl LlmDataDist {
     pub fn end_lease(&self, lease_id: u64) -> Result<()> {
         let inner = self.inner()?;
         let ended = {
-            let mut t = inner.leases.lock().map_err(|_| poisoned())?;
+            let mut t = lock(&inner.leases);
             if !t.revoke(lease_id) {
                 return Err(DataDistError::new(
                     LlmStatus::LeaseEnded,
@@ -222,17 +217,12 @@ impl LlmDataDist {
     /// # Errors
     /// `LLM_FAILED` when the stream was taken already.
     pub fn lease_events(&self) -> Result<LeaseEvents> {
-        self.inner()?
-            .ended_rx
-            .lock()
-            .map_err(|_| poisoned())?
-            .take()
-            .ok_or_else(|| {
-                DataDistError::new(
-                    LlmStatus::Failed,
-                    "the lease event stream was taken already",
-                )
-            })
+        lock(&self.inner()?.ended_rx).take().ok_or_else(|| {
+            DataDistError::new(
+                LlmStatus::Failed,
+                "the lease event stream was taken already",
+            )
+        })
     }
 
     /// Leases this cluster granted that are live.
@@ -240,13 +230,13 @@ impl LlmDataDist {
     /// # Errors
     /// `LLM_FAILED` before initialize.
     pub fn live_leases(&self) -> Result<usize> {
-        Ok(self.inner()?.leases.lock().map_err(|_| poisoned())?.len())
+        Ok(lock(&self.inner()?.leases).len())
     }
 
     /// The live lease holding one of `blocks` of `cache_id`: `LLM_LEASE_HELD` naming it.
     pub(super) fn check_not_leased(&self, cache_id: i64, blocks: &[u64]) -> Result<()> {
         let inner = self.inner()?;
-        let t = inner.leases.lock().map_err(|_| poisoned())?;
+        let t = lock(&inner.leases);
         match t.holder(cache_id, blocks) {
             Some((b, req)) => Err(DataDistError::new(
                 LlmStatus::LeaseHeld,
@@ -259,7 +249,7 @@ impl LlmDataDist {
     /// A live lease covering `cache_id`: `LLM_LEASE_HELD` naming its request.
     pub(super) fn check_cache_not_leased(&self, cache_id: i64) -> Result<()> {
         let inner = self.inner()?;
-        let t = inner.leases.lock().map_err(|_| poisoned())?;
+        let t = lock(&inner.leases);
         match t.holds_cache(cache_id) {
             Some(req) => Err(DataDistError::new(
                 LlmStatus::LeaseHeld,

@@ -7,9 +7,10 @@ use std::time::Duration;
 use hixl_async::{Engine, HostBuffer, Peer};
 use hixl_core::OpDesc;
 
-use super::{poisoned, ClusterInfo, Inner, Linked, LlmDataDist, MAX_CLUSTERS_PER_CALL};
+use super::{ClusterInfo, Inner, Linked, LlmDataDist, MAX_CLUSTERS_PER_CALL};
 use crate::cache::BlocksCacheKey;
 use crate::status::{DataDistError, LlmStatus, Result};
+use crate::sync::lock;
 use crate::table::{CacheEntry, CacheTable, TABLE_REGION, TORN};
 
 impl LlmDataDist {
@@ -42,13 +43,7 @@ impl LlmDataDist {
     }
 
     async fn link_one(&self, inner: &Arc<Inner>, c: &ClusterInfo, timeout: Duration) -> Result<()> {
-        if inner
-            .state
-            .lock()
-            .map_err(|_| poisoned())?
-            .links
-            .contains_key(&c.remote_cluster_id)
-        {
+        if lock(&inner.state).links.contains_key(&c.remote_cluster_id) {
             return Err(DataDistError::new(
                 LlmStatus::AlreadyLink,
                 format!("cluster {} is already linked", c.remote_cluster_id),
@@ -86,10 +81,7 @@ impl LlmDataDist {
                 return Err(e);
             }
         };
-        inner
-            .state
-            .lock()
-            .map_err(|_| poisoned())?
+        lock(&inner.state)
             .links
             .insert(c.remote_cluster_id, Linked { peer, table });
         Ok(())
@@ -118,12 +110,7 @@ impl LlmDataDist {
         }
         let mut out = Vec::with_capacity(clusters.len());
         for c in clusters {
-            let linked = inner
-                .state
-                .lock()
-                .map_err(|_| poisoned())?
-                .links
-                .remove(&c.remote_cluster_id);
+            let linked = lock(&inner.state).links.remove(&c.remote_cluster_id);
             out.push(match linked {
                 None => Err(not_linked(c.remote_cluster_id)),
                 Some(l) => match inner.engine.disconnect(l.peer.name()).await {
@@ -158,7 +145,7 @@ impl LlmDataDist {
     ) -> Result<(Peer, R)> {
         let inner = self.inner()?;
         let (peer, found) = {
-            let st = inner.state.lock().map_err(|_| poisoned())?;
+            let st = lock(&inner.state);
             let l = st
                 .links
                 .get(&cluster_id)
@@ -170,13 +157,7 @@ impl LlmDataDist {
         }
         let table = read_table(&inner.engine, &peer, inner.opts.sync_wait).await?;
         let found = pick(&table);
-        if let Some(l) = inner
-            .state
-            .lock()
-            .map_err(|_| poisoned())?
-            .links
-            .get_mut(&cluster_id)
-        {
+        if let Some(l) = lock(&inner.state).links.get_mut(&cluster_id) {
             l.table = table;
         }
         found.map(|e| (peer, e)).ok_or_else(|| {
@@ -187,7 +168,7 @@ impl LlmDataDist {
     /// `f` of the link to `cluster_id`.
     fn with_link<R>(&self, cluster_id: u64, f: impl FnOnce(&Linked) -> R) -> Result<R> {
         let inner = self.inner()?;
-        let st = inner.state.lock().map_err(|_| poisoned())?;
+        let st = lock(&inner.state);
         st.links
             .get(&cluster_id)
             .map(f)
@@ -238,14 +219,16 @@ fn not_linked(cluster_id: u64) -> DataDistError {
 /// checksum fails) or a move to a larger region whose announcement has not reached this link
 /// yet (the old range is refused). Both are retried until `timeout`.
 async fn read_table(engine: &Engine, peer: &Peer, timeout: Duration) -> Result<CacheTable> {
-    let deadline = tokio::time::Instant::now() + timeout;
+    // A timeout past any instant (`Duration::MAX`) is no bound.
+    let deadline = tokio::time::Instant::now().checked_add(timeout);
     loop {
         let e = match read_table_once(engine, peer, timeout).await {
             Ok(t) => return Ok(t),
             Err(e) => e,
         };
         let retry = e.status == LlmStatus::ParamInvalid || e.message.contains(TORN);
-        if !retry || !peer.is_connected() || tokio::time::Instant::now() >= deadline {
+        let late = deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
+        if !retry || !peer.is_connected() || late {
             return Err(e);
         }
         tokio::time::sleep(Duration::from_millis(2)).await;

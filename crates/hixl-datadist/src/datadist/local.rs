@@ -5,9 +5,10 @@ use std::collections::HashSet;
 
 use hixl_async::Region;
 
-use super::{poisoned, Cache, LlmDataDist};
+use super::{Cache, LlmDataDist};
 use crate::cache::{coalesce, Run};
 use crate::status::{DataDistError, LlmStatus, Result};
+use crate::sync::lock;
 
 /// Calls moving more than this run on a blocking thread, so a large copy never stalls the
 /// runtime's worker.
@@ -63,7 +64,7 @@ impl LlmDataDist {
     async fn copy_pairs(&self, src: &Cache, dst: &Cache, pairs: &[(u64, u64)]) -> Result<()> {
         let inner = self.inner()?;
         {
-            let st = inner.state.lock().map_err(|_| poisoned())?;
+            let st = lock(&inner.state);
             for c in [src, dst] {
                 if !st.caches.contains_key(&c.cache_id) {
                     return Err(DataDistError::new(

@@ -12,6 +12,7 @@ use crate::cache::CacheDesc;
 use crate::lease::{EndedLease, LeaseTable};
 use crate::options::DataDistOptions;
 use crate::status::{DataDistError, LlmStatus, Result};
+use crate::sync::lock;
 use crate::table::{CacheEntry, CacheTable, TABLE_REGION};
 
 mod caches;
@@ -120,10 +121,6 @@ fn not_init() -> DataDistError {
     DataDistError::new(LlmStatus::Failed, "LlmDataDist is not initialized")
 }
 
-fn poisoned() -> DataDistError {
-    DataDistError::new(LlmStatus::Failed, "LlmDataDist state lock poisoned")
-}
-
 impl LlmDataDist {
     /// A new, uninitialized instance for `cluster_id` with `role`.
     pub fn new(cluster_id: u64, role: LlmRole) -> LlmDataDist {
@@ -151,7 +148,7 @@ impl LlmDataDist {
     /// `LLM_EXIST_LINK` naming the clusters still linked.
     pub fn switch_role(&mut self, role: LlmRole) -> Result<()> {
         if let Some(inner) = &self.inner {
-            let st = inner.state.lock().map_err(|_| poisoned())?;
+            let st = lock(&inner.state);
             if !st.links.is_empty() {
                 let mut ids: Vec<u64> = st.links.keys().copied().collect();
                 ids.sort_unstable();
@@ -241,7 +238,7 @@ impl LlmDataDist {
     async fn publish(&self) -> Result<()> {
         let inner = self.inner()?;
         let old = {
-            let mut st = inner.state.lock().map_err(|_| poisoned())?;
+            let mut st = lock(&inner.state);
             let table = CacheTable {
                 cluster_id: self.cluster_id,
                 caches: st.caches.values().map(|l| l.entry.clone()).collect(),

@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use hixl_async::Peer;
 use hixl_core::TransferOp;
 
-use super::{poisoned, Cache, LlmDataDist};
+use super::{Cache, LlmDataDist};
 use crate::cache::{coalesce, layer_tensors, BlocksCacheKey, KvCacheExtParam};
 use crate::status::{DataDistError, LlmStatus, Result};
+use crate::sync::lock;
 use crate::table::CacheEntry;
 use crate::tp::{plan_heads, slice_descs, KvShard, ShardSide};
 
@@ -23,7 +24,7 @@ impl LlmDataDist {
     pub async fn set_kv_shard(&self, cache_id: i64, shard: KvShard) -> Result<()> {
         let inner = self.inner()?;
         {
-            let mut st = inner.state.lock().map_err(|_| poisoned())?;
+            let mut st = lock(&inner.state);
             let l = st.caches.get_mut(&cache_id).ok_or_else(|| {
                 DataDistError::new(
                     LlmStatus::KvCacheNotExist,
@@ -58,7 +59,7 @@ impl LlmDataDist {
         let inner = self.inner()?;
         let timeout = inner.opts.sync_wait;
         let dshard = {
-            let st = inner.state.lock().map_err(|_| poisoned())?;
+            let st = lock(&inner.state);
             st.caches
                 .get(&dst.cache_id)
                 .and_then(|l| l.entry.shard)
