@@ -14,7 +14,7 @@ use std::ops::Range;
 use hixl_core::StridedDesc;
 use serde::{Deserialize, Serialize};
 
-use crate::cache::{CacheDesc, Run};
+use crate::cache::{CacheDesc, DataType, Run};
 use crate::status::{DataDistError, Result};
 
 /// How a block of one tensor lays out its tokens and heads.
@@ -112,6 +112,68 @@ impl KvShard {
     }
 }
 
+/// What both sides of a resharded transfer must agree on: the model's KV geometry as one
+/// cache declares it (its shard and its description).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvGeometry {
+    /// KV heads of the model.
+    pub total_heads: u32,
+    /// Elements per head.
+    pub head_dim: u32,
+    /// Layers the transfer covers on this side.
+    pub layers: u64,
+    /// Element type.
+    pub data_type: DataType,
+    /// Block layout.
+    pub layout: KvLayout,
+    /// An MLA cache.
+    pub mla: bool,
+}
+
+impl KvGeometry {
+    /// The geometry of `shard` over `layers` layers of `data_type`.
+    pub fn of(shard: &KvShard, layers: u64, data_type: DataType) -> KvGeometry {
+        KvGeometry {
+            total_heads: shard.total_heads,
+            head_dim: shard.head_dim,
+            layers,
+            data_type,
+            layout: shard.layout,
+            mla: shard.mla,
+        }
+    }
+
+    /// Refuses a prefill rank whose geometry is not the decode rank's: shards of different
+    /// models (a head count, head size, element type, layout or layer count that differs)
+    /// never exchange a byte, whichever rank asks.
+    ///
+    /// # Errors
+    /// `LLM_PARAM_INVALID` naming both geometries.
+    pub fn check_same_model(&self, prefill_rank: u32, decode: &KvGeometry) -> Result<()> {
+        if self == decode {
+            return Ok(());
+        }
+        Err(DataDistError::param(format!(
+            "prefill rank {prefill_rank} holds a shard of another model: {self} at prefill, {decode} at decode"
+        )))
+    }
+}
+
+impl std::fmt::Display for KvGeometry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} KV heads of {} elements, {} layers of {:?}, {:?}{}",
+            self.total_heads,
+            self.head_dim,
+            self.layers,
+            self.data_type,
+            self.layout,
+            if self.mla { ", MLA" } else { "" }
+        )
+    }
+}
+
 /// Heads `heads` of a decode rank come from prefill rank `prefill_rank`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeadSlice {
@@ -122,10 +184,12 @@ pub struct HeadSlice {
 }
 
 /// Which prefill rank each of the decode rank's heads comes from, as contiguous slices. With
-/// more prefill ranks than heads (replicas), decode ranks spread over the replicas.
+/// more prefill ranks than heads (replicas), decode ranks spread over the replicas. The
+/// prefill group is taken to be of the decode shard's model: check each prefill shard with
+/// [`KvGeometry::check_same_model`] first.
 ///
 /// # Errors
-/// `LLM_PARAM_INVALID` for shards of different models or layouts, or invalid shards.
+/// `LLM_PARAM_INVALID` for invalid shards, or heads that do not divide over `prefill_tp`.
 pub fn plan_heads(decode: &KvShard, prefill_tp: u32) -> Result<Vec<HeadSlice>> {
     let prefill = KvShard {
         tp_rank: 0,

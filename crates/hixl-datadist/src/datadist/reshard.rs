@@ -11,7 +11,7 @@ use crate::cache::{coalesce, layer_tensors, BlocksCacheKey, KvCacheExtParam};
 use crate::status::{DataDistError, LlmStatus, Result};
 use crate::sync::lock;
 use crate::table::CacheEntry;
-use crate::tp::{plan_heads, slice_descs, KvShard, ShardSide};
+use crate::tp::{plan_heads, slice_descs, KvGeometry, KvShard, ShardSide};
 
 impl LlmDataDist {
     /// Declares which KV heads cache `cache_id` holds: rank `shard.tp_rank` of a group of
@@ -93,6 +93,19 @@ impl LlmDataDist {
             }
         }
         let ptp = ptp.ok_or_else(|| DataDistError::param("no prefill caches"))?;
+        let n = ext.tensor_num_per_layer;
+        let dst_t = layer_tensors(ext.dst_layer_range.as_ref(), n, dst.desc.num_tensors)?;
+        // Every prefill rank given is of the decode rank's model, checked before a byte moves
+        // (not only the ranks this decode rank's heads come from: whether a mismatch is caught
+        // must not depend on the rank).
+        let layers = |t: &std::ops::Range<u32>| u64::from((t.end - t.start) / n);
+        let dgeo = KvGeometry::of(&dshard, layers(&dst_t), dst.desc.data_type);
+        let mut given: Vec<_> = ranks.iter().collect();
+        given.sort_unstable_by_key(|(r, _)| **r);
+        for (&r, (_, e, s)) in given {
+            let src_t = layer_tensors(ext.src_layer_range.as_ref(), n, e.desc.num_tensors)?;
+            KvGeometry::of(s, layers(&src_t), e.desc.data_type).check_same_model(r, &dgeo)?;
+        }
         let plan = plan_heads(&dshard, ptp)?;
         let src_units = ranks
             .values()
@@ -105,8 +118,6 @@ impl LlmDataDist {
             src_units.unwrap_or(0),
             dst.desc.units()?,
         )?;
-        let n = ext.tensor_num_per_layer;
-        let dst_t = layer_tensors(ext.dst_layer_range.as_ref(), n, dst.desc.num_tensors)?;
         // (layers, prefill rank) → descriptors.
         let mut jobs = Vec::new();
         for slice in &plan {
