@@ -381,13 +381,28 @@ async fn regions_registered_after_connect_become_visible() {
             Some("late"),
         )
         .unwrap();
-    for _ in 0..100 {
-        if peer.region("late").is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // Synced by its range, as a side that learnt of it out of band does: at once when the
+    // table holds it, else after one round trip that brings the update.
+    peer.sync_regions(&[(r.addr(), 8192), (r.addr() + 4096, 4096)], T)
+        .await
+        .unwrap();
     assert_eq!(peer.region("late").map(|x| x.len), Some(8192));
+    // A range no region holds is named (by its index) after the sync: nothing was in flight.
+    let e = peer
+        .sync_regions(&[(r.addr(), 8192), (r.addr() + 4096, 8192)], T)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::RemoteOutOfBounds {
+                index: 1,
+                len: 8192,
+                ..
+            }
+        ),
+        "{e}"
+    );
     t.deregister(&r).await.unwrap();
     for _ in 0..100 {
         if peer.region("late").is_none() {

@@ -1,9 +1,12 @@
-//! Local block copies (fan-out copy, swap) and `switch_role`, each with its documented errors,
-//! on a real engine.
+//! Local block copies (fan-out copy, swap), `switch_role` and caches registered after link,
+//! each with its documented errors, on real engines.
 
 use std::time::Duration;
 
-use hixl_datadist::{Cache, CacheDesc, ClusterInfo, DataType, LlmDataDist, LlmRole, LlmStatus};
+use hixl_datadist::{
+    BlocksCacheKey, Cache, CacheDesc, ClusterInfo, DataType, KvCacheExtParam, LlmDataDist, LlmRole,
+    LlmStatus,
+};
 
 const BLOCKS: i64 = 16;
 
@@ -295,4 +298,76 @@ async fn a_refused_registration_leaves_other_caches_registered() {
     usable(&second);
     dd.finalize().await;
     drop(mem);
+}
+
+/// A cache the owner registers after the link is pullable as soon as its register call
+/// returns: the decode's pull waits for the owner's memory table (on its way over the control
+/// connection) instead of refusing the tensors its cache table names. A cache whose tensors
+/// are gone keeps a clear error that says what it waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cache_registered_after_link_is_pullable_when_its_registration_returns() {
+    let owner = started(1, LlmRole::Prompt).await;
+    let mut dd = LlmDataDist::new(2, LlmRole::Decoder);
+    dd.initialize(&[("llm.ListenIpInfo", "127.0.0.1:0")])
+        .await
+        .unwrap();
+    let c = ClusterInfo {
+        remote_cluster_id: 1,
+        remote_addr: owner.listen_addr().unwrap(),
+    };
+    let r = dd
+        .link_clusters(std::slice::from_ref(&c), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(r[0].is_ok(), "{:?}", r[0]);
+    let dst = dd.allocate_kv_cache(desc(64, 512), None).await.unwrap();
+    let all: Vec<u64> = (0..BLOCKS as u64).collect();
+    let mut last = None;
+    for model in 0..16u64 {
+        let key = BlocksCacheKey {
+            cluster_id: 1,
+            model_id: model,
+        };
+        let src = owner
+            .allocate_kv_cache(desc(64, 512), Some(key))
+            .await
+            .unwrap();
+        fill(&src);
+        dd.pull_kv_blocks(key, &dst, &all, &all, &KvCacheExtParam::default())
+            .await
+            .unwrap_or_else(|e| panic!("model {model}, pulled right after it was registered: {e}"));
+        for b in 0..BLOCKS as u64 {
+            assert_eq!(origin(&dst, b), Some(b), "model {model} block {b}");
+        }
+        last = Some((key, src));
+    }
+    // The owner unregisters the last cache; this side's cache table still names it, and the
+    // pull, after syncing the memory table, says that no update was in flight.
+    let (key, src) = last.unwrap();
+    let gone = src.tensor_addrs[0];
+    owner.unregister_kv_cache(src.cache_id).await.unwrap();
+    // Once this side's memory table has dropped the tensors (observed, not slept for).
+    let peer = dd.engine().unwrap().peer(&c.remote_addr).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while peer.regions().iter().any(|r| r.contains(gone, 1)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the table never dropped the cache"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let e = dd
+        .pull_kv_blocks(key, &dst, &[0], &[0], &KvCacheExtParam::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.status, LlmStatus::ParamInvalid, "{e}");
+    assert!(
+        e.message.contains("is outside the regions")
+            && e.message.contains(&format!(
+                "tensor 0 of cache {} of {} is named by its cache table but is in no region of \
+                 its memory table, synced before this transfer (no table update was in flight",
+                src.cache_id, c.remote_addr
+            )),
+        "{e}"
+    );
 }

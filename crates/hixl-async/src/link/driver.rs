@@ -39,6 +39,9 @@ pub(super) enum Command {
     Acked { seq: u64, status: u32 },
     /// Orderly close: tell the peer why, then end the link (its cause is already fixed).
     Close { reason: String },
+    /// A barrier on the control connection (`InitiatorSession::sync`): `reply` resolves once
+    /// every memory table the peer sent before it answered is this link's table.
+    Sync { reply: oneshot::Sender<Result<()>> },
 }
 
 /// Runs the link until it ends; every task of the link has ended when this returns.
@@ -56,6 +59,7 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
         .spawn(write_frames(w, wrx, link.state.clone(), peer.clone()));
     let mut dead = link.state.subscribe();
     let mut waiters: HashMap<u64, oneshot::Sender<Result<()>>> = HashMap::new();
+    let mut syncs: HashMap<u64, oneshot::Sender<Result<()>>> = HashMap::new();
     for e in later {
         on_event(&link, &mut session, &mut waiters, e);
     }
@@ -71,6 +75,13 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
                 if session.is_closed() {
                     continue;
                 }
+            }
+            // The table events before it were applied already: events come in order.
+            if let Event::Synced { seq } = e {
+                if let Some(w) = syncs.remove(&seq) {
+                    let _ = w.send(Ok(()));
+                }
+                continue;
             }
             on_event(&link, &mut session, &mut waiters, e);
         }
@@ -110,6 +121,17 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
                     let _ = session.handle_frame(now(), Message::NotifyAck { seq, status });
                 }
                 Some(Command::Close { reason }) => session.disconnect(&reason),
+                Some(Command::Sync { reply }) => {
+                    syncs.retain(|_, w| !w.is_closed());
+                    match session.sync(now()) {
+                        Ok(seq) => {
+                            syncs.insert(seq, reply);
+                        }
+                        Err(e) => {
+                            let _ = reply.send(Err(e));
+                        }
+                    }
+                }
                 None => session.disconnect("link dropped"),
             },
             m = read_frame(&mut r, &mut buf, &peer) => match m {
@@ -143,7 +165,7 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
                 let _ = w.send(hixl_core::session::notify_ack_result(&peer, status));
             }
         }
-        Command::Notify { reply, .. } => {
+        Command::Notify { reply, .. } | Command::Sync { reply } => {
             let _ = reply.send(Err(link.lost("link closed")));
         }
         _ => {}
@@ -172,7 +194,7 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
         _ => tracing::info!(peer = %peer, "closing link: {cause}"),
     }
     link.state.kill(cause.clone());
-    for (_, w) in waiters.drain() {
+    for (_, w) in waiters.drain().chain(syncs.drain()) {
         let _ = w.send(Err(cause.clone()));
     }
     // Work not yet started on the channels fails with the link's cause; the devices flush
@@ -235,7 +257,7 @@ fn on_event(
             for ch in &link.channels {
                 ch.on_table(&v);
             }
-            *crate::sync::write(&link.table) = v;
+            link.set_table(v);
         }
         // The peer's device keys: for the verbs channel, if this link has one.
         Event::TransportMessage(m) => {
@@ -253,6 +275,7 @@ fn on_event(
         | Event::TransportOffer(_)
         | Event::NotifyReceived(_)
         | Event::NotifyOffered { .. }
+        | Event::Synced { .. }
         | Event::RevokeAcked { .. } => {}
     }
 }

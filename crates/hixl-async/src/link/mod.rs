@@ -150,6 +150,46 @@ impl Link {
         crate::sync::read(&self.table).clone()
     }
 
+    /// Takes the peer's new table.
+    fn set_table(&self, v: Vec<RemoteRegion>) {
+        *crate::sync::write(&self.table) = v;
+    }
+
+    /// The index of the first `(addr, len)` range no region of the peer's table holds.
+    pub(crate) fn first_missing(&self, ranges: &[(u64, u64)]) -> Option<usize> {
+        let t = crate::sync::read(&self.table);
+        ranges.iter().position(|&(addr, len)| {
+            let i = t.partition_point(|r| r.addr <= addr);
+            !i.checked_sub(1)
+                .and_then(|i| t.get(i))
+                .is_some_and(|r| r.contains(addr, len))
+        })
+    }
+
+    /// A barrier on the control connection: resolves once every memory table the peer sent
+    /// before it answered a probe sent now is this link's table, so that a region the peer
+    /// registered before this call is in the table unless the peer no longer exports it.
+    pub(crate) async fn sync_table(&self, timeout: std::time::Duration) -> hixl_core::Result<()> {
+        let deadline = crate::clock::deadline_after(timeout);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if self
+            .driver
+            .send(driver::Command::Sync { reply: tx })
+            .is_err()
+        {
+            return Err(self.lost("link closed"));
+        }
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(self.lost("link closed")),
+            Err(_) => Err(Error::Timeout {
+                what: "a table sync",
+                peer: self.name.to_string(),
+                after: timeout,
+            }),
+        }
+    }
+
     fn lost(&self, cause: &str) -> Error {
         self.state.error().unwrap_or_else(|| Error::PeerLost {
             peer: self.name.to_string(),

@@ -49,6 +49,42 @@ impl Peer {
         self.link.regions()
     }
 
+    /// Makes sure the peer's memory table is current for `(addr, len)` ranges: returns at
+    /// once when the table holds every one; otherwise syncs the table with the peer (one
+    /// round trip on the control connection, within `timeout`; `Duration::MAX`: no bound) and
+    /// looks again.
+    ///
+    /// The peer's table reaches this side over the control connection, pushed when the peer
+    /// registers memory: by the time the peer's register call returns, the update is on its
+    /// way but may not have arrived. A side that learns of a new region another way (the
+    /// peer's KV cache table, a serving engine's request parameters) calls this before its
+    /// transfer instead of having it refused. After the sync, every region the peer
+    /// registered before it answered is in the table: a range still missing is truly outside
+    /// what the peer exports (no update was in flight).
+    ///
+    /// # Errors
+    /// [`Error::RemoteOutOfBounds`] naming the first range (by its index) still missing after
+    /// the sync; [`Error::Timeout`] when the peer did not answer within `timeout`; the link's
+    /// error when it is down.
+    pub async fn sync_regions(&self, ranges: &[(u64, u64)], timeout: Duration) -> Result<()> {
+        if self.link.first_missing(ranges).is_none() {
+            return Ok(());
+        }
+        self.link.sync_table(timeout).await?;
+        match self.link.first_missing(ranges) {
+            None => Ok(()),
+            Some(index) => {
+                let (addr, len) = ranges.get(index).copied().unwrap_or_default();
+                Err(Error::RemoteOutOfBounds {
+                    peer: self.link.name.to_string(),
+                    addr,
+                    len,
+                    index,
+                })
+            }
+        }
+    }
+
     /// The peer's region registered under `name`.
     pub fn region(&self, name: &str) -> Option<RemoteRegion> {
         self.link

@@ -185,6 +185,7 @@ impl Server {
             | Event::Table(_)
             | Event::TableUpdated(_)
             | Event::NotifyAcked { .. }
+            | Event::Synced { .. }
             | Event::Revoked { .. } => {}
         }
     }

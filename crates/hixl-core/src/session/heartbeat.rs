@@ -157,6 +157,12 @@ impl Liveness {
         self.started.then(|| self.probe(now))
     }
 
+    /// Initiator: a probe to send now, out of schedule (the next one falls a period after it),
+    /// once started: its answer is a barrier on the control connection.
+    pub(crate) fn probe_now(&mut self, now: Instant) -> Option<Message> {
+        (!self.target && self.started).then(|| self.probe(now))
+    }
+
     /// Initiator: whether the link is active and turns idle at `now` unless work is reported.
     pub(crate) fn turns_idle(&self, now: Instant) -> bool {
         self.active && self.idle.is_some() && self.hold_until.is_some_and(|t| now >= t)

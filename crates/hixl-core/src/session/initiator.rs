@@ -61,6 +61,8 @@ pub struct InitiatorSession {
     revoked: BTreeSet<u64>,
     /// `VerbsConnect`s sent and not yet answered.
     verbs_connects: usize,
+    /// Probes of [`InitiatorSession::sync`] not yet answered.
+    syncs: Vec<u64>,
 }
 
 impl InitiatorSession {
@@ -97,6 +99,7 @@ impl InitiatorSession {
             table: Vec::new(),
             revoked: BTreeSet::new(),
             verbs_connects: 0,
+            syncs: Vec::new(),
         }
     }
 
@@ -332,6 +335,10 @@ impl InitiatorSession {
                 if let Some(a) = self.liveness.on_heartbeat(seq) {
                     self.core.send(a);
                 }
+                if let Some(i) = self.syncs.iter().position(|&s| s == seq) {
+                    self.syncs.swap_remove(i);
+                    self.core.event(Event::Synced { seq });
+                }
             }
             Message::Revoke { rkey } => {
                 if self.table.iter().any(|r| r.rkey == rkey) {
@@ -409,6 +416,31 @@ impl InitiatorSession {
         if let Some(probe) = self.liveness.work(now) {
             self.core.send(probe);
         }
+    }
+
+    /// A barrier on the control connection: sends a heartbeat probe now and returns its
+    /// sequence number; [`Event::Synced`] with it follows once the target answered. The
+    /// target handles frames in order and answers every probe, so by then every frame it
+    /// sent before the answer (a memory table it queued when it registered memory) has been
+    /// handled here, its events reported first. A probe of the ordinary kind: any target
+    /// answers it, and its liveness schedule is unchanged but for this probe.
+    ///
+    /// # Errors
+    /// [`Error::SessionOutOfPhase`] before the link is established or once it has closed.
+    pub fn sync(&mut self, now: Instant) -> Result<u64, Error> {
+        let probe = match (&self.state, self.core.is_closed()) {
+            (State::Established { .. }, false) => self.liveness.probe_now(now),
+            _ => None,
+        };
+        let Some(probe @ Message::Heartbeat { seq }) = probe else {
+            return Err(Error::SessionOutOfPhase {
+                command: "a table sync",
+                needs: "an established, open link",
+            });
+        };
+        self.core.send(probe);
+        self.syncs.push(seq);
+        Ok(seq)
     }
 
     /// Whether [`InitiatorSession::handle_timeout`] at `now` turns an active link idle (its

@@ -290,6 +290,13 @@ pub enum Event {
         /// The region's rkey.
         rkey: u64,
     },
+    /// Initiator: the target answered the probe of [`InitiatorSession::sync`] with this
+    /// sequence number: every frame it sent before (its memory table updates) was handled,
+    /// and its events came before this one.
+    Synced {
+        /// The probe's sequence number, as `sync` returned it.
+        seq: u64,
+    },
     /// A transport message passed through (`VerbsKeys`, `VerbsAccept` to the initiator,
     /// `VerbsConnect` to the target), uninterpreted.
     TransportMessage(Message),

@@ -102,6 +102,10 @@ impl LlmDataDist {
     /// Registers a cache whose tensors the caller owns (HIXL `RegisterKvCache`, or
     /// `register_blocks_cache` with a key). At most 240 addresses.
     ///
+    /// Before or after peers link (HIXL asks for before): once this returns, a linked peer's
+    /// pull or push of the cache waits, up to `llm.SyncKvCacheWaitTime`, for the memory table
+    /// that reaches it over the link, instead of being refused.
+    ///
     /// # Safety
     /// Each `addrs[i]` must point to `desc.tensor_size()` bytes valid for reads and writes by
     /// peers until [`LlmDataDist::unregister_kv_cache`] returned for this cache or the instance

@@ -254,3 +254,40 @@ async fn read_table_once(engine: &Engine, peer: &Peer, timeout: Duration) -> Res
     read?;
     CacheTable::decode(&bytes)
 }
+
+/// Makes sure `peer`'s memory table is current for tensors `tensors` of its cache `remote`.
+/// The owner's cache table names a cache as soon as its register call returns, while the
+/// memory table that lets this side reach the cache's tensors is still on its way over the
+/// control connection: a pull or push right after the owner registered syncs the table (one
+/// round trip, bounded by `timeout`) instead of being refused. Free when the table holds them.
+///
+/// Returns the note for an error of the transfer when some tensor is still missing after the
+/// sync: the transfer goes on, and fails exactly the layers of the missing tensors.
+///
+/// # Errors
+/// `LLM_TIMEOUT` when the peer does not answer the sync in time; the link's error.
+pub(super) async fn announced(
+    peer: &Peer,
+    remote: &CacheEntry,
+    tensors: std::ops::Range<u32>,
+    timeout: Duration,
+) -> Result<Option<String>> {
+    let len = remote.desc.tensor_size()?;
+    let ts: Vec<u32> = tensors.collect();
+    let ranges: Vec<(u64, u64)> = ts
+        .iter()
+        .filter_map(|&t| remote.addrs.get(t as usize).map(|&a| (a, len)))
+        .collect();
+    match peer.sync_regions(&ranges, timeout).await {
+        Ok(()) => Ok(None),
+        Err(hixl_core::Error::RemoteOutOfBounds { index, .. }) => Ok(Some(format!(
+            "; tensor {} of cache {} of {} is named by its cache table but is in no region of \
+             its memory table, synced before this transfer (no table update was in flight: \
+             the owner no longer exports it)",
+            ts.get(index).copied().unwrap_or_default(),
+            remote.cache_id,
+            peer.name(),
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -119,6 +119,7 @@ impl LlmDataDist {
             dst.desc.units()?,
         )?;
         // (layers, prefill rank) → descriptors.
+        let mut missing = String::new();
         let mut jobs = Vec::new();
         for slice in &plan {
             let (peer, e, s) = ranks.get(&slice.prefill_rank).ok_or_else(|| {
@@ -129,6 +130,9 @@ impl LlmDataDist {
             })?;
             let src_tokens = s.check(&e.desc)?;
             let src_t = layer_tensors(ext.src_layer_range.as_ref(), n, e.desc.num_tensors)?;
+            if let Some(note) = super::links::announced(peer, e, src_t.clone(), timeout).await? {
+                missing.push_str(&note);
+            }
             if src_t.len() != dst_t.len() || e.desc.data_type != dst.desc.data_type {
                 return Err(DataDistError::param(format!(
                     "prefill rank {} covers {} tensors of {:?}, decode {} of {:?}",
@@ -172,6 +176,9 @@ impl LlmDataDist {
         )
         .await;
         let layers: Vec<(u32, u32)> = jobs.iter().map(|(l, _, _)| *l).collect();
-        super::transfers::layer_outcome(&layers, results, &runs)
+        super::transfers::layer_outcome(&layers, results, &runs).map_err(|mut e| {
+            e.message.push_str(&missing);
+            e
+        })
     }
 }

@@ -68,6 +68,9 @@ impl LlmDataDist {
                 dst_t.len()
             )));
         }
+        // The remote tensors this moves: in the peer's memory table, or on their way to it.
+        let remote_t = if pull { src_t.clone() } else { dst_t.clone() };
+        let missing = super::links::announced(peer, remote, remote_t, timeout).await?;
         let src = Side {
             addrs: src_addrs,
             stride: src_desc.stride()?,
@@ -101,7 +104,12 @@ impl LlmDataDist {
                 .map(|d| peer.transfer_strided(op, d).timeout(timeout)),
         )
         .await;
-        layer_outcome(&layers, results, runs)
+        layer_outcome(&layers, results, runs).map_err(|mut e| {
+            if let Some(note) = missing {
+                e.message.push_str(&note);
+            }
+            e
+        })
     }
 
     /// Moves `src_blocks` to `dst_blocks` between `local` and the peer cache `pick` selects:

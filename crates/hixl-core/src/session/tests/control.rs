@@ -395,3 +395,36 @@ fn config_from_options() {
     assert_eq!((c.engine.as_str(), c.incarnation), ("10.0.0.1", 9));
     assert_eq!(c.notify_budget, crate::NOTIFY_MAX_PENDING);
 }
+
+/// `sync` is a barrier: its `Synced` comes after every table the target sent before it
+/// answered, even with the frames delayed; before the link is established, and after it
+/// closed, it is refused.
+#[test]
+fn a_sync_follows_every_table_sent_before_its_answer() {
+    let mut fresh = Pair::new();
+    let now = fresh.now;
+    assert!(matches!(
+        fresh.ini.sync(now),
+        Err(Error::SessionOutOfPhase { .. })
+    ));
+    let mut p = Pair::new().connect();
+    let now = p.now;
+    for k in 0..3 {
+        p.tgt
+            .send_table(now, vec![region(0x1000 * (k + 1), k)])
+            .expect("update");
+    }
+    let seq = p.ini.sync(now).expect("sync");
+    let other = p.ini.sync(now).expect("second sync");
+    assert_ne!(seq, other);
+    p.run_for(Duration::from_millis(50));
+    let at = |want: &dyn Fn(&Event) -> bool| p.ini_events.iter().position(|e| want(&e.1));
+    let synced = at(&|e| matches!(e, Event::Synced { seq: s } if *s == seq)).expect("synced");
+    let last_table = at(&|e| matches!(e, Event::TableUpdated(t) if t[0].addr == 0x3000))
+        .expect("the last table");
+    assert!(last_table < synced, "the table came first");
+    assert!(at(&|e| matches!(e, Event::Synced { seq: s } if *s == other)).is_some());
+    assert_eq!(p.ini.table()[0].addr, 0x3000);
+    p.ini.disconnect("done");
+    assert!(p.ini.sync(p.now).is_err());
+}

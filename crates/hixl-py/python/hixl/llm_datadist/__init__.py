@@ -10,8 +10,9 @@ A script written against ``llm_datadist`` runs with its import line changed to
   ``finalize``, as LLM-DataDist requires (or passes the arrays themselves, which the cache then
   keeps alive: a hixl extension). ``allocate_cache`` / ``allocate_blocks_cache`` need no
   memory-pool option.
-* Register caches before peers link (as LLM-DataDist asks); one memory range belongs to one
-  cache.
+* Caches may be registered before or after peers link (LLM-DataDist asks for before; a hixl
+  extension): a linked peer's pull or push right after the register call returned waits for
+  the new memory table instead of being refused. One memory range belongs to one cache.
 * Both sides listen (``listen_ip_info`` is required; port 0 picks a free port, read it back from
   ``LLMDataDist.listen_ip_info``). The transport is chosen with ``hixl.Transport`` in
   ``LLMConfig.ge_options`` (``tcp``, or ``fabric`` between processes of one host).

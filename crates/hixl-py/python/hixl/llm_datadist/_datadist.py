@@ -378,9 +378,10 @@ class CacheManager:
 
         At most 240 addresses. hixl registers every cache remotely accessible
         (``remote_accessible`` is accepted and ignored) and only host memory
-        (``Placement.HOST``). Register before peers link, as LLM-DataDist requires: a cache
-        registered after a peer linked reaches that peer asynchronously, and until it has, the
-        peer's transfers naming it are refused (``LLM_PARAM_INVALID``, nothing moved).
+        (``Placement.HOST``). LLM-DataDist requires registering before peers link; hixl
+        also takes a cache registered after (a server growing its KV pool): once this call
+        returns, a linked peer's pull or push of it waits (up to ``llm.SyncKvCacheWaitTime``)
+        for the memory table that reaches it over the link, instead of being refused.
         A memory range belongs to one cache: overlapping an existing cache is refused.
         """
         if blocks_cache_key is not None and not isinstance(blocks_cache_key, BlocksCacheKey):
