@@ -173,8 +173,9 @@ pub fn recv_fds(
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "recv_fds: control data truncated (MSG_CTRUNC): the peer sent more than \
-                 {max_fds} descriptors; the {got} received were closed"
+                "recv_fds: control data truncated (MSG_CTRUNC): this process is out of file \
+                 descriptors (RLIMIT_NOFILE), or the peer sent more than {max_fds}; the {got} \
+                 received were closed"
             ),
         ));
     }
