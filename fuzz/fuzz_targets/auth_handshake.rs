@@ -45,6 +45,12 @@ async fn setup() -> Ctx {
     let engine = Engine::builder("127.0.0.1")
         .ephemeral_port()
         .option("hixl.AuthSecret", SECRET)
+        // A synced input waits for the session loop's first heartbeat, which the target
+        // sends after one and a half silent periods: 30 ms here instead of 1.5 s at the
+        // default interval (the replay of the corpus paid that per input). The silence bound
+        // stays 2 s, far above any input's own pauses.
+        .option("hixl.HeartbeatIntervalMs", "20")
+        .option("hixl.HeartbeatMissLimit", "100")
         .build()
         .await
         .expect("harness setup: target engine");
