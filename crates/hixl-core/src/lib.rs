@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod backend;
 pub mod error;
+mod error_status;
 pub mod op_table;
 pub mod options;
 pub mod region;

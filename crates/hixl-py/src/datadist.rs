@@ -9,162 +9,28 @@
 //! did not land.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
-use futures::{FutureExt, StreamExt};
 use hixl_datadist::{
-    BlocksCacheKey, Cache, CacheDesc, CacheIndex, CacheKey, ClusterInfo, DataDistError, DataType,
-    KvCacheExtParam, KvLayout, KvShard, LeaseEnd, LeaseEvents, LeaseGrant, LlmDataDist, LlmRole,
-    LlmStatus, Placement,
+    BlocksCacheKey, Cache, CacheDesc, CacheKey, ClusterInfo, DataDistError, LeaseEvents,
+    LlmDataDist, LlmStatus, Placement,
 };
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use crate::runtime;
 
+#[path = "datadist_convert.rs"]
+mod convert;
 #[path = "datadist_layer.rs"]
 mod layer;
+#[path = "datadist_leases.rs"]
+mod leases;
+#[path = "datadist_reshard.rs"]
+mod reshard;
 
-/// A layer range as Python passes it: `(start, stop)`, or `None` for every layer.
-pub(crate) type LayerRange = Option<(u32, u32)>;
-/// Layer ranges and tensors per layer of a transfer: `(src_range, dst_range, per_layer)`.
-pub(crate) type Ext = (LayerRange, LayerRange, u32);
-/// A `CacheKey` as Python passes it: `(cluster_id, req_id, model_id, prefix_id)`.
-type KeyTuple = (u64, u64, u64, u64);
-/// An ended lease as Python receives it: `(request_id, lease_id, caches, blocks, why)`.
-type EndedTuple = (u64, u64, Vec<i64>, Vec<u64>, &'static str);
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The `LLMException` for `e` (built by `hixl.llm_datadist._status._native_error`).
-pub(crate) fn dd_err(e: DataDistError) -> PyErr {
-    Python::attach(|py| match make_err(py, &e) {
-        Ok(err) => err,
-        Err(fallback) => fallback,
-    })
-}
-
-fn make_err(py: Python<'_>, e: &DataDistError) -> PyResult<PyErr> {
-    let failed: Vec<(u32, u32, u64, u64)> = e
-        .failed
-        .iter()
-        .map(|f| (f.src_layer, f.dst_layer, f.src_block, f.dst_block))
-        .collect();
-    let m = py.import("hixl.llm_datadist._status")?;
-    let exc = m
-        .getattr("_native_error")?
-        .call1((e.status.code(), e.message.clone(), failed))?;
-    Ok(PyErr::from_value(exc))
-}
-
-/// `Result<T, DataDistError>` into a `PyResult`.
-pub(crate) fn dd_result<T>(r: Result<T, DataDistError>) -> PyResult<T> {
-    r.map_err(dd_err)
-}
-
-/// An `LLM_PARAM_INVALID` exception with `msg`.
-pub(crate) fn param(msg: impl Into<String>) -> PyErr {
-    dd_err(DataDistError::param(msg))
-}
-
-fn role_of(role: u8) -> PyResult<LlmRole> {
-    match role {
-        1 => Ok(LlmRole::Prompt),
-        2 => Ok(LlmRole::Decoder),
-        3 => Ok(LlmRole::Mix),
-        r => Err(param(format!(
-            "role {r}: LLMRole is PROMPT (1), DECODER (2) or MIX (3)"
-        ))),
-    }
-}
-
-fn dtype_of(name: &str) -> PyResult<DataType> {
-    Ok(match name {
-        "DT_FLOAT16" => DataType::Float16,
-        "DT_BF16" => DataType::BFloat16,
-        "DT_FLOAT" => DataType::Float32,
-        "DT_INT8" => DataType::Int8,
-        "DT_UINT8" => DataType::UInt8,
-        "DT_INT16" => DataType::Int16,
-        "DT_INT32" => DataType::Int32,
-        "DT_INT64" => DataType::Int64,
-        other => {
-            return Err(param(format!(
-                "data type {other:?} is not supported; hixl knows DT_FLOAT16, DT_BF16, DT_FLOAT, \
-                 DT_INT8, DT_UINT8, DT_INT16, DT_INT32, DT_INT64"
-            )))
-        }
-    })
-}
-
-pub(crate) fn ext_of((src, dst, n): Ext) -> KvCacheExtParam {
-    KvCacheExtParam {
-        src_layer_range: src.map(|(a, b)| a..b),
-        dst_layer_range: dst.map(|(a, b)| a..b),
-        tensor_num_per_layer: n,
-    }
-}
-
-fn millis(ms: u64, what: &str) -> PyResult<Duration> {
-    if ms == 0 {
-        return Err(param(format!("{what} {ms} ms: it must be > 0")));
-    }
-    Ok(Duration::from_millis(ms))
-}
-
-fn why_name(w: LeaseEnd) -> &'static str {
-    match w {
-        LeaseEnd::Done => "DONE",
-        LeaseEnd::Expired => "EXPIRED",
-        LeaseEnd::LinkDown => "LINK_DOWN",
-        LeaseEnd::Revoked => "REVOKED",
-    }
-}
-
-fn grant_of(json: &str) -> PyResult<LeaseGrant> {
-    serde_json::from_str(json).map_err(|e| param(format!("lease grant {json:?} is not valid: {e}")))
-}
-
-/// Checks that `[addr, addr + len)` is mapped memory of this process, so that a wrong integer
-/// is refused by name instead of crashing the process at the first transfer.
-fn check_mapped(addr: u64, len: u64, tensor: usize) -> PyResult<()> {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    let page = if page > 0 { page as u64 } else { 4096 };
-    let end = addr.checked_add(len).ok_or_else(|| {
-        param(format!(
-            "tensor {tensor}: address {addr:#x} + {len} bytes overflows"
-        ))
-    })?;
-    const CHUNK_PAGES: u64 = 1 << 16;
-    let mut vec = vec![0u8; CHUNK_PAGES as usize];
-    let mut at = addr & !(page - 1);
-    while at < end {
-        let n = (end - at).div_ceil(page).min(CHUNK_PAGES);
-        // SAFETY: mincore only reads the page tables of [at, at + n pages) (`at` is page
-        // aligned) and writes n bytes into `vec`, which holds CHUNK_PAGES ≥ n.
-        let r = unsafe {
-            libc::mincore(
-                at as usize as *mut libc::c_void,
-                (n * page) as usize,
-                vec.as_mut_ptr(),
-            )
-        };
-        if r != 0 {
-            let err = std::io::Error::last_os_error();
-            return Err(param(format!(
-                "tensor {tensor}: address {addr:#x} ({len} bytes) is not mapped memory of this \
-                 process ({err}); pass the address of memory you keep alive, e.g. \
-                 arr.ctypes.data or tensor.data_ptr()"
-            )));
-        }
-        at += n * page;
-    }
-    Ok(())
-}
+pub(crate) use convert::{bkey, cache_index, dd_err, dd_result, ext_of, lock, param, Ext};
+use convert::{cache_key, check_mapped, dtype_of, millis, outcome, role_of, KeyTuple};
 
 /// State shared with layer-wise tasks.
 pub(crate) struct Shared {
@@ -644,41 +510,6 @@ impl DataDist {
         Ok(out)
     }
 
-    // --- hixl extensions: leases -------------------------------------------------------
-
-    /// Leases `blocks` of `caches` for request `request_id`, under a minted `(lease_id,
-    /// generation)` when given; returns the grant as JSON.
-    #[pyo3(signature = (request_id, caches, blocks, ttl_ms, minted=None))]
-    fn lease_blocks(
-        &self,
-        py: Python<'_>,
-        request_id: u64,
-        caches: Vec<i64>,
-        blocks: Vec<u64>,
-        ttl_ms: u64,
-        minted: Option<(u64, u64)>,
-    ) -> PyResult<String> {
-        let ttl = millis(ttl_ms, "lease TTL")?;
-        let cs: Vec<Cache> = caches
-            .iter()
-            .map(|&c| self.shared.cache(c))
-            .collect::<PyResult<_>>()?;
-        let dd = self.shared.dd.clone();
-        let grant = dd_result(run(py, async move {
-            let refs: Vec<&Cache> = cs.iter().collect();
-            dd.read()
-                .await
-                .lease_blocks_as(request_id, &refs, &blocks, ttl, minted)
-        }))?;
-        serde_json::to_string(&grant).map_err(|e| param(format!("lease grant: {e}")))
-    }
-
-    /// Ends a lease this cluster granted.
-    fn end_lease(&self, py: Python<'_>, lease_id: u64) -> PyResult<()> {
-        let dd = self.shared.dd.clone();
-        dd_result(run(py, async move { dd.read().await.end_lease(lease_id) }))
-    }
-
     /// The transport of the link to `cluster_id`.
     fn link_transport(&self, py: Python<'_>, cluster_id: u64) -> PyResult<String> {
         let dd = self.shared.dd.clone();
@@ -687,200 +518,10 @@ impl DataDist {
         }))
     }
 
-    /// Leases this cluster granted that are live.
-    fn live_leases(&self, py: Python<'_>) -> PyResult<usize> {
-        let dd = self.shared.dd.clone();
-        dd_result(run(py, async move { dd.read().await.live_leases() }))
-    }
-
-    /// Ended leases: waits up to `timeout_ms` (`None`: not at all) for the first, then takes
-    /// every one that is ready.
-    #[pyo3(signature = (timeout_ms=None))]
-    fn lease_events(&self, py: Python<'_>, timeout_ms: Option<u64>) -> PyResult<Vec<EndedTuple>> {
-        let sh = self.shared.clone();
-        dd_result(run(py, async move {
-            let mut ev = sh.events.lock().await;
-            if ev.is_none() {
-                *ev = Some(sh.dd.read().await.lease_events()?);
-            }
-            let mut out = Vec::new();
-            let Some(rx) = ev.as_mut() else {
-                return Ok(Vec::new());
-            };
-            if let Some(ms) = timeout_ms.filter(|&m| m > 0) {
-                if let Ok(Some(e)) =
-                    tokio::time::timeout(Duration::from_millis(ms), rx.next()).await
-                {
-                    out.push(e);
-                }
-            }
-            while let Some(Some(e)) = rx.next().now_or_never() {
-                out.push(e);
-            }
-            let out: Vec<EndedTuple> = out
-                .into_iter()
-                .map(|e| {
-                    (
-                        e.request_id,
-                        e.lease_id,
-                        e.caches,
-                        e.blocks,
-                        why_name(e.why),
-                    )
-                })
-                .collect();
-            Ok::<_, DataDistError>(out)
-        }))
-    }
-
-    /// Pulls leased blocks of the owner's blocks cache `key` into `dst`.
-    #[allow(clippy::too_many_arguments)]
-    fn pull_leased_blocks(
-        &self,
-        py: Python<'_>,
-        grant: &str,
-        key: (u64, u64),
-        dst: i64,
-        src_blocks: Vec<u64>,
-        dst_blocks: Vec<u64>,
-        ext: Ext,
-        done: bool,
-    ) -> PyResult<()> {
-        let grant = grant_of(grant)?;
-        let dst = self.shared.cache(dst)?;
-        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
-        dd_result(run(py, async move {
-            dd.read()
-                .await
-                .pull_leased_blocks(
-                    &grant,
-                    bkey(key),
-                    &dst,
-                    &src_blocks,
-                    &dst_blocks,
-                    &ext,
-                    done,
-                )
-                .await
-        }))
-    }
-
-    /// Tells the owner the lease's blocks are needed no more.
-    fn lease_done(&self, py: Python<'_>, grant: &str) -> PyResult<()> {
-        let grant = grant_of(grant)?;
-        let dd = self.shared.dd.clone();
-        dd_result(run(
-            py,
-            async move { dd.read().await.lease_done(&grant).await },
-        ))
-    }
-
-    /// Extends the lease by its TTL.
-    fn renew_lease(&self, py: Python<'_>, grant: &str) -> PyResult<()> {
-        let grant = grant_of(grant)?;
-        let dd = self.shared.dd.clone();
-        dd_result(run(
-            py,
-            async move { dd.read().await.renew_lease(&grant).await },
-        ))
-    }
-
-    // --- hixl extensions: heterogeneous tensor parallelism -----------------------------
-
-    /// Declares the KV heads cache `cache_id` holds.
-    #[allow(clippy::too_many_arguments)]
-    fn set_kv_shard(
-        &self,
-        py: Python<'_>,
-        cache_id: i64,
-        tp_rank: u32,
-        tp_size: u32,
-        total_heads: u32,
-        head_dim: u32,
-        layout: &str,
-        mla: bool,
-    ) -> PyResult<()> {
-        let layout = match layout {
-            "NHD" => KvLayout::Nhd,
-            "HND" => KvLayout::Hnd,
-            l => {
-                return Err(param(format!(
-                    "KV layout {l:?}: it is \"NHD\" ([tokens, heads, head_dim] per block) or \
-                     \"HND\" ([heads, tokens, head_dim])"
-                )))
-            }
-        };
-        let shard = KvShard {
-            tp_rank,
-            tp_size,
-            total_heads,
-            head_dim,
-            layout,
-            mla,
-        };
-        let dd = self.shared.dd.clone();
-        dd_result(run(py, async move {
-            dd.read().await.set_kv_shard(cache_id, shard).await
-        }))
-    }
-
-    /// Pulls blocks into `dst` from the prefill ranks' blocks caches `keys`, resharding heads.
-    fn pull_resharded(
-        &self,
-        py: Python<'_>,
-        keys: Vec<(u64, u64)>,
-        dst: i64,
-        src_blocks: Vec<u64>,
-        dst_blocks: Vec<u64>,
-        ext: Ext,
-    ) -> PyResult<()> {
-        let dst = self.shared.cache(dst)?;
-        let keys: Vec<BlocksCacheKey> = keys.into_iter().map(bkey).collect();
-        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
-        dd_result(run(py, async move {
-            dd.read()
-                .await
-                .pull_kv_blocks_resharded(&keys, &dst, &src_blocks, &dst_blocks, &ext)
-                .await
-        }))
-    }
-
     /// Starts a layer-wise push of cache `src` to `targets` (see `LayerTask`).
     fn layer_task(&self, src: i64, targets: Vec<layer::TargetSpec>) -> PyResult<layer::LayerTask> {
         let src = self.shared.cache(src)?;
         layer::LayerTask::new(self.shared.clone(), src, targets)
-    }
-}
-
-/// A per-cluster result as `(code, message)`.
-fn outcome(r: Result<(), DataDistError>) -> (u32, String) {
-    match r {
-        Ok(()) => (LlmStatus::Success.code(), String::new()),
-        Err(e) => (e.status.code(), e.message),
-    }
-}
-
-pub(crate) fn bkey((cluster_id, model_id): (u64, u64)) -> BlocksCacheKey {
-    BlocksCacheKey {
-        cluster_id,
-        model_id,
-    }
-}
-
-fn cache_key((cluster_id, req_id, model_id, prefix_id): KeyTuple) -> CacheKey {
-    CacheKey {
-        cluster_id,
-        req_id,
-        model_id,
-        prefix_id,
-    }
-}
-
-pub(crate) fn cache_index((cluster_id, cache_id, batch_index): (u64, i64, u32)) -> CacheIndex {
-    CacheIndex {
-        cluster_id,
-        cache_id,
-        batch_index,
     }
 }
 

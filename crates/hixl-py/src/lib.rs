@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use pyo3::prelude::*;
 
 mod datadist;
+mod descs;
 mod dlpack;
 mod engine;
 mod errors;
