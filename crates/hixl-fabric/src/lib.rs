@@ -22,6 +22,7 @@
 pub mod cma;
 pub mod completion;
 pub mod copy_engine;
+mod copy_op;
 pub mod fdpass;
 pub mod host;
 pub mod mapping;
