@@ -64,6 +64,11 @@ const LOCAL_SLOTS: usize = 6;
 const MAX_BATCH: u64 = 4;
 /// A slot holds the largest descriptor at any offset up to this.
 const SLOT_PAD: u64 = 4096;
+
+/// Bytes needed in each target region: every lane's workers' slots in it.
+fn region_bytes(lanes: usize, workers: usize, slot_len: u64) -> u64 {
+    (lanes * workers * (REMOTE_SLOTS / 2)) as u64 * slot_len
+}
 /// Largest piece of a descriptor on the wire (`hixl.TcpChunkBytes`), smaller than the default
 /// so that large descriptors become several parts spread over the data connections.
 const CHUNK: &str = "1M";

@@ -8,11 +8,16 @@ use std::time::Duration;
 use hixl_core::{Error, Result};
 use tokio::runtime::Runtime;
 
-use super::transfers::Pending;
-use crate::Engine;
+use crate::{Engine, Transfer};
 
 /// How long `finalize` waits for abandoned transfers to drain after closing every link.
 const FINALIZE_GRACE: Duration = Duration::from_secs(1);
+
+/// An asynchronous request kept until a terminal status is read.
+pub(super) struct Pending {
+    pub(super) transfer: Transfer,
+    pub(super) user_data: u64,
+}
 
 /// What exists between `initialize` and `finalize`.
 pub(super) struct Inner {

@@ -6,18 +6,12 @@ use std::sync::atomic::Ordering;
 use futures::FutureExt;
 use hixl_core::{Error, OpDesc, Result, TransferOp, TransferStatus};
 
-use super::runtime::{lock, not_in_runtime, Inner};
+use super::runtime::{lock, not_in_runtime, Inner, Pending};
 use super::{
     check_timeout, GetTransferStatusArgs, Hixl, TransferReq, TransferResult,
     MAX_OUTSTANDING_REQUESTS,
 };
 use crate::Transfer;
-
-/// An asynchronous request kept until a terminal status is read.
-pub(super) struct Pending {
-    transfer: Transfer,
-    user_data: u64,
-}
 
 impl Hixl {
     /// Moves data and waits until every byte landed (HIXL `TransferSync`). `Read` copies

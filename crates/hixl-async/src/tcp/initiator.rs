@@ -34,6 +34,7 @@ use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
+use super::gather::{GATHER_BYTES, GATHER_PARTS};
 use super::uring::{Piece, Uring};
 use crate::completion::Completion;
 use crate::context::OpsHandle;
@@ -163,13 +164,6 @@ struct Out {
     /// Its header's bytes in `Tx::head`.
     hlen: usize,
 }
-
-/// Requests gathered into one `sendmsg` at most, and bytes: a batch of small ops goes out in
-/// one syscall (one segment chain for the kernel) instead of one per part. Past the bytes
-/// bound only what is gathered already is committed, so a dropped op's parts behind a large
-/// one are still withdrawn.
-pub(crate) const GATHER_PARTS: usize = 64;
-const GATHER_BYTES: u64 = 256 << 10;
 
 /// Rounds of pump, submit and reap one io_uring drive makes at most.
 const DRIVE_ROUNDS: usize = 16;

@@ -4,6 +4,7 @@
 //! memory.
 
 pub(crate) mod channel;
+mod gather;
 pub(crate) mod initiator;
 pub(crate) mod target;
 pub(crate) mod uring;

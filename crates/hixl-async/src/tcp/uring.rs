@@ -36,7 +36,7 @@ use std::sync::Mutex;
 use hixl_core::wire::STRIDED_REQ_FRAME;
 use io_uring::{opcode, types, IoUring};
 
-use super::initiator::GATHER_PARTS;
+use super::gather::GATHER_PARTS;
 pub(crate) use crate::rawio::Piece;
 use crate::sync::lock;
 

@@ -2,9 +2,8 @@
 
 use hixl_cli::fail;
 
-use super::lane::region_bytes;
 use super::pattern::mix;
-use super::SLOT_PAD;
+use super::{region_bytes, SLOT_PAD};
 use crate::util::{parse_size, CliResult};
 
 /// Arguments of `hixl soak`.

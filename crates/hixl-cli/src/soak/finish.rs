@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use hixl_cli::fail;
 
 use super::args::{Args, Plan};
-use super::lane::{region_bytes, Lane};
+use super::lane::Lane;
+use super::region_bytes;
 use super::report::{mib, print_report, proc_mem, LaneReport, Report, RssReport, Sample};
 use super::state::{get, lock, Violations};
 use super::{FD_GROWTH, RSS_EVERY};

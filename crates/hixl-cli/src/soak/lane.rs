@@ -91,11 +91,6 @@ impl Lane {
     }
 }
 
-/// Bytes needed in each target region.
-pub(super) fn region_bytes(lanes: usize, workers: usize, slot_len: u64) -> u64 {
-    (lanes * workers * (REMOTE_SLOTS / 2)) as u64 * slot_len
-}
-
 /// Builds one lane per transport of the plan: its engine and local memory (touched, so that
 /// it is resident before the baseline), its first link to the target and its workers' models.
 pub(super) async fn open_lanes(
