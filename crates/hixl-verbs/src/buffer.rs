@@ -15,10 +15,10 @@ const PAGE: usize = 4096;
 /// Zeroed, page-aligned memory plus its memory region. The region is deregistered before the
 /// memory is freed.
 ///
-/// The slices it hands out are ordinary Rust borrows: the device writes into the buffer
-/// (incoming RDMA WRITE, or an RDMA READ landing here) only as the `# Safety` contract of
-/// [`crate::QueuePair::post_chain`] and the peer's protocol allow, so reading a slice while
-/// such a write is in flight is the caller's race to avoid.
+/// Its bytes are read and written by copies ([`RegisteredBuffer::read_at`],
+/// [`RegisteredBuffer::write_at`]), never through a Rust reference: the device writes into the
+/// buffer (an incoming RDMA WRITE, an RDMA READ landing here) whenever the peer's protocol
+/// says, which a `&[u8]` would promise never happens while it lives.
 pub struct RegisteredBuffer {
     // Dropped by hand in Drop: the region is deregistered before `mem` is freed.
     mr: ManuallyDrop<MemoryRegion>,
@@ -28,7 +28,7 @@ pub struct RegisteredBuffer {
 
 // SAFETY: the buffer is uniquely owned heap memory; the MR is Send.
 unsafe impl Send for RegisteredBuffer {}
-// SAFETY: &RegisteredBuffer only gives shared slices and immutable keys.
+// SAFETY: &RegisteredBuffer only copies bytes out and gives immutable keys.
 unsafe impl Sync for RegisteredBuffer {}
 
 impl std::fmt::Debug for RegisteredBuffer {
@@ -85,16 +85,62 @@ impl RegisteredBuffer {
         &self.mr
     }
 
-    /// The whole buffer.
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: mem points to len initialised (zeroed) bytes owned by self.
-        unsafe { std::slice::from_raw_parts(self.mem.as_ptr(), self.len) }
+    /// Copies `dst.len()` bytes from `offset` out of the buffer. The buffer is memory the
+    /// device may write at any time (an incoming RDMA WRITE, a READ landing here), so no Rust
+    /// reference is ever formed over it: bytes move in and out by copies, and a copy that races
+    /// the device yields unspecified bytes, never a broken aliasing promise.
+    ///
+    /// # Errors
+    /// [`VerbsError::Invalid`] for a range past the buffer.
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        // SAFETY: [offset, offset + dst.len()) lies in the len bytes at mem (checked), which
+        // self owns; dst is a distinct Rust buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.mem.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        };
+        Ok(())
     }
 
-    /// The whole buffer, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as as_slice, and &mut self makes the borrow unique on the Rust side.
-        unsafe { std::slice::from_raw_parts_mut(self.mem.as_ptr(), self.len) }
+    /// Copies `src` into the buffer at `offset` (see [`RegisteredBuffer::read_at`]).
+    ///
+    /// # Errors
+    /// [`VerbsError::Invalid`] for a range past the buffer.
+    pub fn write_at(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        // SAFETY: as in read_at, the other way.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.mem.as_ptr().add(offset), src.len())
+        };
+        Ok(())
+    }
+
+    /// A copy of the whole buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        // In range by construction.
+        let _ = self.read_at(0, &mut v);
+        v
+    }
+
+    /// Sets every byte to `byte`.
+    pub fn fill(&mut self, byte: u8) {
+        // SAFETY: mem points to len bytes owned by self; write_bytes forms no reference.
+        unsafe { std::ptr::write_bytes(self.mem.as_ptr(), byte, self.len) };
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(VerbsError::Invalid {
+                what: "buffer range",
+                reason: format!("{len} bytes at {offset} of a {}-byte buffer", self.len),
+            }),
+        }
     }
 
     /// Length in bytes.

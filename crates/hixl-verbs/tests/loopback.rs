@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_all_ok, checksum, connected_pair, fill, tok, wait};
+use common::{assert_all_ok, checksum, connected_pair, filled, tok, wait};
 use hixl_core::{Access, CompletionSource, Status};
 use hixl_verbs::{
     query_devices, GidType, MemoryRegion, PortState, QpConfig, QpState, RemoteRange, VerbsError,
@@ -40,8 +40,9 @@ fn write_then_read_blocks_verified() {
     let mut back = a.buffer(TOTAL);
     let dst = b.buffer(TOTAL);
     for (round, block) in [16usize << 10, 128 << 10, 2 << 20].into_iter().enumerate() {
-        fill(src.as_mut_slice(), round as u64 + 1);
-        back.as_mut_slice().fill(0);
+        src.write_at(0, &filled(src.len(), round as u64 + 1))
+            .unwrap();
+        back.fill(0);
         let n = TOTAL / block;
         let ops = |read: bool| -> Vec<WorkRequest> {
             (0..n)
@@ -68,8 +69,8 @@ fn write_then_read_blocks_verified() {
         assert_eq!(wrs, n);
         assert_all_ok(&wait(&a.cq, n, T), 0..n as u64);
         assert_eq!(
-            checksum(dst.as_slice()),
-            checksum(src.as_slice()),
+            checksum(&dst.to_vec()),
+            checksum(&src.to_vec()),
             "{block}-byte writes"
         );
         let reads = ops(true);
@@ -77,8 +78,8 @@ fn write_then_read_blocks_verified() {
         unsafe { qa.post_chain(&reads) }.expect("post reads");
         assert_all_ok(&wait(&a.cq, n, T), 0..n as u64);
         assert_eq!(
-            checksum(back.as_slice()),
-            checksum(src.as_slice()),
+            checksum(&back.to_vec()),
+            checksum(&src.to_vec()),
             "{block}-byte reads"
         );
         println!("{block}-byte blocks: {n} writes and {n} reads verified");
@@ -98,7 +99,7 @@ fn thousands_of_work_requests_in_chains() {
     const SIZE: usize = 256;
     const CHAIN: usize = 1024;
     let mut src = a.buffer(OPS * SIZE);
-    fill(src.as_mut_slice(), 42);
+    src.write_at(0, &filled(src.len(), 42)).unwrap();
     let back = a.buffer(OPS * SIZE);
     let dst = b.buffer(OPS * SIZE);
     for read in [false, true] {
@@ -148,8 +149,8 @@ fn thousands_of_work_requests_in_chains() {
             if read { "reads" } else { "writes" }
         );
     }
-    assert_eq!(checksum(dst.as_slice()), checksum(src.as_slice()));
-    assert_eq!(checksum(back.as_slice()), checksum(src.as_slice()));
+    assert_eq!(checksum(&dst.to_vec()), checksum(&src.to_vec()));
+    assert_eq!(checksum(&back.to_vec()), checksum(&src.to_vec()));
 }
 
 #[test]
@@ -163,7 +164,7 @@ fn ops_above_max_message_size_are_split() {
     assert_eq!(qa.max_message_size(), 64 << 10);
     const LEN: u64 = 1 << 20;
     let mut src = a.buffer(LEN as usize);
-    fill(src.as_mut_slice(), 7);
+    src.write_at(0, &filled(src.len(), 7)).unwrap();
     let back = a.buffer(LEN as usize);
     let dst = b.buffer(LEN as usize);
     let remote = dst.remote().at(0, LEN).expect("inside");
@@ -185,8 +186,8 @@ fn ops_above_max_message_size_are_split() {
     let n = unsafe { qa.post_chain(&r) }.expect("post");
     assert_eq!(n, 16);
     assert_all_ok(&wait(&a.cq, 1, T), [2]);
-    assert_eq!(checksum(dst.as_slice()), checksum(src.as_slice()));
-    assert_eq!(checksum(back.as_slice()), checksum(src.as_slice()));
+    assert_eq!(checksum(&dst.to_vec()), checksum(&src.to_vec()));
+    assert_eq!(checksum(&back.to_vec()), checksum(&src.to_vec()));
 }
 
 #[test]
@@ -293,7 +294,7 @@ fn deregistered_region_rkey_is_refused_by_the_device() {
     let dev = require_device!("deregistered_region_rkey_is_refused_by_the_device");
     let (a, mut qa, b, _qb) = connected_pair(&dev, QpConfig::default(), QpConfig::default());
     let mut src = a.buffer(4096);
-    fill(src.as_mut_slice(), 3);
+    src.write_at(0, &filled(src.len(), 3)).unwrap();
     let mut mem = vec![0u8; 4096];
     // SAFETY: mem outlives the region and every op naming it (both end in this function).
     let mr =
@@ -310,7 +311,7 @@ fn deregistered_region_rkey_is_refused_by_the_device() {
     assert_all_ok(&wait(&a.cq, 1, T), [1]);
     assert_eq!(
         checksum(&mem),
-        checksum(src.as_slice()),
+        checksum(&src.to_vec()),
         "accepted while registered"
     );
     drop(mr);

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{assert_all_ok, checksum, fill, tok, Side, DEVICE_VAR};
+use common::{assert_all_ok, checksum, filled, tok, Side, DEVICE_VAR};
 use hixl_verbs::{QpConfig, QpEndpoint, QpState, QueuePair, RemoteMemory, VerbsError, WorkRequest};
 
 const ROLE_VAR: &str = "HIXL_VERBS_ROLE";
@@ -45,10 +45,11 @@ fn target_process() {
                 }
                 Err(e) => println!("HIXL ERR {e}"),
             },
-            (Some("SUM"), _) => println!("HIXL SUM {}", checksum(buf.as_slice())),
+            (Some("SUM"), _) => println!("HIXL SUM {}", checksum(&buf.to_vec())),
             (Some("FILL"), Some(seed)) => {
-                fill(buf.as_mut_slice(), seed.parse().unwrap_or(0));
-                println!("HIXL SUM {}", checksum(buf.as_slice()));
+                buf.write_at(0, &filled(buf.len(), seed.parse().unwrap_or(0)))
+                    .unwrap();
+                println!("HIXL SUM {}", checksum(&buf.to_vec()));
             }
             _ => println!("HIXL ERR unknown command {line:?}"),
         }
@@ -191,7 +192,7 @@ fn write_and_read_across_processes() {
     let mut back = me.buffer(REGION);
     for (round, block) in [16usize << 10, 128 << 10, 2 << 20].into_iter().enumerate() {
         let seed = 100 + round as u64;
-        fill(src.as_mut_slice(), seed);
+        src.write_at(0, &filled(src.len(), seed)).unwrap();
         let ops = block_ops(&src, target.mem, block, false);
         // SAFETY: src and the target's region stay registered until the completions are drained.
         unsafe { qp.post_chain(&ops) }.expect("post writes");
@@ -200,18 +201,18 @@ fn write_and_read_across_processes() {
         assert_all_ok(&out, 0..ops.len() as u64);
         assert_eq!(
             target.sum("SUM"),
-            checksum(src.as_slice()),
+            checksum(&src.to_vec()),
             "{block}-byte writes landed"
         );
         let theirs = target.sum(&format!("FILL {}", seed + 50));
-        back.as_mut_slice().fill(0);
+        back.fill(0);
         let ops = block_ops(&back, target.mem, block, true);
         // SAFETY: as above; back is not read until the completions are drained.
         unsafe { qp.post_chain(&ops) }.expect("post reads");
         out.clear();
         me.cq.wait_for(&mut out, ops.len(), T);
         assert_all_ok(&out, 0..ops.len() as u64);
-        assert_eq!(checksum(back.as_slice()), theirs, "{block}-byte reads");
+        assert_eq!(checksum(&back.to_vec()), theirs, "{block}-byte reads");
         println!(
             "{block}-byte blocks: {} writes and reads verified across processes",
             ops.len()

@@ -97,6 +97,13 @@ pub fn fill(buf: &mut [u8], seed: u64) {
 }
 
 /// FNV-1a over 8-byte words (fast enough under TCG).
+/// `len` bytes of `fill`'s pattern for `seed`.
+pub fn filled(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill(&mut v, seed);
+    v
+}
+
 pub fn checksum(buf: &[u8]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for chunk in buf.chunks(8) {
