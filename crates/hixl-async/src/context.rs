@@ -6,7 +6,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hixl_core::region::OsRkeys;
 use hixl_core::session::Config;
 use hixl_core::RegionTable;
 
@@ -91,8 +90,4 @@ pub(crate) struct Heartbeat {
     pub(crate) idle: Option<Duration>,
 }
 
-/// A random u64 from the OS CSPRNG.
-pub(crate) fn random_u64() -> u64 {
-    use hixl_core::region::RkeySource;
-    OsRkeys.next_rkey()
-}
+pub(crate) use crate::rng::random_u64;

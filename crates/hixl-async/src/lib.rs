@@ -11,6 +11,7 @@ mod memory;
 mod notify;
 mod rawio;
 mod reactor;
+mod rng;
 mod sink;
 mod stage;
 mod sync;

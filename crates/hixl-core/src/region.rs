@@ -70,30 +70,11 @@ impl Registered {
     }
 }
 
-/// Source of fresh rkeys; the engine uses the OS CSPRNG, tests may use a counter.
+/// Source of fresh rkeys: the engine draws them from the OS CSPRNG (the core never touches
+/// the OS); tests may use a counter.
 pub trait RkeySource {
     /// A new 64-bit key.
     fn next_rkey(&mut self) -> u64;
-}
-
-/// Draws rkeys from the operating system's CSPRNG.
-#[derive(Debug, Default)]
-pub struct OsRkeys;
-
-impl RkeySource for OsRkeys {
-    fn next_rkey(&mut self) -> u64 {
-        let mut b = [0u8; 8];
-        // getrandom only fails when the OS has no entropy source at all; fall back to a
-        // time-and-address mix rather than panic, since the key is also bounds-checked.
-        if getrandom::getrandom(&mut b).is_err() {
-            let t = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(0);
-            return t ^ (&b as *const _ as u64).rotate_left(17);
-        }
-        u64::from_ne_bytes(b)
-    }
 }
 
 /// Registered regions of one engine, indexed by address (per kind), handle and rkey.
@@ -319,13 +300,22 @@ mod tests {
         }
     }
 
+    /// Distinct, well-spread keys (the engine's come from the OS).
+    struct Spread(u64);
+    impl RkeySource for Spread {
+        fn next_rkey(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            self.0
+        }
+    }
+
     fn reg(t: &mut RegionTable<()>, addr: u64, len: u64) -> Result<Registered> {
         t.register(
             MemDesc::new(addr, len),
             MemKind::Host,
             Access::REMOTE_RW,
             None,
-            &mut OsRkeys,
+            &mut Spread(7),
             |_, _| (),
         )
     }
@@ -363,7 +353,7 @@ mod tests {
             MemKind::Device,
             Access::REMOTE_RW,
             None,
-            &mut OsRkeys,
+            &mut Spread(7),
             |_, _| (),
         )
         .unwrap();
@@ -421,7 +411,7 @@ mod tests {
                 MemKind::Host,
                 Access::REMOTE_READ,
                 Some("kv".into()),
-                &mut OsRkeys,
+                &mut Spread(7),
                 |_, _| (),
             )
             .unwrap()
@@ -464,7 +454,7 @@ mod tests {
             MemKind::Host,
             Access::LOCAL,
             None,
-            &mut OsRkeys,
+            &mut Spread(7),
             |_, _| (),
         )
         .unwrap();

@@ -56,6 +56,7 @@ impl EngineBuilder {
     /// [`Error::InvalidAddress`], option errors naming the key, or the OS error of `bind`.
     pub async fn build(self) -> Result<Engine> {
         let addr = EngineAddr::parse(&self.local)?;
+        crate::rng::probe().map_err(|e| Error::io("drawing the engine's rkeys", e))?;
         let options = match self.options {
             None => Options::from_pairs(self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?,
             Some(mut o) => {

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use hixl_core::region::{OsRkeys, Registered};
+use hixl_core::region::Registered;
+
+use crate::rng::OsRkeys;
 use hixl_core::{Access, Error, MemDesc, MemKind, RegionId, Result};
 
 use super::Engine;
