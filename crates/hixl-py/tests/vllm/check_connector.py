@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 def main() -> int:
     from hixl.vllm import HixlConnector, HixlKVConnectorStats
-    from hixl.vllm._connector import _extra
+    from hixl.vllm._common import _extra
 
     # Stats: what a worker records, aggregated the way vLLM's logger does.
     a = HixlKVConnectorStats()

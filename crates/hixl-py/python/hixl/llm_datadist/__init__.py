@@ -50,10 +50,11 @@ Decode side, pulling a request's blocks from a prefill cluster::
 """
 
 from ._status import BlockFailure, LLMException, LLMStatusCode
+from ._config import LLMClusterInfo, LLMConfig, LlmConfig
 from ._types import (BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, CacheTask,
-                     DataType, EndedLease, LayerSynchronizer, LeaseGrant, LLMClusterInfo,
-                     LLMConfig, LlmConfig, LLMRole, MemInfo, Memtype, Placement,
-                     RegisterMemStatus, TransferConfig, TransferWithCacheKeyConfig)
+                     DataType, EndedLease, LayerSynchronizer, LeaseGrant, LLMRole, MemInfo,
+                     Memtype, Placement, RegisterMemStatus, TransferConfig,
+                     TransferWithCacheKeyConfig)
 from ._datadist import CacheManager, LLMDataDist
 
 __all__ = [

@@ -1,0 +1,100 @@
+"""What both halves of the connector share: the logger, the transfer parameters' version,
+the metadata vLLM carries between them, and the connector's ``kv_connector_extra_config``."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+from concurrent.futures import Future
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
+    KVConnectorHandshakeMetadata, KVConnectorMetadata)
+from vllm.logger import init_logger  # type: ignore
+
+
+# Under "vllm." so that vLLM's logging configuration (handlers, level, format) covers it.
+logger = init_logger("vllm.distributed.kv_transfer.hixl")
+
+#: Bumped when the transfer parameters change shape: a decode refuses another version.
+PARAMS_VERSION = 1
+
+
+_TRACE = os.environ.get("HIXL_VLLM_TRACE")
+
+
+def _trace(what: str, req_id: str) -> None:
+    if _TRACE:
+        with open(_TRACE, "a") as f:
+            f.write(f"{time.time():.6f} {os.getpid()} {what} {req_id}\n")
+
+
+def _u64_of(req_id: str) -> int:
+    """The request id datadist's leases carry: 64 bits of a hash of vLLM's id (the lease's
+    own id and generation, not this, keep requests apart)."""
+    return int.from_bytes(hashlib.blake2b(req_id.encode(), digest_size=8).digest(), "little")
+
+
+@dataclasses.dataclass
+class HixlHandshakeMetadata(KVConnectorHandshakeMetadata):  # type: ignore[misc]
+    """What a worker tells its scheduler at start-up (vLLM carries it): where the worker's
+    hixl instance listens and which of its caches holds the KV."""
+
+    host: str
+    port: int
+    cluster_id: int
+    cache_id: int
+    num_blocks: int
+    block_bytes: int
+    tensors: int
+    tp_rank: int
+
+
+class HixlConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    """One engine step's orders from the scheduler half to the worker half."""
+
+    def __init__(self) -> None:
+        #: prefill: leases to create, ``req_id -> [grant dict per TP rank]``
+        self.to_lease: Dict[str, List[Dict[str, Any]]] = {}
+        #: decode: pulls to start, ``req_id -> (local block ids, transfer params)``
+        self.to_recv: Dict[str, Tuple[List[int], Dict[str, Any]]] = {}
+        #: decode: leases it will not pull (aborted before the pull, or a full local hit)
+        self.to_drop: Dict[str, Dict[str, Any]] = {}
+
+
+class _Pull(NamedTuple):
+    """A decode's pull in flight: its result (the local blocks that did not land, and why),
+    when it was started, and the local blocks it fills."""
+
+    future: "Future[Tuple[Set[int], Optional[str]]]"
+    started: float
+    local: List[int]
+
+
+def _extra(vllm_config: Any) -> Dict[str, Any]:
+    kt = vllm_config.kv_transfer_config
+    extra = dict(getattr(kt, "kv_connector_extra_config", None) or {})
+    known = {"transport", "host", "lease_ms", "lease_wait_ms", "secret", "link_timeout_ms",
+             "wait_ms", "host_buffer"}
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise ValueError(f"hixl.vllm: unknown kv_connector_extra_config key(s) {unknown}; "
+                         f"known: {sorted(known)}")
+    t = extra.get("transport", "auto")
+    if t not in ("auto", "tcp", "fabric"):
+        raise ValueError(f"hixl.vllm: transport = {t!r}: expected auto, tcp or fabric")
+    for k, d in (("lease_ms", 30000), ("lease_wait_ms", 2000), ("link_timeout_ms", 5000),
+                 ("wait_ms", 5)):
+        v = extra.get(k, d)
+        lo = 0 if k == "wait_ms" else 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"hixl.vllm: {k} = {v!r}: expected an int >= {lo} (ms)")
+        extra[k] = v
+    extra["transport"] = t
+    hb = extra.get("host_buffer")
+    if hb is not None and not isinstance(hb, bool):
+        raise ValueError(f"hixl.vllm: host_buffer = {hb!r}: expected true or false")
+    extra.setdefault("host", os.environ.get("VLLM_HOST_IP") or "127.0.0.1")
+    return extra

@@ -1,0 +1,367 @@
+"""The connector's worker half (Worker process): registers the KV caches, creates the
+prefill's leases, pulls on the decode, and reports what finished and what failed to load."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from concurrent.futures import ALL_COMPLETED, ThreadPoolExecutor, wait
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from ..llm_datadist import (BlocksCacheKey, CacheDesc, DataType, LLMClusterInfo, LLMConfig,
+                            LLMDataDist, LLMException, LLMRole, LLMStatusCode, Placement)
+from ._common import HixlConnectorMetadata, HixlHandshakeMetadata, _Pull, _trace, logger
+from ._stats import HixlKVConnectorStats
+
+
+class _Worker:
+    def __init__(self, vllm_config: Any, kv_cache_config: Any, extra: Dict[str, Any]) -> None:
+        self.extra = extra
+        self.vllm_config = vllm_config
+        self.kv_cache_config = kv_cache_config
+        try:
+            from vllm.distributed.parallel_state import (  # type: ignore
+                get_tensor_model_parallel_rank)
+            self.tp_rank = int(get_tensor_model_parallel_rank())
+        except Exception:  # not initialised in a single-process test
+            self.tp_rank = 0
+        self.cluster_id = secrets.randbits(62) + 1
+        role = vllm_config.kv_transfer_config.kv_role
+        dd_role = {"kv_producer": LLMRole.PROMPT, "kv_consumer": LLMRole.DECODER}.get(
+            role, LLMRole.MIX)
+        self.dd = LLMDataDist(dd_role, self.cluster_id)
+        cfg = LLMConfig()
+        cfg.listen_ip_info = f"{extra['host']}:0"
+        opts = cfg.generate_options()
+        if extra["transport"] != "auto":
+            opts["hixl.Transport"] = extra["transport"]
+        if extra.get("secret"):
+            opts["hixl.AuthSecret"] = str(extra["secret"])
+        self.dd.init(opts)
+        self.cm = self.dd.cache_manager
+        host, _, port = self.dd.listen_ip_info.rpartition(":")
+        self.host, self.port = host, int(port)
+        self.cache: Any = None
+        self.tensors: List[Any] = []
+        self.block_bytes = 0
+        self.num_blocks = 0
+        self.per_layer = 1
+        self.n_tensors = 0
+        # Host-buffer mode (KV caches on an accelerator): the registered memory is a host copy
+        # of the caches' layout, filled from the device before a lease and copied to the
+        # device after a pull, with vLLM's block-copy op (`set_host_xfer_buffer_ops`).
+        self.device_caches: Optional[Dict[str, Any]] = None
+        self.host_caches: Dict[str, Any] = {}
+        self.block_dim: Dict[str, int] = {}
+        self.copy_blocks: Any = None
+        self.lock = threading.Lock()
+        #: prefill workers linked to, by cluster id: the transport of the link
+        self.transports: Dict[int, str] = {}
+        self.link_locks: Dict[int, threading.Lock] = {}
+        # Pulls wait mostly on the prefill's answers, so several overlap even on one core.
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hixl-pull")
+        self.pulls: Dict[str, _Pull] = {}
+        self.lease_req: Dict[int, str] = {}
+        self.sending_done: Set[str] = set()
+        self.load_errors: Set[int] = set()
+        self.stats = HixlKVConnectorStats()
+        self.closed = False
+
+    # -------------------------------------------------------------- start-up
+    def register(self, kv_caches: Dict[str, Any]) -> None:
+        """Registers the layers' KV tensors as one blocks cache. On vLLM's CPU backend a
+        layer is ``(num_blocks, 2, block_size, heads x head_dim)``: block ``b`` is contiguous
+        (K then V) at ``b x stride(0)``; a ``(2, num_blocks, ...)`` layer (K and V apart) is
+        registered as two tensors."""
+        nb = int(self.kv_cache_config.num_blocks)
+        addrs: List[int] = []
+        block_bytes = None
+        per_layer = None
+        on_device = sorted({str(t.device) for t in kv_caches.values() if t.device.type != "cpu"})
+        staged = self.extra.get("host_buffer")
+        if staged is None:
+            staged = bool(on_device)
+        if on_device and not staged:
+            raise RuntimeError(f"hixl.vllm: KV caches on {on_device} with host_buffer = false: "
+                               "hixl moves host memory; let it stage through host buffers")
+        if staged:
+            import torch  # type: ignore  # vLLM's own dependency
+            self.device_caches = dict(kv_caches)
+            self.host_caches = {name: torch.empty(tuple(t.shape), dtype=t.dtype, device="cpu")
+                                for name, t in kv_caches.items()}
+            kv_caches = self.host_caches
+            logger.info("hixl: host-buffer mode: %d KV tensors%s staged through host memory",
+                        len(kv_caches), f" on {on_device}" if on_device else "")
+        for name, t in kv_caches.items():
+            es = t.element_size()
+            if t.shape[0] == nb and t.is_contiguous():
+                views = [t]
+                self.block_dim[name] = 0
+            elif t.dim() >= 2 and t.shape[0] == 2 and t.shape[1] == nb and t[0].is_contiguous():
+                views = [t[0], t[1]]
+                self.block_dim[name] = 1
+            else:
+                raise RuntimeError(f"hixl.vllm: KV cache {name} has shape {tuple(t.shape)} "
+                                   f"and strides {t.stride()}: no dimension of {nb} blocks "
+                                   "with contiguous blocks")
+            for v in views:
+                bb = int(v.stride(0)) * es
+                if block_bytes not in (None, bb) or per_layer not in (None, len(views)):
+                    raise RuntimeError(f"hixl.vllm: KV cache {name} differs in layout from "
+                                       "the other layers")
+                block_bytes, per_layer = bb, len(views)
+                addrs.append(int(v.data_ptr()))
+            self.tensors.append(t)
+        if not addrs or block_bytes is None or per_layer is None:
+            raise RuntimeError("hixl.vllm: no KV cache to register")
+        desc = CacheDesc(num_tensors=len(addrs), shape=(nb, block_bytes),
+                         data_type=DataType.DT_UINT8, placement=Placement.HOST)
+        self.cache = self.cm.register_blocks_cache(desc, addrs,
+                                                   BlocksCacheKey(self.cluster_id, 0))
+        self.block_bytes, self.num_blocks, self.per_layer = block_bytes, nb, per_layer
+        self.n_tensors = len(addrs)
+        logger.info("hixl: registered %d KV tensors of %d blocks x %d B; listening on %s:%d",
+                    len(addrs), nb, block_bytes, self.host, self.port)
+
+    def handshake(self) -> Optional[HixlHandshakeMetadata]:
+        if self.cache is None:
+            return None
+        return HixlHandshakeMetadata(host=self.host, port=self.port, cluster_id=self.cluster_id,
+                                     cache_id=int(self.cache.cache_id),
+                                     num_blocks=self.num_blocks, block_bytes=self.block_bytes,
+                                     tensors=self.n_tensors, tp_rank=self.tp_rank)
+
+    # -------------------------------------------------------------- per step
+    def on_meta(self, meta: HixlConnectorMetadata) -> None:
+        for req_id, grants in meta.to_lease.items():
+            g = grants[self.tp_rank] if self.tp_rank < len(grants) else None
+            if g is None or g["owner"] != self.cluster_id:
+                logger.error("hixl: lease of request %s names owner %s, this worker is %d: "
+                             "its blocks are freed at once", req_id,
+                             None if g is None else g["owner"], self.cluster_id)
+                self.sending_done.add(req_id)
+                continue
+            try:
+                # The request's KV is complete (its prefill finished last step): in
+                # host-buffer mode it goes to the registered host copy before anyone may pull.
+                self._stage("d2h", [int(b) for b in g["blocks"]])
+                self.cm.lease_blocks(g["request_id"], [self.cache], g["blocks"], g["ttl_ms"],
+                                     lease_id=g["lease_id"], generation=g["generation"])
+                self.lease_req[int(g["lease_id"])] = req_id
+            except Exception as e:  # never out of vLLM's step: this request fails alone
+                logger.error("hixl: could not lease the blocks of request %s (%s): they are "
+                             "freed at once and the decode's pull will be refused", req_id, e)
+                self.sending_done.add(req_id)
+        for req_id, (local, p) in meta.to_recv.items():
+            _trace("submit", req_id)
+            self.pulls[req_id] = _Pull(self.pool.submit(self._pull, req_id, local, p),
+                                       time.perf_counter(), list(local))
+        for req_id, p in meta.to_drop.items():
+            self.pool.submit(self._drop, req_id, p)
+
+    def _rank(self, h: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+        if int(h.get("tp_size", 1)) != int(self.vllm_config.parallel_config.tensor_parallel_size):
+            raise LLMException(f"the prefill runs tensor-parallel size {h.get('tp_size')}, this "
+                               "decode another: hixl.vllm needs the same size",
+                               LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
+        return h["grants"][self.tp_rank], h["ranks"][self.tp_rank]
+
+    def _link(self, rank: Dict[str, Any]) -> None:
+        cid = int(rank["cluster_id"])
+        with self.lock:
+            if cid in self.transports:
+                return
+            lk = self.link_locks.setdefault(cid, threading.Lock())
+        with lk:
+            if cid in self.transports:
+                return
+            info = LLMClusterInfo()
+            info.remote_cluster_id = cid
+            info.append_remote_ip_info(str(rank["host"]), int(rank["port"]))
+            _, rets = self.dd.link_clusters([info], int(self.extra["link_timeout_ms"]))
+            if rets[0] not in (LLMStatusCode.LLM_SUCCESS, LLMStatusCode.LLM_ALREADY_LINK):
+                raise LLMException(f"link to prefill worker {rank['host']}:{rank['port']} "
+                                   f"(cluster {cid}) failed: {rets[0]!r}", rets[0])
+            try:
+                how = self.dd.link_transport(cid)
+            except LLMException as e:
+                how = f"? ({e})"
+            self.transports[cid] = how.split()[0]
+            logger.info("hixl: linked to prefill worker %s:%s (cluster %d) over %s",
+                        rank["host"], rank["port"], cid, how)
+
+    def _pull(self, req_id: str, local: List[int],
+              p: Dict[str, Any]) -> Tuple[Set[int], Optional[str]]:
+        """Runs on a pool thread (the native calls release the GIL). Returns the local blocks
+        that did not land, and why."""
+        t0 = time.perf_counter()
+        _trace("start", req_id)
+        h = p["hixl"]
+        try:
+            grant, rank = self._rank(h)
+            src_all = [int(b) for b in grant["blocks"]]
+            skip = int(p.get("skip", 0))
+            src = src_all[skip:skip + len(local)]
+            dst = local[:len(src)]
+            missing = set(local[len(src):])
+            self._link(rank)
+            if not dst:
+                self.cm.lease_done(grant)
+                return missing, ("the prefill holds no block for them" if missing else None)
+            t1 = self._until_leased(t0, lambda: self.cm.pull_leased_blocks(
+                grant, BlocksCacheKey(int(rank["cluster_id"]), 0), self.cache, src_blocks=src,
+                dst_blocks=dst, done=True, tensor_num_per_layer=self.per_layer))
+            t2 = time.perf_counter()
+            _trace("pulled", req_id)
+            runs = sum(1 for i, b in enumerate(src)
+                       if i == 0 or b != src[i - 1] + 1 or dst[i] != dst[i - 1] + 1)
+            with self.lock:
+                self.stats.record(t1 - t0, t2 - t1,
+                                  len(src) * self.block_bytes * self.n_tensors,
+                                  runs * self.n_tensors,
+                                  self.transports.get(int(rank["cluster_id"]), "?"))
+            return missing, ("the prefill holds fewer blocks" if missing else None)
+        except LLMException as e:
+            if e.status_code not in (LLMStatusCode.LLM_LEASE_ENDED,
+                                     LLMStatusCode.LLM_PARAM_INVALID):
+                # The link may be dead (the prefill died or the network broke): the next pull
+                # from this prefill links again instead of failing on it.
+                self._forget(h)
+            failed = {dst_b for (_, _, _, dst_b) in e.failed_blocks} if e.failed_blocks \
+                else set(local)
+            with self.lock:
+                self.stats.data["num_failed_transfers"].append(1)
+            return failed, f"{e.status_code.name}: {e}"
+        except Exception as e:  # a malformed parameter set: nothing moved
+            return set(local), f"{type(e).__name__}: {e}"
+
+    def _until_leased(self, since: float, call: Callable[[], None]) -> float:
+        """Runs `call`, again while the prefill refuses it before a byte moved because the
+        lease does not exist yet (its worker creates it one step after the grant was handed
+        out), for up to ``lease_wait_ms`` after `since`. Returns when the attempt that went
+        through started; raises the last refusal or any other error."""
+        deadline = since + self.extra["lease_wait_ms"] / 1e3
+        while True:
+            started = time.perf_counter()
+            try:
+                call()
+                return started
+            except LLMException as e:
+                if (e.status_code != LLMStatusCode.LLM_LEASE_ENDED or e.failed_blocks
+                        or time.perf_counter() >= deadline):
+                    raise
+            time.sleep(0.001)
+
+    def _forget(self, h: Dict[str, Any]) -> None:
+        try:
+            rank = h["ranks"][self.tp_rank]
+            cid = int(rank["cluster_id"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            return
+        with self.lock:
+            if self.transports.pop(cid, None) is None:
+                return
+        info = LLMClusterInfo()
+        info.remote_cluster_id = cid
+        info.append_remote_ip_info(str(rank["host"]), int(rank["port"]))
+        try:
+            self.dd.unlink_clusters([info], 1000, force=True)
+        except Exception:  # best effort: the link is being dropped anyway
+            pass
+
+    def _drop(self, req_id: str, p: Dict[str, Any]) -> None:
+        try:
+            grant, rank = self._rank(p["hixl"])
+            self._link(rank)
+            self._until_leased(time.perf_counter(), lambda: self.cm.lease_done(grant))
+        except Exception as e:
+            logger.info("hixl: could not tell the prefill that request %s needs its blocks "
+                        "no more (%s); its lease expires instead", req_id, e)
+
+    def finished(self) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        sending = self.sending_done
+        self.sending_done = set()
+        try:
+            for ev in self.cm.lease_events(0):
+                req_id = self.lease_req.pop(int(ev.lease_id), None)
+                if req_id is None:
+                    continue
+                if ev.why == "EXPIRED":
+                    logger.warning("hixl: KV lease expired for request %s: no decode pulled "
+                                   "its blocks within the lease; they are freed", req_id)
+                    with self.lock:
+                        self.stats.data["num_kv_expired_reqs"].append(1)
+                sending.add(req_id)
+        except LLMException as e:
+            logger.error("hixl: lease events: %s", e)
+        recving: Set[str] = set()
+        # A pull younger than `wait_ms` is waited for here, so that it is reported in the step
+        # that started it rather than the next one (a step is ~1 ms or a forward's time);
+        # an older one is only polled, so a slow peer cannot stall the other requests.
+        now = time.perf_counter()
+        budget = self.extra["wait_ms"] / 1e3
+        young = [p for p in self.pulls.values()
+                 if not p.future.done() and now - p.started < budget]
+        if young:
+            left = max(p.started for p in young) + budget - now
+            wait([p.future for p in young], timeout=max(0.0, left), return_when=ALL_COMPLETED)
+        for req_id, pull in list(self.pulls.items()):
+            if pull.future.done():
+                del self.pulls[req_id]
+                local = pull.local
+                failed, why = pull.future.result()
+                landed = [b for b in local if b not in failed]
+                if landed:
+                    try:
+                        # host-buffer mode: the pulled blocks go to the device before vLLM
+                        # is told they are there
+                        self._stage("h2d", landed)
+                    except Exception as e:  # the device copy failed: nothing is usable
+                        failed = set(local)
+                        why = f"copying the pulled blocks to the device: {e}"
+                if failed:
+                    logger.warning("hixl: KV load failure for request %s: blocks %s did not "
+                                   "land (%s)", req_id, sorted(failed), why)
+                    self.load_errors |= failed
+                recving.add(req_id)
+                _trace("reported", req_id)
+        return (sending or None), (recving or None)
+
+    def _stage(self, direction: str, blocks: List[int]) -> None:
+        """Host-buffer mode: copies `blocks` device → host (``d2h``) or host → device
+        (``h2d``) with vLLM's block-copy op; no-op otherwise. With ``host_buffer`` forced on
+        CPU caches (there is no device: vLLM's CPU platform has no block-copy op) the copy is
+        the same indexed copy, done here in torch: the mode's logic runs for real, its device
+        copy is the only part a CPU host cannot exercise."""
+        if self.device_caches is None or not blocks:
+            return
+        src, dst = ((self.device_caches, self.host_caches) if direction == "d2h"
+                    else (self.host_caches, self.device_caches))
+        on_cpu = all(t.device.type == "cpu" for t in self.device_caches.values())
+        if not on_cpu:
+            if self.copy_blocks is None:
+                raise RuntimeError("hixl.vllm: KV caches on a device and no block-copy op "
+                                   "(vLLM did not call set_host_xfer_buffer_ops)")
+            self.copy_blocks(src, dst, blocks, blocks, direction)
+            return
+        import torch
+        for name, s in src.items():
+            d = dst[name]
+            dim = self.block_dim[name]
+            idx = torch.tensor(blocks, dtype=torch.long)
+            d.index_copy_(dim, idx, s.index_select(dim, idx))
+
+    def take_load_errors(self) -> Set[int]:
+        e, self.load_errors = self.load_errors, set()
+        return e
+
+    def shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            self.dd.finalize()
+        except LLMException:
+            pass
