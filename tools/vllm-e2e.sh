@@ -47,6 +47,11 @@ echo "== hixl wheel: $(basename "$wheel")"
 echo "== hixl.vllm against vLLM's own classes (stats, Prometheus metrics, configuration)"
 "$VLLM_VENV/bin/python" crates/hixl-py/tests/vllm/check_connector.py
 
+# The reference outputs (a single instance's tokens for the same prompts) are computed once
+# per invocation and reused by every run that has the same prompts and engine settings.
+refs=$(mktemp -d)
+trap 'rm -rf "$refs"' EXIT
+set -- --reference-cache "$refs" "$@"
 rc=0
 for t in ${HIXL_VLLM_TRANSPORTS:-fabric tcp}; do
   echo "== hixl.vllm over $t"
@@ -55,11 +60,11 @@ for t in ${HIXL_VLLM_TRANSPORTS:-fabric tcp}; do
 done
 echo "== hixl.vllm host-buffer mode, forced on CPU caches (the mode accelerator caches use)"
 RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --kv-extra '{"host_buffer": true}' \
-  --batch 0 --num-prompts 4 || rc=1
+  --reference-cache "$refs" --batch 0 --num-prompts 4 || rc=1
 if [ "${HIXL_VLLM_FAULTS:-1}" = 1 ]; then
   echo "== fault: the prefill is killed once it handed out the transfer parameters (recompute)"
   RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --fault kill-prefill \
-    --kv-load-failure-policy recompute --batch 0 || rc=1
+    --reference-cache "$refs" --kv-load-failure-policy recompute --batch 0 || rc=1
   echo "== fault: the decode never pulls; the prefill's lease expires and vLLM frees the blocks"
   RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --fault no-pull \
     --kv-extra '{"lease_ms": 2000}' --batch 0 --skip-baseline || rc=1

@@ -337,23 +337,51 @@ async fn medium_batches_uring() {
 /// the ring, with io_uring): every write resolves, none hangs, and the initiator shuts down
 /// cleanly afterwards.
 async fn target_gone_mid_write(io: &str) {
-    let b = big(io, &pattern(BLOCK * BLOCKS, 5)).await;
+    let data = pattern(BLOCK * BLOCKS, 5);
+    let b = big(io, &data).await;
     let writes: Vec<_> = (0..4)
         .map(|_| {
             let (peer, descs) = (b.peer.clone(), b.descs.clone());
             tokio::spawn(async move { peer.write(&descs).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(2)).await;
+    // The target leaves once bytes of the writes have landed (observed, not slept for).
+    let t0 = std::time::Instant::now();
+    let mut first = [0u8; 1];
+    loop {
+        b.remote.read_at(0, &mut first).unwrap();
+        if first[0] == data[0] {
+            break;
+        }
+        assert!(t0.elapsed() < T, "no byte of the writes over {io} landed");
+        tokio::time::sleep(Duration::from_micros(100)).await;
+    }
     b.target.shutdown(Duration::from_millis(100)).await;
-    drop(b.target);
+    let mut landed = 0;
     for w in writes {
         let r = tokio::time::timeout(T, w)
             .await
-            .unwrap_or_else(|_| panic!("a write over {io} did not resolve after the target left"));
-        // Landed before the target left, or failed with the link: either way, resolved.
-        let _ = r.unwrap();
+            .unwrap_or_else(|_| panic!("a write over {io} did not resolve after the target left"))
+            .unwrap();
+        // Landed before the target left, or failed because the link went: nothing else.
+        match r {
+            Ok(()) => landed += 1,
+            Err(e) => assert!(
+                e.is_link_lost() || matches!(e, hixl_core::Error::NotConnected { .. }),
+                "a write over {io} failed with {e} when its target left"
+            ),
+        }
     }
+    // A write that says it landed did: every byte of it is in the target's memory.
+    if landed > 0 {
+        let mut got = vec![0u8; data.len()];
+        b.remote.read_at(0, &mut got).unwrap();
+        assert!(
+            got == data,
+            "{landed} writes over {io} said they landed; the bytes differ"
+        );
+    }
+    drop(b.target);
     assert_eq!(b.init.ops_in_flight(), 0);
     b.init.shutdown(Duration::from_millis(200)).await;
 }
