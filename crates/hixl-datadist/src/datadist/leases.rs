@@ -124,7 +124,8 @@ impl LlmDataDist {
     ///
     /// # Errors
     /// `LLM_KV_CACHE_NOT_EXIST` for a cache not registered here; `LLM_PARAM_INVALID` for no
-    /// blocks, a block past a cache's end, a block or cache named twice, a zero TTL;
+    /// blocks, a block past a cache's end, a block or cache named twice, a TTL of zero or over
+    /// [`crate::lease::MAX_TTL`] (one day; `Duration::MAX` too) naming it;
     /// `LLM_LEASE_HELD` naming a block a live lease holds, and that lease's request.
     pub fn lease_blocks(
         &self,

@@ -17,7 +17,8 @@ class _Leases(_Manager):
                      generation: Optional[int] = None) -> LeaseGrant:
         """hixl extension, on the owner (prefill): leases ``blocks`` (the same block ids in
         each of ``caches``) of request ``request_id`` to the peer that will pull them, for
-        ``ttl_ms`` without progress. Hand the grant to that peer (``grant.to_dict()``); its
+        ``ttl_ms`` without progress (1 ms to one day; a longer one is refused with
+        ``LLM_PARAM_INVALID``: end a lease early with :meth:`end_lease`). Hand the grant to that peer (``grant.to_dict()``); its
         :meth:`pull_leased_blocks` calls are checked against the lease before a byte moves.
         Until the lease ends (:meth:`lease_events`) its blocks cannot be leased again,
         overwritten by ``copy_blocks``/``swap_blocks``, or their cache unregistered

@@ -1,0 +1,453 @@
+//! Initiator side of one TCP data connection, run to completion.
+//!
+//! A connection has two halves, each a nonblocking state machine under its own lock:
+//! - [`Tx`]: the parts not yet (wholly) sent: request headers, and for WRITE the payload
+//!   straight from registered memory;
+//! - [`Rx`]: the parts sent and awaiting their answer, in the order they were sent, matched
+//!   as answers come (READ payloads land straight in registered memory).
+//!
+//! Whoever gets there first drives them, with nonblocking syscalls:
+//! - the submitting task sends its op's parts itself when the connection is free (nothing
+//!   queued before them): no hand-off to another task for a small op;
+//! - the task awaiting a transfer pumps both halves while it spins ([`DataConn::progress`],
+//!   called from `Transfer::poll` for a bounded quiet period);
+//! - the connection's two tasks take over only when the socket blocks: the writer when the
+//!   send buffer is full, the reader when answers are awaited and nobody spins. They wait on
+//!   tokio's readiness, so an idle connection costs nothing.
+//!
+//! Lock order: `tx` before `rx` (a part moves from one to the other under both, so the answer
+//! queue keeps the order requests went out in). Completions are delivered after the locks
+//! are released.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use hixl_core::wire::DataReq;
+use hixl_core::{Error, Token};
+use tokio::io::unix::AsyncFd;
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+use super::gather::GATHER_PARTS;
+use super::uring::Uring;
+use crate::completion::Completion;
+use crate::context::OpsHandle;
+use crate::link_state::LinkState;
+use crate::rawio::{PartRange, Watched};
+use crate::sink::Completions;
+use crate::stage::Stage;
+use crate::sync::lock;
+
+mod conn;
+mod rx;
+mod tasks;
+mod tx;
+
+use tasks::{driver, end, reader, writer};
+
+/// One piece of a transfer on one connection. Its local bytes stay valid until it is
+/// completed: the op table holds its op's lease ([`PartRange`]).
+#[derive(Debug)]
+pub(crate) struct Part {
+    pub(crate) token: Token,
+    pub(crate) write: bool,
+    /// The part's local bytes.
+    pub(crate) local: PartRange,
+    /// `len` is the part's bytes (a strided part's pieces together).
+    pub(crate) req: DataReq,
+    /// A strided part's remote pieces: bytes per piece, distance, count (sent as one
+    /// strided request).
+    pub(crate) strided: Option<(u64, u64, u64)>,
+}
+
+/// Bytes a submitter sends itself at most; the rest of a large op goes to the writer task,
+/// so that submitting to several peers overlaps their sends.
+const SUBMIT_SEND_BYTES: usize = 256 << 10;
+/// Bytes a spinning waiter sends per progress call at most (it calls again while it spins).
+const SPIN_SEND_BYTES: usize = 1 << 20;
+
+/// Opens a data connection of a link (connect and the data channel's handshake).
+pub(crate) type DataOpener =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<TcpStream, Error>> + Send + Sync>;
+
+/// Handle to a data connection.
+#[derive(Debug, Clone)]
+pub(crate) struct DataConn {
+    conn: Arc<Conn>,
+}
+
+struct Conn {
+    /// The socket's registration with tokio while a task waits on it (dropped before `sock`).
+    watch: Mutex<Registration>,
+    /// The ring's, while the io_uring driver waits for a send's completion (dropped before
+    /// `ring`).
+    ring_watch: Mutex<Registration>,
+    /// With `hixl.TcpIo=uring`, the connection's ring, made when the socket is opened and
+    /// set before it (a pump that sees the socket sees the ring). Dropped before `sock`: its
+    /// drop waits out every request in flight.
+    ring: OnceLock<Uring>,
+    /// This connection is to use io_uring (the engine's `hixl.TcpIo`).
+    uring: bool,
+    /// What the io_uring driver task waits for now ([`DRIVER_BUSY`] and the others).
+    driver: AtomicU8,
+    /// Whether the connection's tasks were started ([`DataConn::start`], on its first
+    /// transfer).
+    started: AtomicBool,
+    /// The socket (nonblocking), once the writer task opened it for the first parts (an
+    /// unused connection holds no descriptor).
+    sock: OnceLock<std::net::TcpStream>,
+    /// Waiters spinning on the connection now (`DataConn::spinning`): while there are, the
+    /// reader task leaves the socket to them, unregistered.
+    spinners: AtomicUsize,
+    /// Whether the owner of a transfer spins on it when it awaits it (the engine's
+    /// `hixl.SpinUs` is not zero): a part queued then wakes no reader, the owner's spin takes
+    /// its answer (and a spin that ends without it hands the answer over to the reader).
+    owners_spin: bool,
+    open: DataOpener,
+    peer: Arc<str>,
+    ops: OpsHandle,
+    state: Arc<LinkState>,
+    /// The link's count of withdrawn ops (`TcpChannel::withdraw`).
+    withdrawals: Arc<AtomicU64>,
+    tx: Mutex<Tx>,
+    rx: Mutex<Rx>,
+    /// Wakes the writer task: the socket refused part of the backlog.
+    tx_blocked: Notify,
+    /// Wakes the parked reader task ([`Rx::reader_parked`]): answers are awaited that nobody
+    /// spinning takes, or answers wait in the stage.
+    reader_kick: Notify,
+}
+
+/// A part waiting to be sent, with the link's count of withdrawals when it was submitted (see
+/// [`wanted`]). A batch builds its parts as these, so an idle connection takes the list as
+/// its backlog without copying it ([`DataConn::submit`]).
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) part: Part,
+    seen: u64,
+}
+
+impl Pending {
+    /// `part`, submitted when the link had seen `withdrawals` withdrawals.
+    pub(crate) fn new(part: Part, withdrawals: u64) -> Pending {
+        Pending {
+            part,
+            seen: withdrawals,
+        }
+    }
+}
+
+/// The sending half.
+#[derive(Debug, Default)]
+struct Tx {
+    /// Parts not yet gathered for sending.
+    backlog: VecDeque<Pending>,
+    /// Gathered parts, in send order: from here on each is sent to the end whatever becomes
+    /// of its op (the stream must stay in frame). A read part is in `rx` already.
+    out: VecDeque<Out>,
+    /// The headers of `out`, concatenated; `head_off` of them have gone out.
+    head: Vec<u8>,
+    head_off: usize,
+    /// Bytes of the front of `out` already sent (its header, then its payload).
+    front_sent: usize,
+    /// The last withdrawal check: the op, the count it was made at, and whether the op was
+    /// still wanted.
+    checked: Option<(Token, u64, bool)>,
+    /// Set once the connection is closed: nothing is sent any more.
+    closed: bool,
+}
+
+/// One gathered request: its header (in `Tx::head`) and, for a write, the part whose payload
+/// follows it.
+#[derive(Debug)]
+struct Out {
+    write: Option<Part>,
+    /// Its header's bytes in `Tx::head`.
+    hlen: usize,
+}
+
+/// Rounds of pump, submit and reap one io_uring drive makes at most.
+const DRIVE_ROUNDS: usize = 16;
+
+/// The io_uring driver task runs (it looks at everything before it waits again).
+const DRIVER_BUSY: u8 = 0;
+/// It waits to be woken: nothing is in flight.
+const DRIVER_IDLE: u8 = 1;
+/// It waits for the ring's completions (registered with tokio) or to be woken.
+const DRIVER_RING: u8 = 2;
+/// It waits for the spinning waiters to stop (they reap meanwhile).
+const DRIVER_SPIN: u8 = 3;
+
+/// The receiving half.
+#[derive(Debug)]
+struct Rx {
+    /// Parts awaiting their answer, oldest first; `None` once closed (then pushing fails the
+    /// part instead). A write part is queued only once its payload is sent, so that nobody
+    /// completes it (and lets its op be reaped) while the socket still reads its memory.
+    inflight: Option<VecDeque<Part>>,
+    /// Answer bytes received ahead: frames not yet matched, and the start of a read payload
+    /// that came with its header (copied out of the stage into the part's memory).
+    stage: Stage,
+    /// `Some(n)` while the front part's read payload is coming: `n` bytes are in.
+    payload: Option<usize>,
+    /// The reader task waits for [`Conn::reader_kick`] (with nothing awaited, or while a
+    /// waiter spins); whoever kicks it clears this.
+    reader_parked: bool,
+}
+
+/// Where a half stands after a pump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pumped {
+    /// Nothing left to do.
+    Idle,
+    /// The socket would block with work left.
+    Blocked,
+}
+
+/// Who pumps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    /// The connection's own task, which waits on the socket's readiness itself.
+    Task,
+    /// A submitter or a spinning waiter: what it leaves behind goes to the tasks.
+    Direct,
+}
+
+/// The socket's registration with tokio's reactor, shared by the connection's two tasks and
+/// held only while one of them waits on the socket. While the submitter and the waiter drive
+/// the connection themselves the socket is not registered, so its traffic wakes no other
+/// thread of the runtime (a parked worker would otherwise be woken by every answer).
+#[derive(Default)]
+struct Registration {
+    fd: Option<Arc<AsyncFd<Watched>>>,
+    users: usize,
+}
+
+/// A task's use of the [`Registration`]; the last one dropped deregisters the socket.
+struct Watch<'a> {
+    reg: &'a Mutex<Registration>,
+    fd: Arc<AsyncFd<Watched>>,
+}
+
+impl Drop for Watch<'_> {
+    fn drop(&mut self) {
+        let mut r = lock(self.reg);
+        r.users = r.users.saturating_sub(1);
+        if r.users == 0 {
+            r.fd = None;
+        }
+    }
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("peer", &self.peer)
+            .field("open", &self.sock.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Part {
+    fn local_len(&self) -> usize {
+        self.req.len as usize
+    }
+}
+
+impl DataConn {
+    /// A data connection whose socket `open` opens when parts first come; starts its
+    /// writer and reader tasks (idle until then). `withdrawals` counts the link's withdrawn
+    /// ops (`TcpChannel::withdraw`).
+    ///
+    /// With `uring`, the connection moves its bytes through an io_uring of its own, made
+    /// when the socket is opened, and one driver task stands in for the two (if the ring
+    /// cannot be made then, the connection falls back to the epoll tasks and says so).
+    pub(crate) fn spawn(
+        open: DataOpener,
+        peer: Arc<str>,
+        ops: OpsHandle,
+        state: Arc<LinkState>,
+        withdrawals: Arc<AtomicU64>,
+        uring: bool,
+        owners_spin: bool,
+    ) -> DataConn {
+        let conn = Arc::new(Conn {
+            watch: Mutex::new(Registration::default()),
+            ring_watch: Mutex::new(Registration::default()),
+            ring: OnceLock::new(),
+            uring,
+            driver: AtomicU8::new(DRIVER_BUSY),
+            started: AtomicBool::new(false),
+            sock: OnceLock::new(),
+            spinners: AtomicUsize::new(0),
+            owners_spin,
+            open,
+            peer,
+            ops,
+            state: state.clone(),
+            withdrawals,
+            tx: Mutex::new(Tx::default()),
+            rx: Mutex::new(Rx::new()),
+            tx_blocked: Notify::new(),
+            reader_kick: Notify::new(),
+        });
+        DataConn { conn }
+    }
+
+    /// Starts the connection's tasks, on its first transfer: a link that never moves data
+    /// over this connection costs no task (a thousand peers connecting at once would
+    /// otherwise queue eight idle tasks each on the runtime, ahead of every handshake).
+    /// The tasks see a link that is already dead at once and close the connection, failing
+    /// what was queued.
+    fn start(&self) {
+        let c = &self.conn;
+        if c.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if c.state.is_dead() {
+            // Nothing may be left to tasks that a stopped runtime would never run.
+            end(c);
+            return;
+        }
+        if c.uring {
+            c.state.spawn(driver(c.clone()));
+        } else {
+            c.state.spawn(writer(c.clone()));
+        }
+        c.state.spawn(reader(c.clone()));
+    }
+
+    /// Sends the parts of one op, at once when the connection is free (the rest, if the
+    /// socket fills, goes to the writer task). On a closed connection they come back to be
+    /// failed.
+    pub(crate) fn submit(&self, parts: Vec<Pending>) -> Result<(), Vec<Pending>> {
+        self.start();
+        let c = &*self.conn;
+        let mut done = Vec::new();
+        let r = {
+            let mut tx = lock(&c.tx);
+            if tx.closed {
+                return Err(parts);
+            }
+            // An op of many parts (thousands of KV blocks) is handed to the writer task whole:
+            // sending its first gather here would hold the submitter for no latency gain.
+            let many = parts.len() > GATHER_PARTS;
+            let free = tx.is_free();
+            if tx.backlog.is_empty() {
+                // The list becomes the backlog as it is (no copy of thousands of parts).
+                tx.backlog = VecDeque::from(parts);
+            } else {
+                tx.backlog.extend(parts);
+            }
+            // A busy connection has its writer on it (or a spinner): the parts wait their turn.
+            // With io_uring the ring is driven below, once the lock is free.
+            match (c.uring, many, free) {
+                (false, false, true) => c
+                    .pump_tx(&mut tx, Via::Direct, SUBMIT_SEND_BYTES, &mut done)
+                    .map(drop),
+                (false, true, _) => {
+                    c.tx_blocked.notify_one();
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        };
+        let r = match c.ring.get() {
+            Some(u) => {
+                let r = c.drive(u, Via::Direct, true, &mut done);
+                c.hand_over(u);
+                r
+            }
+            // Not open yet: the driver opens it.
+            None if c.uring => {
+                c.tx_blocked.notify_one();
+                r
+            }
+            None => r,
+        };
+        c.deliver(&mut done);
+        if let Err(e) = r {
+            c.fail(e);
+        }
+        Ok(())
+    }
+
+    /// A waiter starts (`true`) or stops (`false`) spinning on this connection. While one
+    /// spins, the reader task leaves the socket to it (unregistered from tokio's reactor, so
+    /// answers wake no other thread); when the last stops, the reader takes over.
+    pub(crate) fn spinning(&self, on: bool) {
+        let c = &*self.conn;
+        if on {
+            c.spinners.fetch_add(1, Ordering::SeqCst);
+        } else if c.spinners.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.nudge();
+            if let Some(u) = c.ring.get() {
+                // A send the spinner left in flight is the driver's again.
+                c.hand_over(u);
+            }
+        }
+    }
+
+    /// Wakes the reader if it is parked while answers are awaited and nobody spins for them:
+    /// when the last spinner stops, when an owner asks its transfer's status instead of
+    /// awaiting it, and when an op is withdrawn (its answers must still be read).
+    pub(crate) fn nudge(&self) {
+        let c = &*self.conn;
+        let rx = lock(&c.rx);
+        let ring = rx.reader_parked && rx.awaiting() && c.spinners.load(Ordering::SeqCst) == 0;
+        c.kick_reader(rx, ring);
+    }
+
+    /// Drives both halves once without waiting, if nobody else is: sends what the socket
+    /// takes, completes what has been answered. Returns whether anything moved. For a task
+    /// that spins while awaiting a transfer.
+    pub(crate) fn progress(&self) -> bool {
+        let c = &*self.conn;
+        let mut done = Vec::new();
+        let mut failed = None;
+        if let Some(u) = c.ring.get() {
+            // Pumps what waits and reaps what completed; no syscall when nothing was queued.
+            if let Err(e) = c.drive(u, Via::Direct, false, &mut done) {
+                failed = Some(e);
+            }
+        } else if let Ok(mut tx) = c.tx.try_lock() {
+            if !tx.is_free() && !tx.closed {
+                if let Err(e) = c.pump_tx(&mut tx, Via::Direct, SPIN_SEND_BYTES, &mut done) {
+                    failed = Some(e);
+                }
+            }
+        }
+        if failed.is_none() {
+            if let Ok(mut rx) = c.rx.try_lock() {
+                if rx.awaiting() {
+                    if let Err(e) = rx.pump(c, &mut done) {
+                        failed = Some(e);
+                    }
+                }
+            }
+        }
+        let moved = !done.is_empty();
+        c.deliver(&mut done);
+        if let Some(e) = failed {
+            c.fail(e);
+            return true;
+        }
+        moved
+    }
+}
+
+/// Completes `parts` with `err`.
+pub(crate) fn fail_with(sink: &Completions, parts: impl IntoIterator<Item = Part>, err: &Error) {
+    sink.complete_all(parts.into_iter().map(|p| Completion {
+        token: p.token,
+        result: Err(err.clone()),
+    }));
+}
+
+fn lost(peer: &str, cause: &'static str) -> Error {
+    Error::PeerLost {
+        peer: peer.to_string(),
+        cause: cause.to_string(),
+    }
+}
