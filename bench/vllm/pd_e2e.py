@@ -62,6 +62,7 @@ Other modes:  --summarize DIR...    median table over several result folders
 """
 import argparse
 import datetime as _dt
+import hashlib
 import json
 import os
 import random
@@ -492,7 +493,6 @@ class RefCache:
             self.dir = None
 
     def _path(self, what, prompt):
-        import hashlib
         key = json.dumps([what, prompt, self.settings], sort_keys=True).encode()
         return os.path.join(self.dir, hashlib.sha256(key).hexdigest()[:32] + ".json")
 

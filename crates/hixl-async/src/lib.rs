@@ -14,7 +14,7 @@ mod reactor;
 mod rng;
 mod sink;
 mod stage;
-mod sync;
+pub mod sync;
 pub mod telemetry;
 
 pub use memory::{HostBuffer, Region};

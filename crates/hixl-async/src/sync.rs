@@ -1,4 +1,5 @@
-//! The crate's one lock-poisoning policy.
+//! The project's one lock-poisoning policy (the KV layer and the Python binding lock through
+//! it too).
 //!
 //! A `std` lock is poisoned when a thread panics while holding it. Every critical section in
 //! hixl-async is short, synchronous (no `.await` inside) and leaves its data consistent after
@@ -6,7 +7,11 @@
 //! op table, a link into the map), so a panic between two steps leaves a state that an
 //! earlier step could also have produced. Recovering the guard is therefore sound, and it is
 //! what keeps the promise that no completion is ever dropped: a poisoned op table, completion
-//! queue or in-flight queue still hands every part its result.
+//! queue or in-flight queue still hands every part its result. The KV layer's sections hold
+//! to the same rule (a lease is validated whole before the table takes it; a cache or link is
+//! inserted or removed as a whole value), and refusing there would let one failed call
+//! disable an instance for good: every later lease, pull and link call, the reaper and the
+//! lease service.
 //!
 //! So every `Mutex::lock`, `RwLock::read` and `RwLock::write` in the crate goes through
 //! [`lock`], [`read`] or [`write`]: they recover the guard
@@ -33,25 +38,25 @@ fn recovered<G>(e: PoisonError<G>, what: &'static str) -> G {
 
 /// The guard of a poisoned lock, for callers that get the [`PoisonError`] themselves
 /// (`try_lock`): logged as [`lock`] does.
-pub(crate) fn recover<G>(e: PoisonError<G>) -> G {
+pub fn recover<G>(e: PoisonError<G>) -> G {
     recovered(e, "lock")
 }
 
 /// Locks `m`, recovering it if a panic poisoned it (see the module's policy).
 #[inline]
-pub(crate) fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| recovered(e, "mutex"))
 }
 
 /// Read-locks `l`, recovering it if a panic poisoned it (see the module's policy).
 #[inline]
-pub(crate) fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+pub fn read<T: ?Sized>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|e| recovered(e, "rwlock"))
 }
 
 /// Write-locks `l`, recovering it if a panic poisoned it (see the module's policy).
 #[inline]
-pub(crate) fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+pub fn write<T: ?Sized>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| recovered(e, "rwlock"))
 }
 

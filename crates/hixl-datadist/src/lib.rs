@@ -17,7 +17,6 @@ pub mod lease;
 pub mod models;
 pub mod options;
 pub mod status;
-mod sync;
 pub mod table;
 pub mod tp;
 

@@ -2,7 +2,6 @@
 //! `LLMException`s, roles, element types, layer ranges, keys, lease grants, and the check that
 //! a tensor address is mapped memory of this process.
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use hixl_datadist::{
@@ -20,9 +19,7 @@ pub(crate) type KeyTuple = (u64, u64, u64, u64);
 /// An ended lease as Python receives it: `(request_id, lease_id, caches, blocks, why)`.
 pub(crate) type EndedTuple = (u64, u64, Vec<i64>, Vec<u64>, &'static str);
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use hixl_async::sync::lock;
 
 /// The `LLMException` for `e` (built by `hixl.llm_datadist._status._native_error`).
 pub(crate) fn dd_err(e: DataDistError) -> PyErr {

@@ -3,14 +3,12 @@
 //! asyncio futures.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use hixl_async::sync::lock;
 
 /// The shared half: the eventfd and the ids of ops finished since the last drain.
 #[derive(Debug)]

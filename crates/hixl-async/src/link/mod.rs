@@ -50,6 +50,14 @@ fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
+/// The region of `table` (sorted by address) that holds `[addr, addr + len)`, if one does.
+fn holding(table: &[RemoteRegion], addr: u64, len: u64) -> Option<&RemoteRegion> {
+    let i = table.partition_point(|r| r.addr <= addr);
+    i.checked_sub(1)
+        .and_then(|i| table.get(i))
+        .filter(|r| r.contains(addr, len))
+}
+
 /// What the initiator keeps per connected peer.
 #[derive(Debug)]
 pub(crate) struct Link {
@@ -158,12 +166,9 @@ impl Link {
     /// The index of the first `(addr, len)` range no region of the peer's table holds.
     pub(crate) fn first_missing(&self, ranges: &[(u64, u64)]) -> Option<usize> {
         let t = crate::sync::read(&self.table);
-        ranges.iter().position(|&(addr, len)| {
-            let i = t.partition_point(|r| r.addr <= addr);
-            !i.checked_sub(1)
-                .and_then(|i| t.get(i))
-                .is_some_and(|r| r.contains(addr, len))
-        })
+        ranges
+            .iter()
+            .position(|&(addr, len)| holding(&t, addr, len).is_none())
     }
 
     /// A barrier on the control connection: resolves once every memory table the peer sent

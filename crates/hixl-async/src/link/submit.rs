@@ -83,17 +83,12 @@ impl Link {
         need: Access,
     ) -> Result<&'t RemoteRegion> {
         hixl_core::region::check_range(hixl_core::Side::Remote, index, addr, len)?;
-        let i = table.partition_point(|r| r.addr <= addr);
-        let r = i
-            .checked_sub(1)
-            .and_then(|i| table.get(i))
-            .filter(|r| r.contains(addr, len))
-            .ok_or_else(|| Error::RemoteOutOfBounds {
-                peer: peer.to_string(),
-                addr,
-                len,
-                index,
-            })?;
+        let r = super::holding(table, addr, len).ok_or_else(|| Error::RemoteOutOfBounds {
+            peer: peer.to_string(),
+            addr,
+            len,
+            index,
+        })?;
         if !r.access.contains(need) {
             return Err(Error::AccessDenied {
                 addr,

@@ -2,7 +2,7 @@
 //! they print, the peer's cache keys, allocation and small helpers.
 
 use hixl::datadist::models::ModelGeometry;
-use hixl::datadist::{BlocksCacheKey, Cache, KvCacheExtParam, LlmDataDist};
+use hixl::datadist::{BlocksCacheKey, Cache, KvCacheExtParam, LlmDataDist, LlmRole};
 use serde::Serialize;
 
 use crate::util::{CliError, CliResult};
@@ -167,4 +167,17 @@ pub(super) fn layout(s: &str) -> CliResult<hixl::datadist::KvLayout> {
 pub(super) fn p50(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The bench side's cluster (id 2) in `role`, over `transport`, with a long pull timeout.
+pub(super) async fn bench_cluster(role: LlmRole, transport: &str) -> CliResult<LlmDataDist> {
+    let mut dd = LlmDataDist::new(2, role);
+    dd.initialize(&[
+        ("llm.ListenIpInfo", "127.0.0.1:0"),
+        ("hixl.Transport", transport),
+        ("llm.SyncKvCacheWaitTime", "60000"),
+    ])
+    .await
+    .map_err(cli)?;
+    Ok(dd)
 }

@@ -16,7 +16,7 @@ mod layerwise;
 mod reshard;
 mod serve;
 
-use common::{allocate, cli, p50, peer_cache, KvResult};
+use common::{allocate, bench_cluster, cli, p50, peer_cache, KvResult};
 pub use common::{KvArgs, ServeArgs};
 use layerwise::{engine_alone, layerwise};
 use reshard::reshard_bench;
@@ -84,14 +84,7 @@ async fn clusters(
             &a.transport,
         ],
     )?;
-    let mut dd = LlmDataDist::new(2, LlmRole::Prompt);
-    dd.initialize(&[
-        ("llm.ListenIpInfo", "127.0.0.1:0"),
-        ("hixl.Transport", &a.transport),
-        ("llm.SyncKvCacheWaitTime", "60000"),
-    ])
-    .await
-    .map_err(cli)?;
+    let dd = bench_cluster(LlmRole::Prompt, &a.transport).await?;
     let local = allocate(&dd, m, 2, blocks, bt).await?;
     let cluster = ClusterInfo {
         remote_cluster_id: 1,

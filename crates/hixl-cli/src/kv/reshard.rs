@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hixl::datadist::models::ModelGeometry;
-use hixl::datadist::{BlocksCacheKey, ClusterInfo, KvCacheExtParam, LlmDataDist, LlmRole};
+use hixl::datadist::{BlocksCacheKey, ClusterInfo, KvCacheExtParam, LlmRole};
 use hixl_cli::child::Target;
 
-use super::common::{cli, layout, p50, KvArgs};
+use super::common::{bench_cluster, cli, layout, p50, KvArgs};
 use crate::util::{human, CliResult};
 
 /// `bench kv --prefill-tp P --decode-tp D`: decode rank 0 of D pulls its heads of a request
@@ -54,14 +54,7 @@ pub(super) async fn reshard_bench(a: &KvArgs, m: &ModelGeometry, ptp: u32, dtp: 
     };
     let (pg, paddrs) = group(ptp, 10)?;
     let (dg, daddrs) = group(dtp, 50)?;
-    let mut dd = LlmDataDist::new(2, LlmRole::Decoder);
-    dd.initialize(&[
-        ("llm.ListenIpInfo", "127.0.0.1:0"),
-        ("hixl.Transport", &a.transport),
-        ("llm.SyncKvCacheWaitTime", "60000"),
-    ])
-    .await
-    .map_err(cli)?;
+    let mut dd = bench_cluster(LlmRole::Decoder, &a.transport).await?;
     let (desc, shard) = m
         .sharded_cache(blocks, bt, 0, dtp, layout(&a.layout)?)
         .map_err(cli)?;

@@ -7,8 +7,8 @@ use hixl_core::{Access, MemDesc, MemKind};
 use super::{Cache, LlmDataDist, Local};
 use crate::cache::{BlocksCacheKey, CacheDesc, CacheKey, Placement};
 use crate::status::{DataDistError, LlmStatus, Result};
-use crate::sync::lock;
 use crate::table::CacheEntry;
+use hixl_async::sync::lock;
 
 impl LlmDataDist {
     fn add_cache(

@@ -13,7 +13,7 @@ use super::{Cache, Inner, LlmDataDist};
 use crate::cache::{coalesce, BlocksCacheKey, KvCacheExtParam};
 use crate::lease::{EndedLease, Frame, LeaseGrant, LEASE_NOTIFY};
 use crate::status::{DataDistError, LlmStatus, Result};
-use crate::sync::lock;
+use hixl_async::sync::lock;
 
 /// How often the reaper checks the links of bound leases (a killed puller's link closes at
 /// once; a silent one is ended by the engine's heartbeats, then seen here).

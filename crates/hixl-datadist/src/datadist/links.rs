@@ -10,8 +10,8 @@ use hixl_core::OpDesc;
 use super::{ClusterInfo, Inner, Linked, LlmDataDist, MAX_CLUSTERS_PER_CALL};
 use crate::cache::BlocksCacheKey;
 use crate::status::{DataDistError, LlmStatus, Result};
-use crate::sync::lock;
 use crate::table::{CacheEntry, CacheTable, TABLE_REGION, TORN};
+use hixl_async::sync::lock;
 
 impl LlmDataDist {
     /// Links to clusters: connects and fetches each one's cache table (at most 16 per call).
@@ -273,10 +273,10 @@ pub(super) async fn announced(
     timeout: Duration,
 ) -> Result<Option<String>> {
     let len = remote.desc.tensor_size()?;
-    let ts: Vec<u32> = tensors.collect();
-    let ranges: Vec<(u64, u64)> = ts
-        .iter()
-        .filter_map(|&t| remote.addrs.get(t as usize).map(|&a| (a, len)))
+    // Tensors past the table's addresses are refused by the transfer's own plan.
+    let first = tensors.start;
+    let ranges: Vec<(u64, u64)> = tensors
+        .map_while(|t| remote.addrs.get(t as usize).map(|&a| (a, len)))
         .collect();
     match peer.sync_regions(&ranges, timeout).await {
         Ok(()) => Ok(None),
@@ -284,7 +284,7 @@ pub(super) async fn announced(
             "; tensor {} of cache {} of {} is named by its cache table but is in no region of \
              its memory table, synced before this transfer (no table update was in flight: \
              the owner no longer exports it)",
-            ts.get(index).copied().unwrap_or_default(),
+            u64::from(first) + index as u64,
             remote.cache_id,
             peer.name(),
         ))),

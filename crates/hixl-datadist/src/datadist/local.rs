@@ -8,7 +8,7 @@ use hixl_async::Region;
 use super::{Cache, LlmDataDist};
 use crate::cache::{coalesce, Run};
 use crate::status::{DataDistError, LlmStatus, Result};
-use crate::sync::lock;
+use hixl_async::sync::lock;
 
 /// Calls moving more than this run on a blocking thread, so a large copy never stalls the
 /// runtime's worker.

@@ -12,8 +12,8 @@ use crate::cache::CacheDesc;
 use crate::lease::{EndedLease, LeaseTable};
 use crate::options::DataDistOptions;
 use crate::status::{DataDistError, LlmStatus, Result};
-use crate::sync::lock;
 use crate::table::{CacheEntry, CacheTable, TABLE_REGION};
+use hixl_async::sync::lock;
 
 mod caches;
 mod leases;

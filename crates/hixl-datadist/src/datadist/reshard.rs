@@ -9,9 +9,9 @@ use hixl_core::TransferOp;
 use super::{Cache, LlmDataDist};
 use crate::cache::{coalesce, layer_tensors, BlocksCacheKey, KvCacheExtParam};
 use crate::status::{DataDistError, LlmStatus, Result};
-use crate::sync::lock;
 use crate::table::CacheEntry;
 use crate::tp::{plan_heads, slice_descs, KvGeometry, KvShard, ShardSide};
+use hixl_async::sync::lock;
 
 impl LlmDataDist {
     /// Declares which KV heads cache `cache_id` holds: rank `shard.tp_rank` of a group of
