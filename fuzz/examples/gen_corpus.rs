@@ -29,6 +29,7 @@ fn main() -> std::io::Result<()> {
                 engine: "127.0.0.1:26000".into(),
                 channel: Channel::Control,
                 session: 0,
+                features: hixl_core::wire::FEATURES,
             }],
         ),
         (
@@ -37,6 +38,7 @@ fn main() -> std::io::Result<()> {
                 engine: "[::1]:26001".into(),
                 channel: Channel::Data,
                 session: 0xfeed,
+                features: hixl_core::wire::FEATURES,
             }],
         ),
         (
@@ -45,6 +47,7 @@ fn main() -> std::io::Result<()> {
                 engine: "10.0.0.2:26000".into(),
                 session: 0xfeed,
                 incarnation: 0x1ca7,
+                features: hixl_core::wire::FEATURES,
             }],
         ),
         (
@@ -97,6 +100,7 @@ fn main() -> std::io::Result<()> {
                     engine: "127.0.0.1".into(),
                     channel: Channel::Control,
                     session: 0,
+                    features: hixl_core::wire::FEATURES,
                 },
                 Message::Heartbeat { seq: 1 },
                 Message::NotifyAck { seq: 1, status: 0 },

@@ -382,6 +382,7 @@ fn seeds_initiator() -> Vec<(&'static str, Vec<u8>)> {
             engine: "10.0.0.1:1".into(),
             session: 3,
             incarnation: 0x1ca7,
+            features: hixl_core::wire::FEATURES,
         },
         Message::VerbsInfo {
             device: "rxe0".into(),
@@ -431,6 +432,7 @@ fn seeds_auth() -> Vec<(&'static str, Vec<u8>)> {
             engine: "127.0.0.1:5".into(),
             channel: Channel::Control,
             session: 2,
+            features: hixl_core::wire::FEATURES,
         }],
     );
     v.push(("hello_again", o.0));

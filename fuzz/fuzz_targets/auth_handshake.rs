@@ -153,6 +153,7 @@ async fn run(ctx: &mut Ctx, data: &[u8]) {
         engine: PEER.into(),
         channel: Channel::Control,
         session: 1,
+        features: hixl_core::wire::FEATURES,
     };
     let _ = w.write_all(&encode(&hello)).await;
     let mut b = BytesMut::new();

@@ -274,6 +274,7 @@ async fn fake(
         engine: name.clone(),
         session: 42,
         incarnation: 0x1ca7,
+        features: hixl_core::wire::FEATURES,
     });
     hs.extend_from_slice(&encode(&table));
     if c.write_all(&hs).await.is_err() {
@@ -299,6 +300,7 @@ async fn fake(
         engine: name,
         session: 42,
         incarnation: 0x1ca7,
+        features: hixl_core::wire::FEATURES,
     }))
     .await
     .is_err()

@@ -88,6 +88,7 @@ async fn run(ctx: &mut Ctx, data: &[u8]) {
         engine: engine.into(),
         channel: Channel::Data,
         session,
+        features: hixl_core::wire::FEATURES,
     });
     let answers: usize = m
         .resps

@@ -40,6 +40,7 @@ pub async fn handshake(addr: &str, engine: &str) -> Handshake {
         engine: engine.to_string(),
         channel: Channel::Control,
         session: 1,
+        features: hixl_core::wire::FEATURES,
     };
     s.write_all(&encode(&hello))
         .await

@@ -4,8 +4,6 @@ use bytes::BytesMut;
 use hixl_core::wire::Message;
 use libfuzzer_sys::arbitrary::{Arbitrary, Unstructured};
 
-use crate::FMsg;
-
 /// Reads a fuzz input. Past its end every read yields zeros / empty slices, so any byte string
 /// is a valid input.
 pub struct In<'a>(pub &'a [u8]);
@@ -63,9 +61,10 @@ impl<'a> In<'a> {
         let b = self.blob8();
         T::arbitrary(&mut Unstructured::new(b)).ok()
     }
-    /// An [`FMsg`] turned into a [`Message`].
+    /// A [`Message`] of any type with arbitrary fields (invalid ones included: its frame is
+    /// well formed, its body may not be), from hixl-core's own `Arbitrary`.
     pub fn msg(&mut self) -> Option<Message> {
-        self.arb::<FMsg>().map(FMsg::into_message)
+        self.arb::<Message>()
     }
 }
 

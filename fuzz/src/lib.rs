@@ -5,7 +5,9 @@
 //! - a small, hand-writable input format ([`In`] to read it, [`Out`] to write seeds): most
 //!   steps are raw wire bytes (so a seed is just encoded frames), others are frames built by
 //!   `arbitrary` from a length-prefixed slice of the input;
-//! - [`FMsg`], an `Arbitrary` mirror of every [`Message`](hixl_core::wire::Message) variant;
+//! - arbitrary messages of every type ([`In::msg`]), from the `Arbitrary` that hixl-core
+//!   derives from its one declaration of the wire (feature `arbitrary`): nothing is mirrored
+//!   here by hand;
 //! - a mirror of a stream reader ([`decode_all`]), so a harness knows which frames an engine
 //!   decodes from the bytes it was sent;
 //! - [`Prober`], a real client `Engine` that checks a target engine still serves a normal
@@ -17,7 +19,6 @@
 
 mod codec;
 mod fds;
-mod fmsg;
 mod handshake;
 mod input;
 mod io;
@@ -31,7 +32,6 @@ use tokio::runtime::Runtime;
 
 pub use codec::{decode_all, encode, End};
 pub use fds::{open_fds, FdWatch, FD_SLACK};
-pub use fmsg::{FMsg, FRegion, FReq};
 pub use handshake::{handshake, Handshake};
 pub use input::{In, Out};
 pub use io::{read_end, read_to_end, write_steps, ReadEnd};

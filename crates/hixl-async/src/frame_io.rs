@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use hixl_core::wire::Message;
+use hixl_core::wire::{Message, WireError, VERSION};
 use hixl_core::{Error, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -15,7 +15,8 @@ use crate::link_state::LinkState;
 ///
 /// # Errors
 /// [`Error::PeerLost`] on EOF, [`Error::ConnectionLost`] on a socket error,
-/// [`Error::Protocol`] on a malformed frame.
+/// [`Error::WireVersion`] on a frame of another wire version, [`Error::Protocol`] on a
+/// malformed frame.
 pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     buf: &mut BytesMut,
@@ -25,6 +26,13 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
         match Message::decode(buf) {
             Ok(Some(m)) => return Ok(m),
             Ok(None) => {}
+            Err(WireError::BadVersion(theirs)) => {
+                return Err(Error::WireVersion {
+                    peer: peer.to_string(),
+                    theirs,
+                    ours: VERSION,
+                })
+            }
             Err(e) => {
                 return Err(Error::Protocol {
                     peer: peer.to_string(),

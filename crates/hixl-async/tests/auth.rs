@@ -100,6 +100,7 @@ async fn missing_secret_on_the_initiator_is_refused_on_both_sides() {
             engine: "127.0.0.1".into(),
             channel: Channel::Control,
             session: 1,
+            features: hixl_core::wire::FEATURES,
         },
     )
     .await;
@@ -140,6 +141,7 @@ async fn a_forged_proof_is_refused_without_a_welcome_or_table() {
             engine: "127.0.0.1".into(),
             channel: Channel::Control,
             session: 1,
+            features: hixl_core::wire::FEATURES,
         },
     )
     .await;
@@ -187,6 +189,7 @@ async fn a_target_that_cannot_prove_the_secret_is_not_trusted() {
                 engine: "rogue".into(),
                 session: 5,
                 incarnation: 0x1ca7,
+                features: hixl_core::wire::FEATURES,
             },
         )
         .await;

@@ -32,6 +32,7 @@ async fn fake_without_fabric(l: tokio::net::TcpListener) {
             engine: name.clone(),
             session: 9,
             incarnation: 0x1ca7,
+            features: hixl_core::wire::FEATURES,
         },
     )
     .await;

@@ -72,6 +72,7 @@ async fn target_probes_a_silent_initiator_and_drops_its_session() {
             engine: "127.0.0.1:1".into(),
             channel: Channel::Control,
             session: 1,
+            features: hixl_core::wire::FEATURES,
         },
     )
     .await;

@@ -28,6 +28,7 @@ async fn a_refused_read_that_carries_a_payload_fails_its_op() {
                 engine: name.clone(),
                 session: 3,
                 incarnation: 0x1ca7,
+                features: hixl_core::wire::FEATURES,
             },
         )
         .await;
@@ -55,6 +56,7 @@ async fn a_refused_read_that_carries_a_payload_fails_its_op() {
                 engine: name,
                 session: 3,
                 incarnation: 0x1ca7,
+                features: hixl_core::wire::FEATURES,
             },
         )
         .await;

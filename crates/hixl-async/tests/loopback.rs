@@ -206,6 +206,7 @@ async fn stalled_peer() -> String {
                 engine: "stalled".into(),
                 session: 1,
                 incarnation: 0x1ca7,
+                features: hixl_core::wire::FEATURES,
             }
             .encode(&mut out);
             if !data {

@@ -332,6 +332,7 @@ async fn malformed_frames_close_only_that_connection() {
             engine: "127.0.0.1".into(),
             channel: Channel::Data,
             session: 42,
+            features: hixl::wire::FEATURES,
         }))
         .unwrap();
         match read_msg(&mut s, &mut BytesMut::new()) {
@@ -360,6 +361,7 @@ async fn target_refuses_out_of_bounds_and_wrong_rkey_before_a_byte_moves() {
             engine: "127.0.0.1".into(),
             channel: Channel::Control,
             session: 7,
+            features: hixl::wire::FEATURES,
         }))
         .unwrap();
         let mut cb = BytesMut::new();
@@ -379,6 +381,7 @@ async fn target_refuses_out_of_bounds_and_wrong_rkey_before_a_byte_moves() {
             engine: "127.0.0.1".into(),
             channel: Channel::Data,
             session,
+            features: hixl::wire::FEATURES,
         }))
         .unwrap();
         let mut db = BytesMut::new();

@@ -217,6 +217,17 @@ pub enum Error {
         /// The engine address.
         engine: String,
     },
+    /// The peer speaks another version of the wire protocol (it refused this engine's
+    /// hello, or answered in its own version): the two cannot talk.
+    #[error("peer {peer} speaks hixl wire {theirs}, this engine {ours}")]
+    WireVersion {
+        /// The peer.
+        peer: String,
+        /// Its wire version.
+        theirs: u8,
+        /// This engine's ([`crate::wire::VERSION`]).
+        ours: u8,
+    },
     /// No link to this peer.
     #[error("not connected to {peer}")]
     NotConnected {

@@ -44,7 +44,7 @@ impl Error {
             | Error::AlreadyRevoking { .. }
             | Error::SessionWrongMessage { .. }
             | Error::Unsendable { .. } => Status::ParamInvalid,
-            Error::Unsupported { .. } => Status::Unsupported,
+            Error::Unsupported { .. } | Error::WireVersion { .. } => Status::Unsupported,
             Error::NotConnected { .. } => Status::NotConnected,
             Error::AlreadyConnected { .. } => Status::AlreadyConnected,
             Error::Timeout { .. } => Status::Timeout,

@@ -4,6 +4,7 @@ use std::fmt;
 
 /// Where registered memory lives (HIXL `MemType`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub enum MemKind {
     /// Accelerator memory (HIXL `MEM_DEVICE = 0`). Needs a device runtime.
     Device,
@@ -268,6 +269,7 @@ impl TransferStatus {
 
 /// Which accesses a region grants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct Access(u8);
 
 impl Access {
@@ -338,6 +340,7 @@ impl fmt::Display for Access {
 
 /// A region a peer exported, as seen by the initiator after connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "arbitrary", derive(arbitrary::Arbitrary))]
 pub struct RemoteRegion {
     /// Start address in the peer's address space.
     pub addr: u64,

@@ -26,6 +26,7 @@ fn offending(py: Python<'_>, e: &Error) -> PyResult<Py<PyAny>> {
         | Error::AlreadyConnected { peer }
         | Error::Timeout { peer, .. } => peer.clone().into_pyobject(py)?.into_any(),
         Error::ConnectToSelf { engine } => engine.clone().into_pyobject(py)?.into_any(),
+        Error::WireVersion { theirs, .. } => theirs.into_pyobject(py)?.into_any(),
         _ => py.None().into_bound(py),
     };
     Ok(v.unbind())

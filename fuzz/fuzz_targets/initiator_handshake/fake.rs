@@ -123,6 +123,7 @@ async fn data_server(
             engine: name.clone(),
             session,
             incarnation: 0x1ca7,
+            features: hixl_core::wire::FEATURES,
         });
         let reply = replies.get(k).cloned().unwrap_or(DataReply::Welcome);
         k += 1;

@@ -116,6 +116,7 @@ pub(crate) fn script(ctx: &Ctx, data: &[u8]) -> Script {
                 engine: fake_name.clone(),
                 session: c.u64(),
                 incarnation: 0x1ca7,
+                features: hixl_core::wire::FEATURES,
             })))),
             7 => {
                 let n = c.u8() % 6;

@@ -30,6 +30,7 @@ pub(crate) async fn run_fabric(ctx: &Ctx, p: &Plan) -> Model {
                 engine: engine.clone(),
                 channel: Channel::Fabric,
                 session: *session,
+                features: hixl_core::wire::FEATURES,
             })))
         }
         (Hello::Frame(m), None) => steps.push(Step::Bytes(hixl_fuzz::encode(m))),
@@ -54,7 +55,7 @@ pub(crate) async fn run_fabric(ctx: &Ctx, p: &Plan) -> Model {
     let first = frames.next();
     let accepted = matches!(
         &first,
-        Some(Message::Hello { engine, channel: Channel::Fabric, session })
+        Some(Message::Hello { engine, channel: Channel::Fabric, session, ..  })
             if engine == PEER && *session == hs.session
     );
     if accepted {

@@ -1,8 +1,8 @@
 //! TCP mode: the stream on a new control connection.
 
-use hixl_core::wire::{self, Channel, Message};
+use hixl_core::wire::{self, Channel, Message, WireError};
 use hixl_core::Status;
-use hixl_fuzz::{decode_all, read_to_end, write_steps, ReadEnd, Step};
+use hixl_fuzz::{decode_all, read_to_end, write_steps, End, ReadEnd, Step};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::model::{compare, control_model, Model, Want};
@@ -17,22 +17,26 @@ pub(crate) async fn run_tcp(ctx: &Ctx, p: &Plan) -> Model {
             engine: PEER.into(),
             channel: Channel::Control,
             session: 1,
+            features: hixl_core::wire::FEATURES,
         }),
         Hello::Named(n) => Some(Message::Hello {
             engine: n.clone(),
             channel: Channel::Control,
             session: 1,
+            features: hixl_core::wire::FEATURES,
         }),
         Hello::Missing => None,
         Hello::Session(s) => Some(Message::Hello {
             engine: PEER.into(),
             channel: Channel::Data,
             session: *s,
+            features: hixl_core::wire::FEATURES,
         }),
         Hello::Other => Some(Message::Hello {
             engine: PEER.into(),
             channel: Channel::Fabric,
             session: 1,
+            features: hixl_core::wire::FEATURES,
         }),
         Hello::Frame(m) => Some(m.clone()),
     };
@@ -41,7 +45,13 @@ pub(crate) async fn run_tcp(ctx: &Ctx, p: &Plan) -> Model {
     }
     steps.extend(p.steps.iter().cloned());
     let bytes = hixl_fuzz::stream_bytes(&steps);
-    let (frames, _) = decode_all(&bytes);
+    let (frames, stop) = decode_all(&bytes);
+    // A first frame of another wire version is answered with a refusal in its framing, and
+    // the connection closed.
+    let foreign = match (&frames[..], &stop) {
+        ([], End::Broken(WireError::BadVersion(v))) => Some(*v),
+        _ => None,
+    };
     let hello_end = frames.first().map(|(_, e)| *e);
     let mut frames = frames.into_iter().map(|(m, _)| m);
     let mut control = false;
@@ -114,6 +124,14 @@ pub(crate) async fn run_tcp(ctx: &Ctx, p: &Plan) -> Model {
         "invariant violated: the engine kept a control connection open {CLOSE_BOUND:?} after the initiator closed its side; it answered {:?}",
         decode_all(&got)
     );
+    if let Some(v) = foreign {
+        let want = wire::version_refusal(v);
+        assert!(
+            got[..] == want[..] || (end != ReadEnd::Eof && want.starts_with(&got)),
+            "invariant violated: a first frame of wire {v} was answered with {got:?}, not the refusal {want:?}"
+        );
+        return model;
+    }
     compare(ctx, "control connection", &model, &got, end, false);
     model
 }

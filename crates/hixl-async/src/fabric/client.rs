@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::BytesMut;
-use hixl_core::wire::{Channel, FabricRegion, Message, NO_FD};
+use hixl_core::wire::{Channel, FabricRegion, Message, FEATURES, NO_FD};
 use hixl_core::{Error, Result, Status};
 use hixl_fabric::{cma_probe, HostIdentity, PeerMapping};
 use tokio::net::UnixStream;
@@ -145,6 +145,7 @@ impl FabricLink {
             engine: local_name.to_string(),
             channel: Channel::Fabric,
             session,
+            features: FEATURES,
         };
         send_frame(&s, &hello, &[], &peer).await?;
         let mut buf = BytesMut::new();

@@ -165,6 +165,7 @@ async fn handle(srv: TargetCx, s: UnixStream) {
             engine,
             channel: Channel::Fabric,
             session,
+            ..
         })) if fds.is_empty() => (engine, session),
         other => {
             tracing::warn!("closing fabric channel: expected a fabric hello, got {other:?}");

@@ -32,6 +32,8 @@ pub(super) struct Welcomed {
     pub(super) session: u64,
     /// The target engine's incarnation.
     pub(super) incarnation: u64,
+    /// The optional parts of the protocol both ends speak (`hixl_core::wire::feature`).
+    pub(super) features: u64,
     pub(super) offers: Vec<Message>,
     pub(super) table: Vec<RemoteRegion>,
 }
@@ -54,7 +56,7 @@ impl Control {
     /// connection's loss.
     pub(super) async fn handshake(&mut self) -> Result<Welcomed> {
         let mut session = None;
-        let mut incarnation = 0;
+        let (mut incarnation, mut features) = (0, 0);
         let mut offers = Vec::new();
         loop {
             while let Some(e) = self.session.poll_event() {
@@ -62,8 +64,9 @@ impl Control {
                     Event::Welcomed {
                         session: s,
                         incarnation: i,
+                        features: f,
                         ..
-                    } => (session, incarnation) = (Some(s), i),
+                    } => (session, incarnation, features) = (Some(s), i, f),
                     Event::TransportOffer(m) => offers.push(m),
                     Event::Table(table) => {
                         let session = session.ok_or(Error::Internal {
@@ -72,6 +75,7 @@ impl Control {
                         return Ok(Welcomed {
                             session,
                             incarnation,
+                            features,
                             offers,
                             table,
                         });

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::BytesMut;
 use hixl_core::session::{Config, InitiatorSession};
-use hixl_core::wire::{Channel, Message};
+use hixl_core::wire::{feature, Channel, Message, FEATURES};
 use hixl_core::{Error, Result, Status};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -18,7 +18,7 @@ use crate::clock::now;
 use crate::context::{EngineConfig, OpsHandle, Regions};
 use crate::frame_io::{connect, keep_alive, read_frame, tune, unexpected, write_frame};
 use crate::link_state::LinkState;
-use crate::tcp::channel::TcpChannel;
+use crate::tcp::channel::{Split, TcpChannel};
 use crate::tcp::initiator::DataOpener;
 use crate::transport::{select, LinkHooks, Negotiation, PeerChannel, Transport};
 
@@ -33,6 +33,7 @@ async fn open_data(addr: SocketAddr, local: &str, session: u64, remote: &str) ->
         engine: local.to_string(),
         channel: Channel::Data,
         session,
+        features: FEATURES,
     };
     write_frame(&mut d, &hello, remote).await?;
     let mut b = BytesMut::new();
@@ -102,7 +103,7 @@ impl Link {
         let mut control = Control::new(session, s, name.clone());
         let welcomed = control.handshake().await?;
         let (session, offers, table) = (welcomed.session, welcomed.offers, welcomed.table);
-        let incarnation = welcomed.incarnation;
+        let (incarnation, features) = (welcomed.incarnation, welcomed.features);
         let state = Arc::new(LinkState::new());
         // Until the link is built, an error or a dropped connect future must end the data
         // connections' tasks (and close their sockets): nothing else would.
@@ -120,7 +121,10 @@ impl Link {
             name.clone(),
             lcx.ops.clone(),
             state.clone(),
-            p.chunk.max(4096),
+            Split {
+                chunk: p.chunk.max(4096),
+                strided: features & feature::STRIDED != 0,
+            },
             &lcx.config,
         ));
         let (tx, rx) = mpsc::unbounded_channel();

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use hixl_core::wire::{Channel, Message};
+use hixl_core::wire::{version_refusal, Channel, Message, FEATURES};
 use hixl_core::{Error, Result, Status};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -169,6 +170,13 @@ impl Server {
         };
         let hello = match hello {
             Ok(Ok(m)) => m,
+            Ok(Err(e @ Error::WireVersion { theirs, .. })) => {
+                // Answered in the peer's framing, so that it can report why (see
+                // `hixl_core::wire::version_refusal`).
+                tracing::warn!(peer = %from, "refusing connection: {e}");
+                let _ = s.write_all(&version_refusal(theirs)).await;
+                return;
+            }
             Ok(Err(e)) => {
                 tracing::warn!(peer = %from, "closing connection before hello: {e}");
                 return;
@@ -187,6 +195,7 @@ impl Server {
                 engine,
                 channel: Channel::Data,
                 session,
+                ..
             } => {
                 let sess = self.cx.sessions.get(session);
                 let sess = match sess {
@@ -200,6 +209,7 @@ impl Server {
                     engine: self.config.name.clone(),
                     session,
                     incarnation: self.instance,
+                    features: FEATURES,
                 };
                 if write_frame(&mut s, &welcome, &from).await.is_err() {
                     return;

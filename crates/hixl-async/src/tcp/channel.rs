@@ -42,10 +42,21 @@ pub(crate) struct TcpChannel {
     wide: AtomicBool,
     /// Largest single part (`hixl.TcpChunkBytes`).
     chunk: u64,
+    /// Whether the peer takes strided requests (both ends announced
+    /// `hixl_core::wire::feature::STRIDED`); without, each piece is a request of its own.
+    strided: bool,
     peer: Arc<str>,
     state: Arc<LinkState>,
     /// Ops of this link withdrawn so far: the writers recheck an op only when it moved.
     withdrawals: Arc<AtomicU64>,
+}
+
+/// How a link's ops are cut into parts.
+pub(crate) struct Split {
+    /// Largest single part (`hixl.TcpChunkBytes`).
+    pub(crate) chunk: u64,
+    /// Whether the peer takes strided requests.
+    pub(crate) strided: bool,
 }
 
 impl TcpChannel {
@@ -57,7 +68,7 @@ impl TcpChannel {
         peer: Arc<str>,
         ops: OpsHandle,
         state: Arc<LinkState>,
-        chunk: u64,
+        split: Split,
         config: &EngineConfig,
     ) -> TcpChannel {
         let uring = config.tcp_io == hixl_core::options::TcpIo::Uring;
@@ -81,7 +92,8 @@ impl TcpChannel {
             conns,
             next: AtomicUsize::new(0),
             wide: AtomicBool::new(false),
-            chunk: chunk.max(1),
+            chunk: split.chunk.max(1),
+            strided: split.strided,
             peer,
             state,
             withdrawals,
@@ -271,7 +283,7 @@ impl Batch for TcpBatch<'_> {
     /// A strided descriptor of small pieces goes as strided requests, each of whole pieces
     /// (at most [`MAX_STRIDED_PIECES`] and about `hixl.TcpChunkBytes`): one request frame and
     /// one answer for many pieces. Pieces of half a chunk or more gain nothing from it and go
-    /// as plain parts.
+    /// as plain parts, as every piece does to a peer that does not take strided requests.
     fn add_strided(
         &mut self,
         index: usize,
@@ -280,7 +292,7 @@ impl Batch for TcpBatch<'_> {
         rkey: u64,
         keep: &mut Keeps,
     ) -> Result<Option<u32>> {
-        if d.count == 1 || d.len.saturating_mul(2) > self.ch.chunk {
+        if !self.ch.strided || d.count == 1 || d.len.saturating_mul(2) > self.ch.chunk {
             // The default: each piece as a plain descriptor.
             return crate::transport::add_pieces(self, index, d, local, rkey, keep);
         }

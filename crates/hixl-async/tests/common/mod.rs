@@ -59,6 +59,7 @@ pub async fn silent_target(
                 engine: name.clone(),
                 session: 7,
                 incarnation: 0x1ca7,
+                features: hixl_core::wire::FEATURES,
             },
         )
         .await;
@@ -89,6 +90,7 @@ pub async fn silent_target(
                     engine: name.clone(),
                     session: 7,
                     incarnation: 0x1ca7,
+                    features: hixl_core::wire::FEATURES,
                 },
             )
             .await;

@@ -34,7 +34,7 @@ use crate::auth::NONCE_LEN;
 use crate::error::{Error, Result};
 use crate::status::Status;
 use crate::types::{RemoteRegion, NOTIFY_MAX_PENDING};
-use crate::wire::{Channel, Message, REFUSE_SELF};
+use crate::wire::{refused_version, Channel, Message, REFUSE_SELF, VERSION};
 
 #[derive(Debug)]
 enum State {
@@ -80,6 +80,7 @@ impl InitiatorSession {
             engine: config.engine.clone(),
             channel: Channel::Control,
             session: config.incarnation,
+            features: config.features,
         });
         InitiatorSession {
             handshake_deadline: config.handshake_timeout.and_then(|t| now.checked_add(t)),
@@ -262,12 +263,14 @@ impl InitiatorSession {
                     engine,
                     session,
                     incarnation,
+                    features,
                 },
             ) => {
                 self.core.event(Event::Welcomed {
                     session,
                     engine,
                     incarnation,
+                    features: features & self.config.features,
                 });
                 self.state = State::Offers { session };
                 Ok(())
@@ -276,6 +279,12 @@ impl InitiatorSession {
                 let status = Status::from_code(status).unwrap_or(Status::Failed);
                 let e = if status == Status::ParamInvalid && reason == REFUSE_SELF {
                     Error::ConnectToSelf { engine: peer }
+                } else if let Some(theirs) = refused_version(status.code(), &reason) {
+                    Error::WireVersion {
+                        peer,
+                        theirs,
+                        ours: VERSION,
+                    }
                 } else {
                     Error::Remote {
                         peer,

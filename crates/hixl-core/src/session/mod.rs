@@ -175,6 +175,9 @@ pub struct Config {
     /// Initiator: the whole handshake, hello to memory table (the connect timeout). Target:
     /// the wait for the hello, and again for the answer to the challenge. `None`: no limit.
     pub handshake_timeout: Option<Duration>,
+    /// The optional parts of the protocol this end announces ([`crate::wire::feature`];
+    /// [`crate::wire::FEATURES`] by default): the link uses those both ends announced.
+    pub features: u64,
 }
 
 impl Config {
@@ -193,6 +196,7 @@ impl Config {
             notify_budget: NOTIFY_MAX_PENDING,
             notify_admission: Admission::Session,
             handshake_timeout: Some(DEFAULT_HANDSHAKE_TIMEOUT),
+            features: crate::wire::FEATURES,
         }
     }
 
@@ -254,6 +258,8 @@ pub enum Event {
         /// The peer engine's incarnation (from its `Welcome`, or its control `Hello`): a
         /// restarted peer has a new one.
         incarnation: u64,
+        /// The optional parts of the protocol both ends announced ([`crate::wire::feature`]).
+        features: u64,
     },
     /// Initiator: a transport offer of the target (`FabricInfo`, `VerbsInfo`), uninterpreted.
     TransportOffer(Message),

@@ -66,6 +66,8 @@ pub struct TargetSession {
     offered: BTreeSet<u64>,
     /// The initiator's incarnation, from its hello.
     peer_incarnation: u64,
+    /// The features the peer's hello announced.
+    peer_features: u64,
 }
 
 impl TargetSession {
@@ -100,6 +102,7 @@ impl TargetSession {
             verbs_connects: 0,
             offered: BTreeSet::new(),
             peer_incarnation: 0,
+            peer_features: 0,
         }
     }
 
@@ -236,8 +239,10 @@ impl TargetSession {
                 engine,
                 channel: Channel::Control,
                 session,
+                features,
             } => {
                 self.core.peer = engine.clone();
+                self.peer_features = features;
                 self.peer_incarnation = session;
                 if session == self.config.incarnation {
                     let refuse = Message::Refuse {
@@ -304,11 +309,13 @@ impl TargetSession {
             engine: self.config.engine.clone(),
             session: self.session,
             incarnation: self.config.incarnation,
+            features: self.config.features,
         });
         self.core.event(Event::Welcomed {
             session: self.session,
             engine: self.core.peer.clone(),
             incarnation: self.peer_incarnation,
+            features: self.peer_features & self.config.features,
         });
         self.deadline = None;
         self.state = State::Welcomed;

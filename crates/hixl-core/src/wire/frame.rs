@@ -57,6 +57,15 @@ pub(super) fn put_header(out: &mut impl BufMut, ty: u8, body_len: usize) {
 }
 
 impl Message {
+    /// Appends the whole frame (header and body) to `out`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        let start = out.len();
+        put_header(out, self.ty(), 0);
+        self.put_body(out);
+        let body_len = (out.len() - start - HEADER_LEN) as u32;
+        out[start + 8..start + 12].copy_from_slice(&body_len.to_le_bytes());
+    }
+
     /// Takes one whole frame off the front of `buf`, if one is there.
     ///
     /// Returns `Ok(None)` when more bytes are needed. Payloads that follow data frames are not

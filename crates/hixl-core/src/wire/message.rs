@@ -1,120 +1,65 @@
-//! The messages of the protocol and the types they carry.
+//! The one declaration of the protocol's messages: frame type numbers, fields and their
+//! bounds. [`super::declare`] generates the enum, [`super::ty`], the encoder and the decoder
+//! from it (and, with the `arbitrary` feature, the fuzzers' generator).
+//!
+//! Frame type numbers are part of the wire: a message is only ever added at the end, and
+//! the layout of `Hello` (1) and `Refuse` (3) before their last field is the same in every
+//! version (see [`super::version`]).
 
-use crate::types::RemoteRegion;
+use super::codec::{Blob, Entries, Payload, Text};
+use super::declare::messages;
+#[allow(unused_imports)] // in the docs of the generated enum
+use super::{Channel, HEARTBEAT_FROM_TARGET};
+use super::{DataReq, FabricRegion, StridedReq, MAX_AUTH, MAX_ENDPOINT, MAX_NAME, NO_LIMIT};
+use crate::types::{RemoteRegion, NOTIFY_MAX_LEN};
 
-/// What a new TCP connection is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Channel {
-    /// The control connection of a link: handshake, memory table, notifies, heartbeats.
-    Control,
-    /// A data connection of an established link, bound to it by the session id.
-    Data,
-    /// The same-host fabric channel of a link (a Unix socket that carries memfds).
-    Fabric,
-}
-
-/// How a same-host peer reaches one exported region: through a shared mapping of the memfd
-/// sent alongside (`fd_index`), or with cross-memory attach into the exporter's process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FabricRegion {
-    /// The region's rkey (matches the memory table).
-    pub rkey: u64,
-    /// Start address in the exporter.
-    pub addr: u64,
-    /// Length.
-    pub len: u64,
-    /// Index of the region's memfd among the fds sent with the message, or [`NO_FD`] for
-    /// memory reached with process_vm_readv/writev.
-    pub fd_index: u32,
-}
-
-/// [`FabricRegion::fd_index`] of a region without a memfd.
-pub const NO_FD: u32 = u32::MAX;
-
-/// A data-path request: move `len` bytes at `addr` of the region with `rkey`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DataReq {
-    /// Request id, echoed in the answer.
-    pub id: u64,
-    /// Key of the target region.
-    pub rkey: u64,
-    /// Target address.
-    pub addr: u64,
-    /// Bytes.
-    pub len: u64,
-}
-
-/// A strided data-path request: `count` pieces of `len` bytes, piece `i` at
-/// `addr + i × stride` of the region with `rkey`. The payload (a write's, or a read's answer)
-/// is the pieces back to back: `len × count` bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StridedReq {
-    /// Request id, echoed in the answer.
-    pub id: u64,
-    /// Key of the target region.
-    pub rkey: u64,
-    /// First piece's target address.
-    pub addr: u64,
-    /// Bytes per piece.
-    pub len: u64,
-    /// Distance between pieces.
-    pub stride: u64,
-    /// Pieces, 1..=[`MAX_STRIDED_PIECES`].
-    pub count: u64,
-}
-
-/// Pieces of one strided request at most.
-pub const MAX_STRIDED_PIECES: u64 = 1024;
-
-impl StridedReq {
-    /// Payload bytes: `len × count` (checked at decode to fit [`super::MAX_PAYLOAD`]).
-    pub fn bytes(&self) -> u64 {
-        self.len.saturating_mul(self.count)
-    }
-}
-
-/// Every message of the protocol.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Message {
-    /// First frame on every connection, from the connecting side.
-    Hello {
+messages! {
+    /// First frame on every connection, from the connecting side. Its frame header carries
+    /// the sender's wire version ([`super::VERSION`]).
+    1 => HELLO, Hello {
         /// The sender's engine address (`ip` or `ip:port`).
-        engine: String,
+        engine: String => Text(MAX_NAME),
         /// What the connection is for.
         channel: Channel,
-        /// For data channels, the session the target handed out in `Welcome`.
+        /// For data channels, the session the target handed out in `Welcome`; for a control
+        /// channel, the sender's incarnation.
         session: u64,
+        /// The optional parts of the protocol the sender speaks ([`super::feature`]).
+        features: u64,
     },
-    /// The target accepts a control connection.
-    Welcome {
+    /// The target accepts a connection.
+    2 => WELCOME, Welcome {
         /// The target's engine address.
-        engine: String,
+        engine: String => Text(MAX_NAME),
         /// Session id that data connections must present.
         session: u64,
         /// The target engine's incarnation: random per engine start, so that a target
         /// restarted on the same address is told apart from the one before.
         incarnation: u64,
+        /// The optional parts of the protocol the target speaks ([`super::feature`]): the
+        /// link uses those both ends announced.
+        features: u64,
     },
     /// The target refuses a connection.
-    Refuse {
+    3 => REFUSE, Refuse {
         /// HIXL status code.
         status: u32,
         /// Why.
-        reason: String,
+        reason: String => Text(NO_LIMIT),
     },
     /// The regions the sender makes remotely accessible.
-    MemTable(Vec<RemoteRegion>),
+    4 => MEM_TABLE, MemTable(regions: Vec<RemoteRegion> => Entries(28)),
     /// A notify from initiator to target.
-    Notify {
+    5 => NOTIFY, Notify {
         /// Sequence number, echoed in the ack.
         seq: u64,
         /// Name (≤ 1024 bytes).
-        name: Vec<u8>,
+        name: Vec<u8> => Blob(NOTIFY_MAX_LEN),
         /// Message (≤ 1024 bytes).
-        msg: Vec<u8>,
+        msg: Vec<u8> => Blob(NOTIFY_MAX_LEN),
     },
     /// The target's answer to a notify.
-    NotifyAck {
+    6 => NOTIFY_ACK, NotifyAck {
         /// Sequence number of the notify.
         seq: u64,
         /// HIXL status code (`RESOURCE_EXHAUSTED` when the queue is full).
@@ -122,36 +67,31 @@ pub enum Message {
     },
     /// Liveness probe on a control connection, answered with a heartbeat of the same
     /// sequence number. Both ends probe, each at its own interval: the target's probes have
-    /// [`HEARTBEAT_FROM_TARGET`](super::HEARTBEAT_FROM_TARGET) set, so neither end answers an
-    /// answer.
-    Heartbeat {
+    /// [`HEARTBEAT_FROM_TARGET`] set, so neither end answers an answer.
+    7 => HEARTBEAT, Heartbeat {
         /// Sequence number.
         seq: u64,
     },
     /// Orderly close of a link.
-    Disconnect {
+    8 => DISCONNECT, Disconnect {
         /// Why.
-        reason: String,
+        reason: String => Text(NO_LIMIT),
     },
     /// Write the payload that follows into target memory.
-    WriteReq(DataReq),
+    9 => WRITE_REQ, WriteReq(req: DataReq),
     /// Read target memory.
-    ReadReq(DataReq),
-    /// Write the payload that follows into the pieces of target memory.
-    WriteStridedReq(StridedReq),
-    /// Read the pieces of target memory (answered by one `ReadResp` of their bytes).
-    ReadStridedReq(StridedReq),
+    10 => READ_REQ, ReadReq(req: DataReq),
     /// Answer to a `ReadReq`; a payload of `len` bytes follows when `status` is 0.
-    ReadResp {
+    11 => READ_RESP, ReadResp {
         /// Request id.
         id: u64,
         /// HIXL status code.
         status: u32,
         /// Payload length.
-        len: u64,
+        len: u64 => Payload,
     },
     /// Answer to a `WriteReq`, sent after the payload is in target memory.
-    Ack {
+    12 => ACK, Ack {
         /// Request id.
         id: u64,
         /// HIXL status code.
@@ -159,9 +99,9 @@ pub enum Message {
     },
     /// The target's host identity and fabric socket, so a same-host initiator can use the
     /// fabric backend.
-    FabricInfo {
+    13 => FABRIC_INFO, FabricInfo {
         /// `/proc/sys/kernel/random/boot_id`.
-        boot_id: String,
+        boot_id: String => Text(MAX_NAME),
         /// Inode of the mount namespace.
         mnt_ns: u64,
         /// Process id (for cross-memory attach).
@@ -169,201 +109,64 @@ pub enum Message {
         /// User id.
         uid: u32,
         /// Abstract Unix socket name of the fabric channel.
-        socket: String,
+        socket: String => Text(MAX_NAME),
     },
     /// How the regions of the memory table are reached over the fabric (memfds ride along).
-    FabricTable(Vec<FabricRegion>),
+    14 => FABRIC_TABLE, FabricTable(regions: Vec<FabricRegion> => Entries(28)),
     /// The target is deregistering the region with this rkey: stop using it, finish what is
     /// in flight, unmap, then answer `RevokeAck`.
-    Revoke {
+    15 => REVOKE, Revoke {
         /// The region's rkey.
         rkey: u64,
     },
     /// The initiator no longer touches the region.
-    RevokeAck {
+    16 => REVOKE_ACK, RevokeAck {
         /// The region's rkey.
         rkey: u64,
     },
     /// The target has an active RDMA device and offers the verbs transport (sent before the
     /// memory table).
-    VerbsInfo {
+    17 => VERBS_INFO, VerbsInfo {
         /// The device's name, for the initiator's log and `Peer::transport`.
-        device: String,
+        device: String => Text(MAX_NAME),
     },
     /// The initiator asks for an RC queue pair connected to its own.
-    VerbsConnect {
+    18 => VERBS_CONNECT, VerbsConnect {
         /// The initiator's queue-pair endpoint (`hixl_verbs::QpEndpoint`, ≤ 64 bytes).
-        endpoint: Vec<u8>,
+        endpoint: Vec<u8> => Blob(MAX_ENDPOINT),
     },
     /// The target's answer to `VerbsConnect`.
-    VerbsAccept {
+    19 => VERBS_ACCEPT, VerbsAccept {
         /// HIXL status code: 0 when the QP is connected and `endpoint` is the target's.
         status: u32,
         /// The target's queue-pair endpoint (empty on refusal).
-        endpoint: Vec<u8>,
+        endpoint: Vec<u8> => Blob(MAX_ENDPOINT),
         /// Why not, on refusal.
-        reason: String,
+        reason: String => Text(MAX_NAME),
     },
     /// Device keys of the sender's exported regions: `(rkey of the memory table, the memory
     /// region's device rkey)`. Sent on verbs links before every memory table.
-    VerbsKeys(Vec<(u64, u32)>),
+    20 => VERBS_KEYS, VerbsKeys(keys: Vec<(u64, u32)> => Entries(12)),
     /// A target with a shared secret challenges a new control connection (before `Welcome`);
     /// see [`crate::auth`].
-    AuthChallenge {
+    21 => AUTH_CHALLENGE, AuthChallenge {
         /// The target's nonce.
-        nonce: Vec<u8>,
+        nonce: Vec<u8> => Blob(MAX_AUTH),
     },
     /// The initiator's answer: its nonce and MAC (both empty when it has no secret).
-    AuthResponse {
+    22 => AUTH_RESPONSE, AuthResponse {
         /// The initiator's nonce.
-        nonce: Vec<u8>,
+        nonce: Vec<u8> => Blob(MAX_AUTH),
         /// HMAC-SHA256 over both nonces.
-        mac: Vec<u8>,
+        mac: Vec<u8> => Blob(MAX_AUTH),
     },
     /// The target's proof that it knows the secret too.
-    AuthProof {
+    23 => AUTH_PROOF, AuthProof {
         /// HMAC-SHA256 over both nonces, with the target's label.
-        mac: Vec<u8>,
+        mac: Vec<u8> => Blob(MAX_AUTH),
     },
-}
-
-#[cfg(test)]
-pub(super) mod tests {
-    use bytes::BytesMut;
-
-    use super::*;
-    use crate::types::{Access, MemKind};
-
-    /// One message of every type (and of some types several), as encoded and decoded by the
-    /// tests of the wire modules.
-    pub(in crate::wire) fn samples() -> Vec<Message> {
-        vec![
-            Message::Hello {
-                engine: "127.0.0.1:9000".into(),
-                channel: Channel::Control,
-                session: 0,
-            },
-            Message::Hello {
-                engine: "[::1]:1".into(),
-                channel: Channel::Data,
-                session: 77,
-            },
-            Message::Welcome {
-                engine: "10.0.0.1:2".into(),
-                session: 5,
-                incarnation: 0x1ca7,
-            },
-            Message::Refuse {
-                status: 103900,
-                reason: "no".into(),
-            },
-            Message::MemTable(vec![RemoteRegion {
-                addr: 0x1000,
-                len: 4096,
-                rkey: 0xdead_beef,
-                access: Access::REMOTE_RW,
-                kind: MemKind::Host,
-                name: Some("kv".into()),
-            }]),
-            Message::MemTable(vec![]),
-            Message::Notify {
-                seq: 3,
-                name: b"cache_ready".to_vec(),
-                msg: b"block_0".to_vec(),
-            },
-            Message::NotifyAck { seq: 3, status: 0 },
-            Message::Heartbeat { seq: 9 },
-            Message::Disconnect {
-                reason: "bye".into(),
-            },
-            Message::WriteReq(DataReq {
-                id: 1,
-                rkey: 2,
-                addr: 3,
-                len: 4,
-            }),
-            Message::ReadReq(DataReq {
-                id: 1,
-                rkey: 2,
-                addr: 3,
-                len: 4,
-            }),
-            Message::WriteStridedReq(StridedReq {
-                id: 1,
-                rkey: 2,
-                addr: 3,
-                len: 4,
-                stride: 8,
-                count: 5,
-            }),
-            Message::ReadStridedReq(StridedReq {
-                id: 1,
-                rkey: 2,
-                addr: 3,
-                len: 4,
-                stride: 4,
-                count: 1024,
-            }),
-            Message::ReadResp {
-                id: 1,
-                status: 0,
-                len: 4,
-            },
-            Message::Ack { id: 1, status: 0 },
-            Message::FabricInfo {
-                boot_id: "b1c2".into(),
-                mnt_ns: 4026531841,
-                pid: 42,
-                uid: 0,
-                socket: "hixl-42-7".into(),
-            },
-            Message::FabricTable(vec![FabricRegion {
-                rkey: 9,
-                addr: 0x1000,
-                len: 4096,
-                fd_index: NO_FD,
-            }]),
-            Message::Revoke { rkey: 9 },
-            Message::RevokeAck { rkey: 9 },
-            Message::VerbsInfo {
-                device: "rxe0".into(),
-            },
-            Message::VerbsConnect {
-                endpoint: vec![1; 32],
-            },
-            Message::VerbsAccept {
-                status: 0,
-                endpoint: vec![2; 32],
-                reason: String::new(),
-            },
-            Message::VerbsAccept {
-                status: 8,
-                endpoint: vec![],
-                reason: "no queue pair".into(),
-            },
-            Message::VerbsKeys(vec![(9, 0x1234), (u64::MAX, u32::MAX)]),
-            Message::VerbsKeys(vec![]),
-            Message::AuthChallenge { nonce: vec![3; 32] },
-            Message::AuthResponse {
-                nonce: vec![4; 32],
-                mac: vec![5; 32],
-            },
-            Message::AuthResponse {
-                nonce: vec![],
-                mac: vec![],
-            },
-            Message::AuthProof { mac: vec![6; 32] },
-        ]
-    }
-
-    #[test]
-    fn round_trip_every_message() {
-        for m in samples() {
-            let mut b = BytesMut::new();
-            m.encode(&mut b);
-            let got = Message::decode(&mut b).unwrap().unwrap();
-            assert_eq!(got, m);
-            assert!(b.is_empty());
-        }
-    }
+    /// Write the payload that follows into the pieces of target memory.
+    24 => WRITE_STRIDED_REQ, WriteStridedReq(req: StridedReq),
+    /// Read the pieces of target memory (answered by one `ReadResp` of their bytes).
+    25 => READ_STRIDED_REQ, ReadStridedReq(req: StridedReq),
 }

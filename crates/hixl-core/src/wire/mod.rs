@@ -1,5 +1,6 @@
 //! Wire format of the control plane and the TCP data path: length-prefixed frames that decode
-//! without panicking on any byte sequence.
+//! without panicking on any byte sequence. The messages are declared once, in `message.rs`;
+//! how two engines of different versions tell each other so is in [`version`](self::VERSION).
 //!
 //! Every frame starts with a 12-byte header:
 //!
@@ -12,32 +13,37 @@
 //! not counted in `body_len`: the payload goes between socket and registered memory without a
 //! staging copy.
 
+mod body;
+mod codec;
 mod data;
-mod decode;
-mod encode;
+mod declare;
 mod error;
 mod frame;
 mod message;
-pub mod ty;
+#[cfg(test)]
+mod tests;
+mod version;
 
+pub use body::{Channel, DataReq, FabricRegion, StridedReq, MAX_STRIDED_PIECES, NO_FD};
 pub use data::{
     encode_ack, encode_data_req, encode_read_resp, encode_strided_req, ACK_FRAME, DATA_REQ_BODY,
     DATA_REQ_FRAME, READ_RESP_FRAME, STRIDED_REQ_BODY, STRIDED_REQ_FRAME,
 };
 pub use error::WireError;
 pub use frame::FrameHeader;
-pub use message::{Channel, DataReq, FabricRegion, Message, StridedReq, MAX_STRIDED_PIECES, NO_FD};
+pub use message::{ty, Message};
+pub use version::{feature, refused_version, version_refusal, FEATURES, VERSION};
 
 /// `"HIXL"` read as a little-endian u32.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"HIXL");
-/// Protocol version of this build.
-pub const VERSION: u8 = 1;
 /// Size of a frame header.
 pub const HEADER_LEN: usize = 12;
 /// Largest control body accepted (HIXL's control plane allows 4 MB).
 pub const MAX_BODY: u32 = 4 << 20;
 /// Largest engine name accepted.
 pub const MAX_NAME: usize = 256;
+/// The bound of a text whose only limit is its u16 length (a refusal's or disconnect's reason).
+const NO_LIMIT: usize = u16::MAX as usize;
 /// The `Refuse` reason a server gives an engine that connected to itself (under another of
 /// its addresses), so the initiator can report `ConnectToSelf` rather than a generic refusal.
 pub const REFUSE_SELF: &str = "connect to self";

@@ -251,6 +251,7 @@ fn data_messages_on_control_are_violations() {
         engine: "i".into(),
         channel: Channel::Control,
         session: 1,
+        features: crate::wire::FEATURES,
     };
     t.handle_frame(now, hello).expect("hello");
     assert!(t.handle_frame(now, Message::Heartbeat { seq: 1 }).is_err());
@@ -264,6 +265,7 @@ fn data_hello_or_garbage_first_frame_on_a_control_session() {
             engine: "i".into(),
             channel: Channel::Data,
             session: SESSION,
+            features: crate::wire::FEATURES,
         },
         Message::Notify {
             seq: 1,

@@ -26,6 +26,7 @@ fn handshake_without_auth() {
             engine: "10.0.0.1".into(),
             channel: Channel::Control,
             session: 1,
+            features: crate::wire::FEATURES,
         }
     );
     let to_i = p.frames(Dir::ToInitiator);
@@ -35,6 +36,7 @@ fn handshake_without_auth() {
             engine: "10.0.0.2:5000".into(),
             session: SESSION,
             incarnation: 2,
+            features: crate::wire::FEATURES,
         }
     );
     assert!(matches!(&to_i[1], Message::MemTable(t) if t.len() == 2));
@@ -48,7 +50,7 @@ fn handshake_without_auth() {
     );
     let evs: Vec<_> = p.ini_events.iter().map(|e| &e.1).collect();
     assert!(
-        matches!(evs[0], Event::Welcomed { session: SESSION, engine, incarnation: 2 } if engine == "10.0.0.2:5000"),
+        matches!(evs[0], Event::Welcomed { session: SESSION, engine, incarnation: 2, ..  } if engine == "10.0.0.2:5000"),
         "the target's name and incarnation"
     );
     match evs[1] {
@@ -278,6 +280,7 @@ fn forged_or_short_responses_are_refused() {
             engine: "i".into(),
             channel: Channel::Control,
             session: 1,
+            features: crate::wire::FEATURES,
         };
         t.handle_frame(now, hello).expect("hello");
         assert!(t.handle_frame(now, m).is_err(), "{what}");
@@ -489,8 +492,57 @@ fn transport_offers_pass_through_before_the_table_only() {
         engine: "i".into(),
         channel: Channel::Control,
         session: 1,
+        features: crate::wire::FEATURES,
     };
     t.handle_frame(now, hello).expect("hello");
     assert!(t.offer(Message::Heartbeat { seq: 1 }).is_err());
     assert!(t.offer(Message::VerbsInfo { device: "x".into() }).is_ok());
+}
+
+#[test]
+fn a_link_uses_the_features_both_ends_announced() {
+    let ini = Config {
+        features: 0b101,
+        ..config("10.0.0.1", 1)
+    };
+    let tgt = Config {
+        features: 0b110,
+        ..config("10.0.0.2:5000", 2)
+    };
+    let p = Pair::with(ini, tgt).connect();
+    assert_eq!(p.ini.phase(), Phase::Established);
+    for (side, events) in [("initiator", &p.ini_events), ("target", &p.tgt_events)] {
+        assert!(
+            matches!(
+                events[0].1,
+                Event::Welcomed {
+                    features: 0b100,
+                    ..
+                }
+            ),
+            "{side}: {:?}",
+            events[0].1
+        );
+    }
+}
+
+#[test]
+fn a_refusal_for_the_wire_version_names_both() {
+    let now = Instant::now();
+    let mut i = InitiatorSession::new(config("i", 1), "t", now, NONCE_I);
+    let newer = crate::wire::VERSION + 1;
+    // What a target of the next version answers (see `wire::version_refusal`).
+    let refuse = Message::Refuse {
+        status: Status::Unsupported.code(),
+        reason: format!(
+            "the target speaks hixl wire {newer}, the connecting engine hixl wire {}: they cannot talk",
+            crate::wire::VERSION
+        ),
+    };
+    let e = i.handle_frame(now, refuse).unwrap_err();
+    assert!(
+        matches!(e, Error::WireVersion { theirs, ours, .. } if theirs == newer && ours == crate::wire::VERSION),
+        "{e:?}"
+    );
+    assert_eq!(e.status(), Status::Unsupported);
 }

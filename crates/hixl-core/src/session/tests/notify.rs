@@ -315,6 +315,7 @@ fn driver_admission_refuses_a_repeated_seq() {
             engine: "10.0.0.1".into(),
             channel: crate::wire::Channel::Control,
             session: 1,
+            features: crate::wire::FEATURES,
         },
     )
     .expect("hello");

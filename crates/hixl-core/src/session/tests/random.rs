@@ -42,13 +42,15 @@ fn message() -> impl Strategy<Value = Message> {
             .prop_map(|(engine, c, session)| Message::Hello {
                 engine,
                 channel: [Channel::Control, Channel::Data, Channel::Fabric][c as usize],
-                session
+                session,
+                features: crate::wire::FEATURES,
             }),
         (text(), any::<u64>(), any::<u64>()).prop_map(|(engine, session, incarnation)| {
             Message::Welcome {
                 engine,
                 session,
                 incarnation,
+                features: crate::wire::FEATURES,
             }
         }),
         (any::<u32>(), text()).prop_map(|(status, reason)| Message::Refuse { status, reason }),
