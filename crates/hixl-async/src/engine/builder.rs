@@ -9,6 +9,7 @@ use hixl_core::options::TcpIo;
 use hixl_core::{Error, OpTable, Options, RegionTable, Result};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use super::{Engine, EngineInner};
 use crate::addr::{engine_name, EngineAddr};
@@ -134,7 +135,8 @@ impl EngineBuilder {
         };
         let notifies = Arc::new(NotifyQueue::default());
         let (shutdown, rx) = watch::channel(false);
-        tokio::spawn(reactor.run(rx.clone()));
+        let tasks = TaskTracker::new();
+        tasks.spawn(reactor.run(rx.clone()));
         let server = match listener {
             Some(l) => {
                 let srv = Server::new(
@@ -143,8 +145,9 @@ impl EngineBuilder {
                     lcx.regions.clone(),
                     notifies.clone(),
                     instance,
+                    tasks.clone(),
                 );
-                tokio::spawn(srv.clone().accept_loop(l, rx.clone()));
+                tasks.spawn(srv.clone().accept_loop(l, rx.clone()));
                 srv.listen_transports(&rx)?;
                 Some(srv)
             }
@@ -161,6 +164,7 @@ impl EngineBuilder {
                 server,
                 links: Mutex::new(HashMap::new()),
                 shutdown,
+                tasks,
                 auto_connect: options.auto_connect || options.global.channel_pool.configured,
                 async_conn: Mutex::new(HashMap::new()),
                 async_pending: Arc::new(std::sync::atomic::AtomicUsize::new(0)),

@@ -132,10 +132,12 @@ impl Engine {
         }
     }
 
-    /// AutoConnect: drops a dead link from the table, so the next transfer reconnects.
+    /// AutoConnect: drops a dead link from the table, so the next transfer reconnects. A
+    /// task of the link's own, so that `Link::closed` joins it too.
     fn forget_when_dead(&self, key: &str, link: &Arc<Link>) {
-        let (inner, key, link) = (Arc::downgrade(&self.inner), key.to_string(), link.clone());
-        tokio::spawn(async move {
+        let (inner, key, watched) = (Arc::downgrade(&self.inner), key.to_string(), link.clone());
+        link.state.spawn(async move {
+            let link = watched;
             link.state.dead().await;
             if let Some(inner) = inner.upgrade() {
                 let mut l = lock(&inner.links);

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use hixl_core::{Error, Notify, Options, Result};
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 pub use builder::EngineBuilder;
 
@@ -44,6 +45,10 @@ struct EngineInner {
     server: Option<Arc<Server>>,
     links: Mutex<HashMap<String, LinkSlot>>,
     shutdown: watch::Sender<bool>,
+    /// The engine's own tasks: the reactor, the accept loops, each accepted connection's
+    /// (which becomes its session's driver). [`Engine::shutdown`] joins them; each link's
+    /// tasks are its own (`LinkState`).
+    tasks: TaskTracker,
     /// `AutoConnect=1`, or `channel_pool.*` configured: transfers connect lazily and dead
     /// links are dropped from the table.
     auto_connect: bool,
@@ -261,6 +266,18 @@ impl Engine {
         let _ = tokio::time::timeout_at(deadline, joined).await;
         while self.ops_in_flight() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The accept loops and every accepted connection's session (each has said goodbye).
+        self.inner.tasks.close();
+        if tokio::time::timeout_at(deadline, self.inner.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                engine = %self.inner.lcx.config.name,
+                "{} of the engine's tasks still running after the shutdown's grace of {grace:?}",
+                self.inner.tasks.len()
+            );
         }
         self.inner.notifies.close();
     }

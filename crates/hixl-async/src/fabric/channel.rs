@@ -76,7 +76,7 @@ impl PeerChannel for FabricChannel {
         let st = state.clone();
         st.spawn(async move {
             let e = tokio::select! {
-                e = super::client::reader(fs.stream, fs.buf, fs.fds, f, on_ack) => e,
+                e = super::client::reader(fs.stream, fs.buf, fs.fds, f, &state, on_ack) => e,
                 _ = state.dead() => return,
             };
             state.kill(e);

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use super::chan::{recv_frame, send_frame};
 use super::FabricBackend;
+use crate::link_state::LinkState;
 use crate::sync::{lock, read, recover, write};
 
 /// How the initiator reaches one of the peer's regions over the fabric.
@@ -287,20 +288,30 @@ impl FabricLink {
     }
 
     /// Stops using the region with `rkey`: no new copies find it; once the copies in flight
-    /// have dropped their hold, the mapping goes and the peer is told.
-    pub(crate) fn revoke(self: &Arc<Self>, rkey: u64) {
+    /// have dropped their hold, the mapping goes and the peer is told. The wait is a task of
+    /// the link's (`state`): it ends with the link, which joins it.
+    pub(crate) fn revoke(self: &Arc<Self>, rkey: u64, state: &Arc<LinkState>) {
         let e = write(&self.regions).remove(&rkey);
-        let me = self.clone();
-        tokio::spawn(async move {
-            if let Some(e) = e {
-                // The op table drops each op's hold once its last copy is done; the last one
-                // to go unmaps and fires `gone`. No polling.
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                *lock(&e.reach.gone.0) = Some(tx);
-                drop(e);
-                let _ = rx.await;
+        let (me, link) = (self.clone(), state.clone());
+        state.spawn(async move {
+            let drained = async {
+                if let Some(e) = e {
+                    // The op table drops each op's hold once its last copy is done; the last
+                    // one to go unmaps and fires `gone`. No polling.
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    *lock(&e.reach.gone.0) = Some(tx);
+                    drop(e);
+                    let _ = rx.await;
+                }
+            };
+            tokio::select! {
+                _ = drained => {
+                    me.send(Message::RevokeAck { rkey });
+                }
+                // A dead link acks nothing; its copies still drop their holds as their ops
+                // resolve, and the last one unmaps.
+                _ = link.dead() => {}
             }
-            me.send(Message::RevokeAck { rkey });
         });
     }
 }
@@ -325,6 +336,7 @@ pub(crate) async fn reader(
     mut buf: BytesMut,
     mut fds: Vec<OwnedFd>,
     link: Arc<FabricLink>,
+    state: &Arc<LinkState>,
     on_ack: impl Fn(u64, u32),
 ) -> Error {
     loop {
@@ -335,7 +347,7 @@ pub(crate) async fn reader(
                     return e;
                 }
             }
-            Ok(Message::Revoke { rkey }) => link.revoke(rkey),
+            Ok(Message::Revoke { rkey }) => link.revoke(rkey, state),
             Ok(Message::NotifyAck { seq, status }) => on_ack(seq, status),
             Ok(m) => {
                 return Error::Protocol {

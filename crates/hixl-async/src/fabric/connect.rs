@@ -62,7 +62,8 @@ impl Transport for FabricTransport {
     fn listen(&self, cx: &TargetCx, shutdown: watch::Receiver<bool>) -> Result<()> {
         if let Some(f) = &self.backend {
             let l = f.listen()?;
-            tokio::spawn(super::server::accept_loop(cx.clone(), l, shutdown));
+            cx.tasks
+                .spawn(super::server::accept_loop(cx.clone(), l, shutdown));
         }
         Ok(())
     }

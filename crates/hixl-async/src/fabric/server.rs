@@ -133,9 +133,9 @@ pub(crate) async fn accept_loop(
         tokio::select! {
             r = l.accept() => match r {
                 Ok((s, _)) => {
-                    let srv = srv.clone();
+                    let (tasks, srv) = (srv.tasks.clone(), srv.clone());
                     let mut sd = shutdown.clone();
-                    tokio::spawn(async move {
+                    tasks.spawn(async move {
                         tokio::select! {
                             _ = handle(srv, s) => {}
                             _ = sd.changed() => {}

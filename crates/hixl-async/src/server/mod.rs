@@ -13,6 +13,7 @@ use hixl_core::{Error, Result, Status};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use crate::context::{EngineConfig, Regions};
 use crate::frame_io::{read_frame, take_ready, tune, write_frame};
@@ -41,11 +42,13 @@ impl Server {
         regions: Regions,
         notifies: Arc<NotifyQueue>,
         instance: u64,
+        tasks: TaskTracker,
     ) -> Arc<Server> {
         let cx = TargetCx {
             sessions: Arc::new(Sessions::default()),
             regions,
             notifies,
+            tasks,
         };
         Arc::new(Server {
             config,
@@ -77,8 +80,9 @@ impl Server {
                 r = l.accept() => match r {
                     Ok((s, from)) => {
                         // Each connection watches the shutdown itself: a session's driver
-                        // still says goodbye to its initiator.
-                        tokio::spawn(self.clone().handle(s, from.to_string(), shutdown.clone()));
+                        // still says goodbye to its initiator. The engine's shutdown joins it.
+                        let conn = self.clone().handle(s, from.to_string(), shutdown.clone());
+                        self.cx.tasks.spawn(conn);
                     }
                     Err(e) => {
                         tracing::warn!("accept failed: {e}");

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use hixl_core::wire::Message;
 use hixl_core::RegionTable;
 use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
 
 use crate::link_state::LinkState;
 use crate::memory::RegionInner;
@@ -135,4 +136,7 @@ pub(crate) struct TargetCx {
     pub(crate) sessions: Arc<Sessions>,
     pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,
     pub(crate) notifies: Arc<NotifyQueue>,
+    /// The engine's own tasks (its accept loops and each accepted connection's), which
+    /// `Engine::shutdown` joins.
+    pub(crate) tasks: TaskTracker,
 }
