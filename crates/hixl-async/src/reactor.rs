@@ -77,7 +77,7 @@ impl Reactor {
     /// Poll: applies every queued completion; wakes owners after releasing the op-table
     /// lock. Returns how many completions were applied.
     pub(crate) fn poll(&self) -> usize {
-        self.poll_with(&mut crate::completion::lock(&self.drain))
+        self.poll_with(&mut crate::sync::lock(&self.drain))
     }
 
     /// A poll run by a producer right after posting. `None` when a drain is already running;
@@ -105,7 +105,7 @@ impl Reactor {
             return 0;
         }
         {
-            let mut ops = crate::completion::lock(&self.ops);
+            let mut ops = crate::sync::lock(&self.ops);
             for (token, result) in batch.drain(..) {
                 match ops.complete(token, result, reaped) {
                     Completed::Finished(Some(w)) => wake.push(w),
@@ -150,7 +150,7 @@ impl Reactor {
 
     /// Whether no op has parts outstanding.
     fn is_settled(&self) -> bool {
-        crate::completion::lock(&self.ops).outstanding() == 0
+        crate::sync::lock(&self.ops).outstanding() == 0
     }
 
     /// Runs until the engine shuts down (or is dropped) and then, so that every transfer in
@@ -235,7 +235,7 @@ impl AsRawFd for SourceFd {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::completion::{Completion, CompletionQueue};
+    use crate::completion::CompletionQueue;
     use hixl_core::Error;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::Wake;
@@ -267,10 +267,7 @@ mod tests {
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let tok = waiting_op(&ops, &count);
         assert_eq!(r.poll(), 0);
-        cq.push(Completion {
-            token: tok,
-            result: Ok(()),
-        }); // injected between the polls
+        cq.push(tok, Ok(())); // injected between the polls
         assert!(!cq.is_rung(), "not armed yet: no syscall");
         r.arm();
         assert_eq!(r.poll(), 1);
@@ -290,10 +287,7 @@ mod tests {
         })
         .join();
         assert!(ops.is_poisoned());
-        cq.push(Completion {
-            token: tok,
-            result: Ok(()),
-        });
+        cq.push(tok, Ok(()));
         assert_eq!(r.poll(), 1);
         assert_eq!(
             count.0.load(Ordering::SeqCst),
@@ -301,7 +295,7 @@ mod tests {
             "the waiter was still woken"
         );
         assert_eq!(
-            crate::completion::lock(&ops).live(),
+            crate::sync::lock(&ops).live(),
             1,
             "done, waiting to be taken"
         );
@@ -315,10 +309,7 @@ mod tests {
         assert_eq!(r.poll(), 0);
         r.arm();
         assert_eq!(r.poll(), 0);
-        cq.push(Completion {
-            token: tok,
-            result: Err(Error::NotInitialized),
-        }); // while parking
+        cq.push(tok, Err(Error::NotInitialized)); // while parking
         assert!(cq.is_rung(), "armed queue must ring so the park returns");
         assert_eq!(r.poll(), 1);
         assert_eq!(count.0.load(Ordering::SeqCst), 1);
@@ -333,10 +324,7 @@ mod tests {
         let count = Arc::new(Count(AtomicUsize::new(0)));
         let tok = waiting_op(&ops, &count);
         r.arm();
-        cq.push_quiet([Completion {
-            token: tok,
-            result: Ok(()),
-        }]);
+        cq.push_quiet([(tok, Ok(()))]);
         assert!(!cq.is_rung(), "a quiet push does not ring");
         {
             let _running = r.drain.lock().unwrap();
@@ -359,12 +347,7 @@ mod tests {
                 k
             };
             let cq2 = cq.clone();
-            std::thread::spawn(move || {
-                cq2.push(Completion {
-                    token: tok,
-                    result: Ok(()),
-                })
-            });
+            std::thread::spawn(move || cq2.push(tok, Ok(())));
             std::future::poll_fn(|cx| {
                 match ops.lock().unwrap().poll_result(tok, cx.waker().clone()) {
                     Some(r) => std::task::Poll::Ready(r),

@@ -1,7 +1,7 @@
 //! The completion sink transports hand finished parts to: the engine's completion queue,
 //! drained inline when no drain runs, else by the reactor.
 
-use hixl_core::{Error, Token};
+use hixl_core::{Error, PartResult, Token};
 
 use crate::completion::{Completion, CompletionQueue};
 use crate::reactor::Reactor;
@@ -25,7 +25,7 @@ impl Completions {
     /// Posts completions and drains them inline; only if another drain is running does the
     /// reactor get rung (so a parked reactor is not woken for nothing).
     pub(crate) fn complete_all(&self, cs: impl IntoIterator<Item = Completion>) {
-        self.cq.push_quiet(cs);
+        self.cq.push_quiet(cs.into_iter().map(PartResult::from));
         if self.reactor.poll_inline().is_none() {
             self.cq.ring();
         }

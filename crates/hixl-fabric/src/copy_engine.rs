@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use hixl_core::{CompletionSource, Error, PartResult, Token};
 
 use crate::cma::{cma_read, cma_write};
-use crate::completion::CompletionQueue;
 use crate::copy_op::strided_end;
 pub use crate::copy_op::{CopyKind, CopyOp};
+use hixl_cq::CompletionQueue;
 
 /// Most copy streams an engine runs (HIXL's `fabric_memory.task_stream_num` range is 1–8).
 pub const MAX_STREAMS: usize = 8;

@@ -20,7 +20,6 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cma;
-pub mod completion;
 pub mod copy_engine;
 mod copy_op;
 pub mod fdpass;
@@ -30,9 +29,9 @@ mod placement;
 pub mod pool;
 
 pub use cma::{cma_probe, cma_read, cma_write, permit_cma_from};
-pub use completion::CompletionQueue;
 pub use copy_engine::{CopyEngine, CopyKind, CopyOp, DEFAULT_RING_CAPACITY, MAX_STREAMS};
 pub use fdpass::{recv_fds, send_fds, SCM_MAX_FD};
+pub use hixl_cq::CompletionQueue;
 pub use host::HostIdentity;
 pub use mapping::PeerMapping;
 pub use placement::page_size;

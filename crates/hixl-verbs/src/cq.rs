@@ -31,7 +31,7 @@ const POLL_BATCH: usize = 64;
 /// slot) when it is created, so that even when every outstanding WR of every QP is flushed
 /// at once the queue cannot overflow.
 #[derive(Clone)]
-pub struct CompletionQueue {
+pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
 }
 
@@ -70,9 +70,9 @@ unsafe impl Send for CqInner {}
 // SAFETY: see Send.
 unsafe impl Sync for CqInner {}
 
-impl std::fmt::Debug for CompletionQueue {
+impl std::fmt::Debug for Cq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompletionQueue")
+        f.debug_struct("Cq")
             .field("device", &self.inner.ctx.name())
             .field("capacity", &self.inner.capacity)
             .field("fd", &self.inner.fd)
@@ -80,13 +80,13 @@ impl std::fmt::Debug for CompletionQueue {
     }
 }
 
-impl CompletionQueue {
+impl Cq {
     /// Creates a queue of `capacity` entries with its own completion channel.
     ///
     /// # Errors
     /// [`VerbsError::Invalid`] for 0 or more than the device's `max_cqe`; the errno of
     /// `ibv_create_comp_channel`, `fcntl` or `ibv_create_cq`.
-    pub fn new(ctx: &Context, capacity: u32) -> Result<CompletionQueue> {
+    pub fn new(ctx: &Context, capacity: u32) -> Result<Cq> {
         let max = ctx.limits().max_cqe;
         if capacity == 0 || capacity > max || capacity > i32::MAX as u32 {
             return Err(VerbsError::Invalid {
@@ -138,7 +138,7 @@ impl CompletionQueue {
             destroy_channel();
             return Err(VerbsError::verb("ibv_create_cq", ctx.name(), e));
         }
-        Ok(CompletionQueue {
+        Ok(Cq {
             inner: Arc::new(CqInner {
                 cq,
                 channel,
@@ -395,7 +395,7 @@ pub(crate) fn destroy_qp(qp: *mut sys::ibv_qp, qpn: u32) {
     }
 }
 
-impl CompletionSource for CompletionQueue {
+impl CompletionSource for Cq {
     fn drain(&self, out: &mut Vec<PartResult>) -> usize {
         self.poll(out)
     }
@@ -416,7 +416,7 @@ impl CompletionSource for CompletionQueue {
     }
 }
 
-impl AsRawFd for CompletionQueue {
+impl AsRawFd for Cq {
     fn as_raw_fd(&self) -> RawFd {
         self.inner.fd
     }
@@ -460,7 +460,7 @@ mod tests {
     fn the_wrappers_can_be_shared_with_a_reactor_thread() {
         fn source<T: CompletionSource + Clone + 'static>() {}
         fn send_sync<T: Send + Sync>() {}
-        source::<CompletionQueue>();
+        source::<Cq>();
         send_sync::<crate::QueuePair>();
         send_sync::<crate::MemoryRegion>();
         send_sync::<crate::RegisteredBuffer>();

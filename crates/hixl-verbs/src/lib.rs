@@ -6,7 +6,7 @@
 //!    GIDs and their RoCE version), [`Context::open`] or [`Context::open_first_active`].
 //! 2. [`ProtectionDomain::new`]; [`MemoryRegion::register`] (unsafe: the caller keeps the
 //!    memory alive) or [`RegisteredBuffer::new`] (owns its memory) give lkeys and rkeys.
-//! 3. [`CompletionQueue::new`]: a CQ with a non-blocking completion channel fd; it implements
+//! 3. [`Cq::new`]: a CQ with a non-blocking completion channel fd; it implements
 //!    [`hixl_core::CompletionSource`] for the engine's reactor (drain, arm, drain, park).
 //! 4. [`QueuePair::new`] (RC), [`QueuePair::endpoint`] sent to the peer out of band,
 //!    [`QueuePair::connect`] with the peer's [`QpEndpoint`].
@@ -16,13 +16,13 @@
 //! ```no_run
 //! use std::time::Duration;
 //! use hixl_core::{Access, Token};
-//! use hixl_verbs::{CompletionQueue, Context, ProtectionDomain, QpConfig, QueuePair};
+//! use hixl_verbs::{Cq, Context, ProtectionDomain, QpConfig, QueuePair};
 //! use hixl_verbs::{RegisteredBuffer, VerbsError, WorkRequest};
 //!
 //! # fn main() -> hixl_verbs::Result<()> {
 //! let ctx = Context::open("rxe0")?;
 //! let pd = ProtectionDomain::new(&ctx)?;
-//! let cq = CompletionQueue::new(&ctx, 4096)?;
+//! let cq = Cq::new(&ctx, 4096)?;
 //! let mut qp = QueuePair::new(&pd, &cq, QpConfig::default())?;
 //! let buf = RegisteredBuffer::new(&pd, 1 << 20, Access::REMOTE_RW)?;
 //! // Send qp.endpoint() and buf.remote() to the peer out of band; receive its pair.
@@ -61,7 +61,7 @@ mod sys;
 pub use attr::{DeviceInfo, GidInfo, GidType, LinkLayer, Mtu, PortInfo, PortState};
 pub use buffer::RegisteredBuffer;
 pub use context::{Context, Limits};
-pub use cq::CompletionQueue;
+pub use cq::Cq;
 pub use device::{query_devices, Device};
 pub use endpoint::{QpEndpoint, ENDPOINT_LEN};
 pub use error::{Result, VerbsError, WcStatus};

@@ -7,7 +7,7 @@ use std::fmt;
 use hixl_core::{Access, Options};
 
 use crate::attr::{LinkLayer, Mtu, PortInfo};
-use crate::cq::{destroy_qp, CompletionQueue};
+use crate::cq::{destroy_qp, Cq};
 use crate::endpoint::QpEndpoint;
 use crate::error::{Result, VerbsError};
 use crate::mr::{access_flags, ProtectionDomain};
@@ -182,7 +182,7 @@ impl fmt::Display for QpState {
 pub struct QueuePair {
     pub(crate) qp: *mut sys::ibv_qp,
     pub(crate) qpn: u32,
-    pub(crate) cq: CompletionQueue,
+    pub(crate) cq: Cq,
     pub(crate) pd: ProtectionDomain,
     pub(crate) cfg: QpConfig,
     port: PortInfo,
@@ -240,7 +240,7 @@ impl QueuePair {
     /// # Errors
     /// [`VerbsError::Invalid`] for a bad config, a port without an active MTU or (on Ethernet)
     /// without a GID; [`VerbsError::CompletionQueueFull`]; the errno of `ibv_create_qp`.
-    pub fn new(pd: &ProtectionDomain, cq: &CompletionQueue, cfg: QpConfig) -> Result<QueuePair> {
+    pub fn new(pd: &ProtectionDomain, cq: &Cq, cfg: QpConfig) -> Result<QueuePair> {
         let ctx = pd.context();
         cfg.validate(ctx.limits().max_qp_wr)?;
         let port = ctx.port(cfg.port)?;

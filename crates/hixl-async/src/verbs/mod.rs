@@ -29,8 +29,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use hixl_core::options::TransportChoice;
 use hixl_core::{CompletionSource, Error, Options, PartResult, Result, Token};
 use hixl_verbs::{
-    CompletionQueue, Context, MemoryRegion, ProtectionDomain, QpConfig, QpEndpoint, QueuePair,
-    WorkRequest,
+    Context, Cq, MemoryRegion, ProtectionDomain, QpConfig, QpEndpoint, QueuePair, WorkRequest,
 };
 
 use crate::completion::Completion;
@@ -46,7 +45,7 @@ const CQ_ENTRIES: u32 = 1 << 16;
 /// What an engine with the verbs backend owns.
 pub(crate) struct VerbsBackend {
     pub(crate) pd: ProtectionDomain,
-    pub(crate) cq: CompletionQueue,
+    pub(crate) cq: Cq,
     pub(crate) source: Arc<VerbsSource>,
     /// Config of initiator QPs (from the engine's options).
     cfg: QpConfig,
@@ -98,7 +97,7 @@ impl VerbsBackend {
         };
         let limits = ctx.limits();
         let pd = ProtectionDomain::new(&ctx)?;
-        let cq = CompletionQueue::new(&ctx, CQ_ENTRIES.min(limits.max_cqe))?;
+        let cq = Cq::new(&ctx, CQ_ENTRIES.min(limits.max_cqe))?;
         let mut cfg = QpConfig::from_options(o);
         cfg.max_send_wr = SEND_QUEUE.min(limits.max_qp_wr);
         // Fail at build, not at the first connect, for a port without an active MTU or a
@@ -174,7 +173,7 @@ struct Hold {
 /// The verbs completion queue as the reactor sees it: draining also names the cause of
 /// flushed requests, closes links whose QP failed and posts backlogs into freed slots.
 pub(crate) struct VerbsSource {
-    cq: CompletionQueue,
+    cq: Cq,
     holds: Mutex<HashMap<Token, Hold>>,
     links: Mutex<Vec<Weak<VerbsLink>>>,
 }

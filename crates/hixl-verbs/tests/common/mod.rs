@@ -6,9 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use hixl_core::{Access, PartResult, Token};
-use hixl_verbs::{
-    CompletionQueue, Context, ProtectionDomain, QpConfig, QueuePair, RegisteredBuffer,
-};
+use hixl_verbs::{Context, Cq, ProtectionDomain, QpConfig, QueuePair, RegisteredBuffer};
 
 /// The env var naming the device the hardware tests use.
 pub const DEVICE_VAR: &str = "HIXL_VERBS_DEVICE";
@@ -48,14 +46,14 @@ macro_rules! require_device {
 pub struct Side {
     pub ctx: Context,
     pub pd: ProtectionDomain,
-    pub cq: CompletionQueue,
+    pub cq: Cq,
 }
 
 impl Side {
     pub fn open(dev: &str, cq_entries: u32) -> Side {
         let ctx = Context::open(dev).expect("open device");
         let pd = ProtectionDomain::new(&ctx).expect("alloc pd");
-        let cq = CompletionQueue::new(&ctx, cq_entries).expect("create cq");
+        let cq = Cq::new(&ctx, cq_entries).expect("create cq");
         Side { ctx, pd, cq }
     }
 
@@ -115,7 +113,7 @@ pub fn checksum(buf: &[u8]) -> u64 {
 }
 
 /// Waits for `n` completions on `cq` (panics after `timeout`, naming what is missing).
-pub fn wait(cq: &CompletionQueue, n: usize, timeout: Duration) -> Vec<PartResult> {
+pub fn wait(cq: &Cq, n: usize, timeout: Duration) -> Vec<PartResult> {
     let mut out = Vec::with_capacity(n);
     cq.wait_for(&mut out, n, timeout);
     assert!(

@@ -1,5 +1,6 @@
-//! The copy engines' completion ring: finished ops queued for the engine's reactor, with an
-//! eventfd it parks on (the same arm/ring protocol as the TCP backend's completion queue).
+//! The completion queue of hixl's devices: where the TCP data connections and the fabric's
+//! copy engines post finished parts for the engine's reactor, with an eventfd it parks on.
+//! (The verbs transport's queue is the NIC's own, `hixl_verbs::Cq`.)
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -54,8 +55,14 @@ impl CompletionQueue {
 
     /// Posts several completions and rings once.
     pub fn push_all(&self, cs: impl IntoIterator<Item = PartResult>) {
-        self.lock().extend(cs);
+        self.push_quiet(cs);
         self.ring();
+    }
+
+    /// Posts completions without ringing: the caller drains them itself, or calls
+    /// [`CompletionQueue::ring`] when it does not.
+    pub fn push_quiet(&self, cs: impl IntoIterator<Item = PartResult>) {
+        self.lock().extend(cs);
     }
 
     /// Completions waiting to be drained.
@@ -80,7 +87,8 @@ impl CompletionQueue {
         n == 1
     }
 
-    fn ring(&self) {
+    /// Rings the eventfd if the reactor armed it.
+    pub fn ring(&self) {
         if self.armed.swap(false, Ordering::SeqCst) {
             let one: u64 = 1;
             // SAFETY: writes 8 bytes from a live u64 to our own eventfd. It cannot fail short
