@@ -3,6 +3,7 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod answers;
 pub mod auth;
 pub mod backend;
 pub mod error;

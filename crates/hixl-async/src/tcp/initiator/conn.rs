@@ -94,7 +94,7 @@ impl Conn {
                 .chain(tx.backlog.drain(..).map(|p| p.part))
                 .collect()
         };
-        let unanswered = lock(&self.rx).inflight.take().unwrap_or_default();
+        let unanswered = lock(&self.rx).answers.close();
         if let Some(s) = self.sock.get() {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
@@ -211,10 +211,7 @@ impl Conn {
             || (rx.reader_parked
                 && self.spinners.load(Ordering::SeqCst) == 0
                 && !(via == Via::Direct && self.owners_spin));
-        let Some(q) = rx.inflight.as_mut() else {
-            return Err(part);
-        };
-        q.push_back(part);
+        rx.answers.push(part)?;
         self.kick_reader(rx, ring);
         Ok(())
     }

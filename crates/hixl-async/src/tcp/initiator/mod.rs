@@ -23,6 +23,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use hixl_core::answers::Answers;
 use hixl_core::wire::DataReq;
 use hixl_core::{Error, Token};
 use tokio::io::unix::AsyncFd;
@@ -182,15 +183,14 @@ const DRIVER_SPIN: u8 = 3;
 /// The receiving half.
 #[derive(Debug)]
 struct Rx {
-    /// Parts awaiting their answer, oldest first; `None` once closed (then pushing fails the
-    /// part instead). A write part is queued only once its payload is sent, so that nobody
-    /// completes it (and lets its op be reaped) while the socket still reads its memory.
-    inflight: Option<VecDeque<Part>>,
+    /// Parts awaiting their answer, oldest first, and how far the front one's answer is;
+    /// closed with the connection (then pushing fails the part instead). A write part is
+    /// queued only once its payload is sent, so that nobody completes it (and lets its op be
+    /// reaped) while the socket still reads its memory.
+    answers: Answers<Part>,
     /// Answer bytes received ahead: frames not yet matched, and the start of a read payload
     /// that came with its header (copied out of the stage into the part's memory).
     stage: Stage,
-    /// `Some(n)` while the front part's read payload is coming: `n` bytes are in.
-    payload: Option<usize>,
     /// The reader task waits for [`Conn::reader_kick`] (with nothing awaited, or while a
     /// waiter spins); whoever kicks it clears this.
     reader_parked: bool,

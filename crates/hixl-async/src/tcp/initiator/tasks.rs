@@ -157,7 +157,7 @@ pub(super) async fn reader(conn: Arc<Conn>) {
         }
         let parked = {
             let mut rx = lock(&conn.rx);
-            if rx.inflight.is_none() {
+            if rx.answers.is_closed() {
                 break;
             }
             // Answers only follow requests, and a part is queued before (read) or right
