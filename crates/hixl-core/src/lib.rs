@@ -10,6 +10,7 @@ pub mod error;
 mod error_status;
 pub mod op_table;
 pub mod options;
+pub mod outbox;
 pub mod region;
 pub mod session;
 pub mod status;

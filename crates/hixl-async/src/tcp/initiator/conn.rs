@@ -82,18 +82,7 @@ impl Conn {
             }
             u.quiesce();
         }
-        let unsent: Vec<Part> = {
-            let mut tx = lock(&self.tx);
-            tx.closed = true;
-            tx.head.clear();
-            tx.head_off = 0;
-            tx.front_sent = 0;
-            let gathered: Vec<Part> = tx.out.drain(..).filter_map(|o| o.write).collect();
-            gathered
-                .into_iter()
-                .chain(tx.backlog.drain(..).map(|p| p.part))
-                .collect()
-        };
+        let unsent: Vec<Part> = lock(&self.tx).close();
         let unanswered = lock(&self.rx).answers.close();
         if let Some(s) = self.sock.get() {
             let _ = s.shutdown(std::net::Shutdown::Both);

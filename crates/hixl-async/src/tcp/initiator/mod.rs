@@ -19,11 +19,11 @@
 //! queue keeps the order requests went out in). Completions are delivered after the locks
 //! are released.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use hixl_core::answers::Answers;
+use hixl_core::outbox::Outbox;
 use hixl_core::wire::DataReq;
 use hixl_core::{Error, Token};
 use tokio::io::unix::AsyncFd;
@@ -142,30 +142,15 @@ impl Pending {
 /// The sending half.
 #[derive(Debug, Default)]
 struct Tx {
-    /// Parts not yet gathered for sending.
-    backlog: VecDeque<Pending>,
-    /// Gathered parts, in send order: from here on each is sent to the end whatever becomes
-    /// of its op (the stream must stay in frame). A read part is in `rx` already.
-    out: VecDeque<Out>,
-    /// The headers of `out`, concatenated; `head_off` of them have gone out.
-    head: Vec<u8>,
-    head_off: usize,
-    /// Bytes of the front of `out` already sent (its header, then its payload).
-    front_sent: usize,
+    /// Parts not yet sent: the backlog, and the gather being sent (from which on each is
+    /// sent to the end whatever becomes of its op: the stream must stay in frame; a read part
+    /// is in `rx` already).
+    outbox: Outbox<Pending>,
     /// The last withdrawal check: the op, the count it was made at, and whether the op was
     /// still wanted.
     checked: Option<(Token, u64, bool)>,
     /// Set once the connection is closed: nothing is sent any more.
     closed: bool,
-}
-
-/// One gathered request: its header (in `Tx::head`) and, for a write, the part whose payload
-/// follows it.
-#[derive(Debug)]
-struct Out {
-    write: Option<Part>,
-    /// Its header's bytes in `Tx::head`.
-    hlen: usize,
 }
 
 /// Rounds of pump, submit and reap one io_uring drive makes at most.
@@ -249,12 +234,6 @@ impl std::fmt::Debug for Conn {
     }
 }
 
-impl Part {
-    fn local_len(&self) -> usize {
-        self.req.len as usize
-    }
-}
-
 impl DataConn {
     /// A data connection whose socket `open` opens when parts first come; starts its
     /// writer and reader tasks (idle until then). `withdrawals` counts the link's withdrawn
@@ -334,12 +313,9 @@ impl DataConn {
             // sending its first gather here would hold the submitter for no latency gain.
             let many = parts.len() > GATHER_PARTS;
             let free = tx.is_free();
-            if tx.backlog.is_empty() {
-                // The list becomes the backlog as it is (no copy of thousands of parts).
-                tx.backlog = VecDeque::from(parts);
-            } else {
-                tx.backlog.extend(parts);
-            }
+            // A list given to an empty backlog becomes it as it is (no copy of thousands of
+            // parts).
+            tx.queue(parts);
             // A busy connection has its writer on it (or a spinner): the parts wait their turn.
             // With io_uring the ring is driven below, once the lock is free.
             match (c.uring, many, free) {

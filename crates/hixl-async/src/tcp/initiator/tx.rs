@@ -1,15 +1,15 @@
-//! The sending half: gathering queued parts into requests (up to the gather bounds),
-//! sending them with their write payloads, and dropping the parts of withdrawn ops.
+//! The sending half: the socket I/O around hixl-core's sans-io outbox
+//! ([`hixl_core::outbox::Outbox`]): its gathers sent with one `sendmsg` (or io_uring send)
+//! each, write payloads straight from registered memory, the parts of withdrawn ops dropped.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 
-use hixl_core::wire::{
-    encode_data_req, encode_strided_req, StridedReq, DATA_REQ_FRAME, STRIDED_REQ_FRAME,
-};
+use hixl_core::outbox::{Bounds, Outgoing, Piece as Next};
+use hixl_core::wire::{encode_data_req, encode_strided_req, StridedReq};
 use hixl_core::{Error, Token};
 
-use super::{lost, Conn, Out, Part, Pumped, Tx, Via};
+use super::{lost, Conn, Part, Pending, Pumped, Tx, Via};
 use crate::completion::Completion;
 use crate::sync::lock;
 use crate::tcp::gather::{GATHER_BYTES, GATHER_PARTS};
@@ -17,78 +17,39 @@ use crate::tcp::uring::Piece;
 
 impl Tx {
     pub(super) fn is_free(&self) -> bool {
-        self.backlog.is_empty() && self.out.is_empty()
+        self.outbox.is_free()
     }
 
-    /// Takes parts from the backlog into `out` (their headers into `head`) while the gather
-    /// bounds allow, at least one, all reads or all writes. Parts of withdrawn ops complete
-    /// as cancelled (into `done`); a read part is queued for its answer before its header can
-    /// go out.
+    /// Queues parts behind the backlog.
+    pub(super) fn queue(&mut self, parts: Vec<Pending>) {
+        self.outbox.queue(parts);
+    }
+
+    /// Gathers the next send from the backlog (up to the gather bounds). Parts of withdrawn
+    /// ops complete as cancelled (into `done`); a read part is queued for its answer before
+    /// its header can go out.
     pub(super) fn gather(
         &mut self,
         conn: &Conn,
         via: Via,
         done: &mut Vec<Completion>,
     ) -> Result<(), Error> {
-        let mut bytes: u64 = 0;
-        // Reads or writes only: a read joins `rx` when gathered and a write once sent, so a
-        // mixed gather would queue a read ahead of a write sent before it.
-        let mut kind = None;
-        while self.out.len() < GATHER_PARTS && (self.out.is_empty() || bytes < GATHER_BYTES) {
-            let Some(front) = self.backlog.front() else {
-                break;
-            };
-            if *kind.get_or_insert(front.part.write) != front.part.write {
-                break;
-            }
-            let Some(p) = self.backlog.pop_front() else {
-                break;
-            };
-            if !wanted(&mut self.checked, conn, p.part.token, p.seen) {
-                done.push(Completion {
-                    token: p.part.token,
-                    result: Err(Error::Cancelled { what: "a TCP part" }),
-                });
-                continue;
-            }
-            let part = p.part;
-            let hlen = match part.strided {
-                Some((len, stride, count)) => {
-                    let r = StridedReq {
-                        id: part.req.id,
-                        rkey: part.req.rkey,
-                        addr: part.req.addr,
-                        len,
-                        stride,
-                        count,
-                    };
-                    self.head
-                        .extend_from_slice(&encode_strided_req(part.write, &r));
-                    STRIDED_REQ_FRAME
-                }
-                None => {
-                    self.head
-                        .extend_from_slice(&encode_data_req(part.write, &part.req));
-                    DATA_REQ_FRAME
-                }
-            };
-            if part.write {
-                bytes += part.req.len;
-                self.out.push_back(Out {
-                    write: Some(part),
-                    hlen,
-                });
-            } else if let Err(p) = conn.push_rx(part, via) {
-                done.push(Completion {
-                    token: p.token,
-                    result: Err(lost(&conn.peer, "data connection closed")),
-                });
-                return Err(lost(&conn.peer, "data connection closed"));
-            } else {
-                self.out.push_back(Out { write: None, hlen });
-            }
-        }
-        Ok(())
+        let bounds = Bounds {
+            parts: GATHER_PARTS,
+            bytes: GATHER_BYTES,
+        };
+        let Tx {
+            outbox, checked, ..
+        } = self;
+        let mut wanted = |p: &Pending| wanted(checked, conn, p.part.token, p.seen);
+        let mut cancelled = Vec::new();
+        let mut dropped = |p: Pending| cancelled.push(p.part.token);
+        let r = outbox.gather(bounds, &mut wanted, &mut dropped, &mut answer(conn, via));
+        done.extend(cancelled.into_iter().map(|token| Completion {
+            token,
+            result: Err(Error::Cancelled { what: "a TCP part" }),
+        }));
+        r.map_err(|p| closed(conn, p, done))
     }
 
     /// Sends what the socket takes, gathering up to [`GATHER_PARTS`] requests per `sendmsg`.
@@ -116,17 +77,12 @@ impl Tx {
         };
         let mut moved = 0usize;
         loop {
-            if self.out.is_empty() {
-                self.head.clear();
-                self.head_off = 0;
-                self.front_sent = 0;
-                if self.backlog.is_empty() {
+            if !self.outbox.is_gathered() {
+                if self.outbox.is_free() {
                     return Ok(Pumped::Idle);
                 }
                 self.gather(conn, via, done)?;
-                if self.out.is_empty() {
-                    continue;
-                }
+                continue;
             }
             if moved >= budget {
                 return Ok(Pumped::Blocked);
@@ -146,82 +102,99 @@ impl Tx {
                 }
             };
             moved += n;
-            self.advance(conn, via, n, done)?;
+            // The requests now wholly sent leave the gather, a write part joining `rx` (its
+            // ack may already be in the socket: the reader matches it once queued).
+            let r = self.outbox.sent(n, &mut answer(conn, via));
+            r.map_err(|p| closed(conn, p, done))?;
         }
     }
 
-    /// One nonblocking send of what `out` still holds: each request's header (from `head`)
-    /// and, for a write, its payload straight from registered memory.
+    /// One nonblocking send of what the gather still holds: each request's header and, for
+    /// a write, its payload straight from registered memory.
     pub(super) fn send(&self, conn: &Conn, fd: RawFd) -> std::io::Result<usize> {
         let mut pieces = [Piece::Head(&[]); 2 * GATHER_PARTS];
         let mut n = 0;
-        let mut hoff = self.head_off;
-        let mut skip = self.front_sent;
-        'outs: for o in &self.out {
-            if n == pieces.len() {
-                break;
-            }
-            let hdr = &self.head[hoff..hoff + o.hlen];
-            hoff += o.hlen;
-            if skip < o.hlen {
-                pieces[n] = Piece::Head(&hdr[skip..]);
-                n += 1;
-                skip = 0;
-            } else {
-                skip -= o.hlen;
-            }
-            if let Some(p) = &o.write {
-                // A strided part's payload is its pieces: as many as the iovecs hold (the
-                // next send goes on from where this one stopped).
-                let mut off = std::mem::take(&mut skip) as u64;
-                while off < p.local.len() {
+        'all: for piece in self.outbox.pieces() {
+            match piece {
+                Next::Head(h) => {
                     if n == pieces.len() {
-                        break 'outs;
+                        break;
                     }
-                    // SAFETY: the part has not been completed: it is completed only after it
-                    // leaves `out`, and this half (whose lock the caller holds) removes it
-                    // only once its payload is out.
-                    let payload = unsafe { p.local.raw_at(off) };
-                    off += payload.len() as u64;
-                    pieces[n] = Piece::Body(payload);
+                    pieces[n] = Piece::Head(h);
                     n += 1;
+                }
+                Next::Payload(p, from) => {
+                    // A strided part's payload is its pieces: as many as the iovecs hold (the
+                    // next send goes on from where this one stopped).
+                    let mut off = from;
+                    while off < p.part.local.len() {
+                        if n == pieces.len() {
+                            break 'all;
+                        }
+                        // SAFETY: the part has not been completed: it is completed only after
+                        // it leaves the gather, and this half (whose lock the caller holds)
+                        // removes it only once its payload is out.
+                        let payload = unsafe { p.part.local.raw_at(off) };
+                        off += payload.len() as u64;
+                        pieces[n] = Piece::Body(payload);
+                        n += 1;
+                    }
                 }
             }
         }
         conn.sendmsg(fd, &pieces[..n])
     }
 
-    /// `n` more bytes went out: the requests now wholly sent leave `out`, a write part joining
-    /// `rx` for its ack.
-    pub(super) fn advance(
-        &mut self,
-        conn: &Conn,
-        via: Via,
-        n: usize,
-        done: &mut Vec<Completion>,
-    ) -> Result<(), Error> {
-        let mut left = self.front_sent + n;
-        while let Some(front) = self.out.front() {
-            let hlen = front.hlen;
-            let len = hlen + front.write.as_ref().map_or(0, Part::local_len);
-            if left < len {
-                break;
+    /// Empties the half for closing: the gathered writes (partly sent, perhaps), then the
+    /// backlog.
+    pub(super) fn close(&mut self) -> Vec<Part> {
+        self.closed = true;
+        self.outbox.close().into_iter().map(|p| p.part).collect()
+    }
+}
+
+/// Where a part goes for its answer: `rx` (a closed connection gives it back).
+fn answer(conn: &Conn, via: Via) -> impl FnMut(Pending) -> Result<(), Pending> + '_ {
+    move |p: Pending| {
+        let seen = p.seen;
+        conn.push_rx(p.part, via)
+            .map_err(|part| Pending::new(part, seen))
+    }
+}
+
+/// The error of a connection that closed under a part on its way to `rx`: the part fails
+/// with it.
+fn closed(conn: &Conn, p: Pending, done: &mut Vec<Completion>) -> Error {
+    done.push(Completion {
+        token: p.part.token,
+        result: Err(lost(&conn.peer, "data connection closed")),
+    });
+    lost(&conn.peer, "data connection closed")
+}
+
+impl Outgoing for Pending {
+    fn put_request(&self, out: &mut Vec<u8>) {
+        let part = &self.part;
+        match part.strided {
+            Some((len, stride, count)) => {
+                let r = StridedReq {
+                    id: part.req.id,
+                    rkey: part.req.rkey,
+                    addr: part.req.addr,
+                    len,
+                    stride,
+                    count,
+                };
+                out.extend_from_slice(&encode_strided_req(part.write, &r));
             }
-            left -= len;
-            self.head_off += hlen;
-            if let Some(Out { write: Some(p), .. }) = self.out.pop_front() {
-                // Its ack may already be in the socket: the reader matches it once queued.
-                if let Err(p) = conn.push_rx(p, via) {
-                    done.push(Completion {
-                        token: p.token,
-                        result: Err(lost(&conn.peer, "data connection closed")),
-                    });
-                    return Err(lost(&conn.peer, "data connection closed"));
-                }
-            }
+            None => out.extend_from_slice(&encode_data_req(part.write, &part.req)),
         }
-        self.front_sent = left;
-        Ok(())
+    }
+    fn is_write(&self) -> bool {
+        self.part.write
+    }
+    fn bytes(&self) -> u64 {
+        self.part.local.len()
     }
 }
 
