@@ -3,11 +3,13 @@
 //! a fabric table too large for one message. Real engines over real loopback sockets and
 //! real shared-memory mappings.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
 use hixl_async::{Engine, HostBuffer, Peer, Region, Transfer};
 use hixl_core::{Access, Error, OpDesc, RemoteRegion, Status, NOTIFY_MAX_PENDING};
+use tokio::sync::Barrier;
 
 const T: Duration = Duration::from_secs(5);
 /// Every transfer in flight must have resolved this long after its engine went away.
@@ -242,21 +244,29 @@ async fn transfers_in_flight_resolve_after_a_shutdown_with_a_short_grace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_tasks_awaiting_transfers_end_when_the_engine_shuts_down() {
     let r = rig(Mode::FabricPool, 64 << 20).await;
+    // Shut down once every task has a write under way.
+    let running = Arc::new(Barrier::new(5));
     let tasks: Vec<_> = (0..4)
         .map(|i| {
             let (peer, l, rm) = (r.peer.clone(), r.local.addr(), r.remote.addr);
+            let running = running.clone();
             tokio::spawn(async move {
                 let off = i as u64 * (16 << 20);
+                let mut first = true;
                 loop {
                     let d = [OpDesc::new(l + off, rm + off, 16 << 20)];
-                    if let Err(e) = peer.write(&d).await {
+                    let w = peer.write(&d);
+                    if std::mem::take(&mut first) {
+                        running.wait().await;
+                    }
+                    if let Err(e) = w.await {
                         return e;
                     }
                 }
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    running.wait().await;
     r.init.shutdown(Duration::from_millis(1)).await;
     let ends = tokio::time::timeout(RESOLVE_WITHIN, join_all(tasks))
         .await
@@ -382,9 +392,12 @@ async fn a_target_restarted_on_its_port_mid_stream_is_a_new_link() {
         local.write_at(0, &vec![0xA5; LEN]).expect("fill local");
         let p1 = init.connect(&addr, T).await.expect("connect");
         let kv1 = p1.region("kv").expect("kv");
+        // The target goes once each stream has landed a write (and streams on).
+        let landed_one = Arc::new(Barrier::new(3));
         let streams: Vec<_> = (0..2u64)
             .map(|i| {
                 let (p, l, r) = (p1.clone(), local.addr(), kv1.addr);
+                let landed_one = landed_one.clone();
                 tokio::spawn(async move {
                     let mut landed = 0u32;
                     loop {
@@ -393,11 +406,14 @@ async fn a_target_restarted_on_its_port_mid_stream_is_a_new_link() {
                             Ok(()) => landed += 1,
                             Err(e) => return (landed, e),
                         }
+                        if landed == 1 {
+                            landed_one.wait().await;
+                        }
                     }
                 })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        landed_one.wait().await;
         t1.shutdown(Duration::from_millis(10)).await;
         drop(t1);
         let ends = tokio::time::timeout(RESOLVE_WITHIN, join_all(streams))

@@ -248,7 +248,9 @@ async fn peer_killed_mid_transfer_fails_every_pending_op_and_engine_survives(mod
             peer.write(&d)
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    // Killed while the writes are under way (posted when created: 256 MiB in flight), not
+    // after a guess at how long they take.
+    assert!(e.ops_in_flight() > 0, "the writes are in flight");
     target.kill();
     let results = tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(futs))
         .await

@@ -9,6 +9,7 @@ use hixl_core::Error;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+use super::handoff::{self, Queued};
 use super::{
     fail_with, Conn, Part, Pumped, Rx, Tx, Via, Watch, DRIVER_IDLE, DRIVER_RING, DRIVER_SPIN,
     DRIVE_ROUNDS, SPIN_SEND_BYTES,
@@ -196,10 +197,13 @@ impl Conn {
         // for the answer on its own thread when it awaits the transfer (no wake-up of another
         // thread). An owner that does not await it hands it over when it asks the status or
         // drops it (`DataConn::nudge`).
-        let ring = !rx.stage.is_empty()
-            || (rx.reader_parked
-                && self.spinners.load(Ordering::SeqCst) == 0
-                && !(via == Via::Direct && self.owners_spin));
+        let ring = handoff::wakes_reader(Queued {
+            staged: !rx.stage.is_empty(),
+            parked: rx.reader_parked,
+            spinners: self.spinners.load(Ordering::SeqCst),
+            direct: via == Via::Direct,
+            owners_spin: self.owners_spin,
+        });
         rx.answers.push(part)?;
         self.kick_reader(rx, ring);
         Ok(())

@@ -41,10 +41,12 @@ use crate::stage::Stage;
 use crate::sync::lock;
 
 mod conn;
+mod handoff;
 mod rx;
 mod tasks;
 mod tx;
 
+use handoff::Sender;
 use tasks::{driver, end, reader, writer};
 
 /// One piece of a transfer on one connection. Its local bytes stay valid until it is
@@ -316,17 +318,16 @@ impl DataConn {
             // A list given to an empty backlog becomes it as it is (no copy of thousands of
             // parts).
             tx.queue(parts);
-            // A busy connection has its writer on it (or a spinner): the parts wait their turn.
             // With io_uring the ring is driven below, once the lock is free.
-            match (c.uring, many, free) {
-                (false, false, true) => c
+            match handoff::sender(c.uring, many, free) {
+                Sender::Submitter => c
                     .pump_tx(&mut tx, Via::Direct, SUBMIT_SEND_BYTES, &mut done)
                     .map(drop),
-                (false, true, _) => {
+                Sender::WriterTask => {
                     c.tx_blocked.notify_one();
                     Ok(())
                 }
-                _ => Ok(()),
+                Sender::Ring | Sender::Current => Ok(()),
             }
         };
         let r = match c.ring.get() {
@@ -371,7 +372,8 @@ impl DataConn {
     pub(crate) fn nudge(&self) {
         let c = &*self.conn;
         let rx = lock(&c.rx);
-        let ring = rx.reader_parked && rx.awaiting() && c.spinners.load(Ordering::SeqCst) == 0;
+        let spinners = c.spinners.load(Ordering::SeqCst);
+        let ring = handoff::nudge_wakes(rx.reader_parked, rx.awaiting(), spinners);
         c.kick_reader(rx, ring);
     }
 

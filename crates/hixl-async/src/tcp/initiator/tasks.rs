@@ -7,6 +7,7 @@ use std::sync::Arc;
 use hixl_core::Error;
 use tokio::sync::Notify;
 
+use super::handoff;
 use super::{lost, Conn, Pumped, Via, Watch, DRIVER_BUSY, DRIVER_IDLE, DRIVER_RING, DRIVER_SPIN};
 use crate::completion::Completion;
 use crate::sync::lock;
@@ -168,9 +169,8 @@ pub(super) async fn reader(conn: Arc<Conn>) {
             // if answers are still awaited. Decided under the lock that kickers take, so no
             // kick is lost between the decision and the wait (a kick before the wait is kept
             // by the Notify).
-            let parked = !rx.awaiting()
-                || conn.sock.get().is_none()
-                || conn.spinners.load(Ordering::SeqCst) > 0;
+            let spinners = conn.spinners.load(Ordering::SeqCst);
+            let parked = handoff::reader_parks(rx.awaiting(), conn.sock.get().is_some(), spinners);
             rx.reader_parked = parked;
             parked
         };
