@@ -11,7 +11,7 @@ use super::client::{FabricLink, PeerInfo};
 use super::FabricBackend;
 use crate::memory::Owned;
 use crate::transport::target::TargetCx;
-use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
+use crate::transport::{BoxFuture, Declined, Negotiation, Opened, Transport, TransportKind};
 use tokio::sync::watch;
 
 /// The engine's fabric transport: its backend, unless `hixl.Transport` is `tcp` or `verbs`.
@@ -21,8 +21,8 @@ pub(crate) struct FabricTransport {
 }
 
 impl Transport for FabricTransport {
-    fn kind(&self) -> &'static str {
-        "fabric"
+    fn kind(&self) -> TransportKind {
+        TransportKind::Fabric
     }
 
     fn forced(&self) -> bool {
@@ -32,7 +32,7 @@ impl Transport for FabricTransport {
     fn connect<'a>(
         &'a self,
         cx: &'a mut Negotiation<'_>,
-    ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>> {
+    ) -> BoxFuture<'a, Result<std::result::Result<Opened, Declined>>> {
         Box::pin(async move { Ok(self.open(cx).await) })
     }
 
@@ -85,21 +85,23 @@ impl Transport for FabricTransport {
 }
 
 impl FabricTransport {
-    async fn open(&self, cx: &mut Negotiation<'_>) -> std::result::Result<Opened, String> {
+    async fn open(&self, cx: &mut Negotiation<'_>) -> std::result::Result<Opened, Declined> {
         let Some(backend) = &self.backend else {
-            return Err("the fabric backend is off: hixl.Transport is tcp or verbs".into());
+            return Err(Declined::Off(
+                "the fabric backend is off: hixl.Transport is tcp or verbs",
+            ));
         };
         let info = cx
             .offers
             .iter()
             .find(|m| matches!(m, Message::FabricInfo { .. }))
             .and_then(PeerInfo::from_message)
-            .ok_or("the peer offers no fabric channel")?;
+            .ok_or(Declined::PeerLacks(TransportKind::Fabric))?;
         if !backend.identity.same_host(&info.identity) {
             return Err(if backend.identity.boot_id != info.identity.boot_id {
-                "the peer is on another host (its boot id differs)".into()
+                Declined::OtherHost
             } else {
-                "the peer is on this host but in another mount namespace (a container), where our memfds and sockets do not reach".into()
+                Declined::OtherNamespace
             });
         }
         let (fl, fs) =
@@ -107,10 +109,12 @@ impl FabricTransport {
                 .await
                 // E.g. a peer that shares our boot id and mounts but not our network
                 // namespace, where its abstract fabric socket does not exist.
-                .map_err(|e| format!("the fabric channel could not be opened: {e}"))?;
+                .map_err(|e| {
+                    Declined::Setup(format!("the fabric channel could not be opened: {e}"))
+                })?;
         let fallback = crate::sync::lock(&fl.fallback).clone();
         if let (true, Some(why)) = (backend.forced, &fallback) {
-            return Err(why.clone());
+            return Err(Declined::Partial(why.clone()));
         }
         let (mapped, cma) = fl.counts();
         let translated = *crate::sync::lock(&fl.translated);

@@ -12,6 +12,7 @@
 //! Which transport serves a peer is one policy over the transports' answers to the peer's
 //! offers, in [`select`]: the `auto` order and the forced choice of `hixl.Transport`.
 
+pub(crate) mod kind;
 pub(crate) mod registry;
 pub(crate) mod select;
 pub(crate) mod target;
@@ -31,6 +32,7 @@ use crate::keep::Keeps;
 use crate::link_state::LinkState;
 use crate::memory::{DeviceMr, Owned, RegionInner};
 use crate::sink::Completions;
+pub(crate) use kind::{Declined, TransportKind};
 use target::{Session, TargetCx};
 
 /// The peer's memory table as a link keeps it: sorted by address, so lookups bisect it.
@@ -45,8 +47,8 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The engine-wide part of a transport, on the initiator's side of a handshake: whether it
 /// can serve a peer (from what the peer offered), and opening its channel to it.
 pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
-    /// Its `hixl.Transport` value.
-    fn kind(&self) -> &'static str;
+    /// Which transport it is.
+    fn kind(&self) -> TransportKind;
 
     /// Whether `hixl.Transport` forces it: a peer it cannot serve is then an error, never a
     /// silent fallback.
@@ -90,7 +92,7 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
     fn connect<'a>(
         &'a self,
         cx: &'a mut Negotiation<'_>,
-    ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>>;
+    ) -> BoxFuture<'a, Result<std::result::Result<Opened, Declined>>>;
 
     // The target's side.
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use hixl_core::{Error, Result};
 
-use super::{Negotiation, PeerChannel, Transport};
+use super::{Declined, Negotiation, PeerChannel, Transport, TransportKind};
 
 /// The link's channels in the order a descriptor tries them (the chosen one, if any, then
 /// `tcp`, which always reaches), and what `Peer::transport` says: the chosen channel's
@@ -19,7 +19,7 @@ pub(crate) async fn choose(
     cx: &mut Negotiation<'_>,
     tcp: Arc<dyn PeerChannel>,
 ) -> Result<(Vec<Arc<dyn PeerChannel>>, String)> {
-    let mut declined: Vec<(&'static str, String)> = Vec::new();
+    let mut declined: Vec<(TransportKind, Declined)> = Vec::new();
     for t in transports {
         match t.connect(cx).await? {
             Ok(o) => return Ok((vec![o.channel, tcp], o.describe)),
@@ -38,11 +38,11 @@ pub(crate) async fn choose(
     Ok((vec![tcp], describe_tcp(&declined)))
 }
 
-fn describe_tcp(declined: &[(&'static str, String)]) -> String {
+fn describe_tcp(declined: &[(TransportKind, Declined)]) -> String {
     let mut it = declined.iter();
     let mut s = match it.next() {
-        Some((_, why)) => format!("tcp ({why})"),
-        None => "tcp (this build has no other transport)".to_string(),
+        Some((_, why)) => format!("{} ({why})", TransportKind::Tcp),
+        None => format!("{} (this build has no other transport)", TransportKind::Tcp),
     };
     for (kind, why) in it {
         s.push_str(&format!("; not {kind}: {why}"));
@@ -52,16 +52,20 @@ fn describe_tcp(declined: &[(&'static str, String)]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::describe_tcp;
+    use super::{describe_tcp, Declined, TransportKind};
 
     #[test]
+    #[cfg(feature = "fabric")]
     fn tcp_says_why_each_transport_declined() {
         assert_eq!(
             describe_tcp(&[
-                ("fabric", "the peer is on another host".into()),
-                ("verbs", "this engine has no RDMA device".into())
+                (TransportKind::Fabric, Declined::OtherHost),
+                (
+                    TransportKind::Fabric,
+                    Declined::PeerLacks(TransportKind::Fabric)
+                )
             ]),
-            "tcp (the peer is on another host); not verbs: this engine has no RDMA device"
+            "tcp (the peer is on another host (its boot id differs)); not fabric: the peer offers no fabric channel"
         );
         assert_eq!(describe_tcp(&[]), "tcp (this build has no other transport)");
     }

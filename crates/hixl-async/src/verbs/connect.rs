@@ -13,7 +13,7 @@ use super::{Connected, VerbsBackend, VerbsLink};
 use crate::frame_io::unexpected;
 use crate::memory::{DeviceMr, RegionInner};
 use crate::transport::target::{Session, TargetCx};
-use crate::transport::{BoxFuture, Negotiation, Opened, Transport};
+use crate::transport::{BoxFuture, Declined, Negotiation, Opened, Transport, TransportKind};
 
 /// The engine's verbs transport: its backend, or why it has none.
 #[derive(Debug)]
@@ -23,8 +23,8 @@ pub(crate) struct VerbsTransport {
 }
 
 impl Transport for VerbsTransport {
-    fn kind(&self) -> &'static str {
-        "verbs"
+    fn kind(&self) -> TransportKind {
+        TransportKind::Verbs
     }
 
     fn forced(&self) -> bool {
@@ -34,7 +34,7 @@ impl Transport for VerbsTransport {
     fn connect<'a>(
         &'a self,
         cx: &'a mut Negotiation<'_>,
-    ) -> BoxFuture<'a, Result<std::result::Result<Opened, String>>> {
+    ) -> BoxFuture<'a, Result<std::result::Result<Opened, Declined>>> {
         Box::pin(self.open(cx))
     }
 
@@ -115,25 +115,23 @@ impl Transport for VerbsTransport {
 }
 
 impl VerbsTransport {
-    async fn open(&self, cx: &mut Negotiation<'_>) -> Result<std::result::Result<Opened, String>> {
+    async fn open(
+        &self,
+        cx: &mut Negotiation<'_>,
+    ) -> Result<std::result::Result<Opened, Declined>> {
         let Some(backend) = &self.backend else {
-            return Ok(Err(format!(
-                "this engine has no RDMA device ({})",
-                self.why
-            )));
+            return Ok(Err(Declined::NoDevice(self.why.clone())));
         };
         let Some(peer_device) = cx.offers.iter().find_map(|m| match m {
             Message::VerbsInfo { device } => Some(device.clone()),
             _ => None,
         }) else {
-            return Ok(Err(
-                "the peer offers no verbs (no usable RDMA device there)".into(),
-            ));
+            return Ok(Err(Declined::PeerLacks(TransportKind::Verbs)));
         };
         let name = cx.peer;
         let mut qp = match backend.initiator_qp(name) {
             Ok(q) => q,
-            Err(e) => return Ok(Err(format!("creating a queue pair: {e}"))),
+            Err(e) => return Ok(Err(Declined::Setup(format!("creating a queue pair: {e}")))),
         };
         let connect = Message::VerbsConnect {
             endpoint: qp.endpoint().to_bytes().to_vec(),
@@ -148,15 +146,15 @@ impl VerbsTransport {
                     endpoint,
                     ..
                 } => break hixl_verbs::QpEndpoint::from_bytes(&endpoint)?,
-                Message::VerbsAccept { reason, .. } => {
-                    return Ok(Err(format!("the peer refused a queue pair: {reason}")))
-                }
+                Message::VerbsAccept { reason, .. } => return Ok(Err(Declined::Refused(reason))),
                 m => return Err(unexpected(name, &m, "verbs accept")),
             }
         };
         if let Err(e) = qp.connect(&remote) {
             // The peer's QP is connected to ours; it is dropped with the session.
-            return Ok(Err(format!("connecting the queue pair: {e}")));
+            return Ok(Err(Declined::Setup(format!(
+                "connecting the queue pair: {e}"
+            ))));
         }
         let c = Connected {
             qp,
