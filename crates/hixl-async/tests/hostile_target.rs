@@ -5,9 +5,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use hixl_async::{Engine, HostBuffer};
-use hixl_core::wire::{Channel, Message};
+use hixl_core::wire::{Message, FEATURES};
 use hixl_core::{Access, Error, MemKind, OpDesc, RemoteRegion};
 use tokio::io::AsyncWriteExt;
 
@@ -19,19 +18,6 @@ async fn a_refused_read_that_carries_a_payload_fails_its_op() {
     let addr = l.local_addr().expect("addr").to_string();
     let name = addr.clone();
     let fake = tokio::spawn(async move {
-        let (mut c, _) = l.accept().await.expect("accept control");
-        let mut buf = BytesMut::new();
-        let _hello = common::recv(&mut c, &mut buf).await;
-        common::send(
-            &mut c,
-            Message::Welcome {
-                engine: name.clone(),
-                session: 3,
-                incarnation: 0x1ca7,
-                features: hixl_core::wire::FEATURES,
-            },
-        )
-        .await;
         let region = RemoteRegion {
             addr: 0x10_0000,
             len: 1 << 20,
@@ -40,26 +26,8 @@ async fn a_refused_read_that_carries_a_payload_fails_its_op() {
             kind: MemKind::Host,
             name: None,
         };
-        common::send(&mut c, Message::MemTable(vec![region])).await;
-        let (mut d, _) = l.accept().await.expect("accept data");
-        let mut b = BytesMut::new();
-        assert!(matches!(
-            common::recv(&mut d, &mut b).await,
-            Some(Message::Hello {
-                channel: Channel::Data,
-                ..
-            })
-        ));
-        common::send(
-            &mut d,
-            Message::Welcome {
-                engine: name,
-                session: 3,
-                incarnation: 0x1ca7,
-                features: hixl_core::wire::FEATURES,
-            },
-        )
-        .await;
+        let c = common::accept_control(&l, &name, FEATURES, vec![region]).await;
+        let (mut d, mut b) = common::accept_data(&l, &name, FEATURES).await;
         let Some(Message::ReadReq(r)) = common::recv(&mut d, &mut b).await else {
             panic!("expected a read request");
         };

@@ -155,16 +155,6 @@ async fn counting_target(features: u64) -> (String, tokio::task::JoinHandle<Vec<
     let addr = l.local_addr().expect("addr").to_string();
     let name = addr.clone();
     let task = tokio::spawn(async move {
-        let (mut c, _) = l.accept().await.expect("accept control");
-        let mut buf = BytesMut::new();
-        let _hello = common::recv(&mut c, &mut buf).await;
-        let welcome = Message::Welcome {
-            engine: name,
-            session: 3,
-            incarnation: 0x1ca7,
-            features,
-        };
-        common::send(&mut c, welcome.clone()).await;
         let region = RemoteRegion {
             addr: 0x10_0000,
             len: 1 << 20,
@@ -173,11 +163,8 @@ async fn counting_target(features: u64) -> (String, tokio::task::JoinHandle<Vec<
             kind: MemKind::Host,
             name: None,
         };
-        common::send(&mut c, Message::MemTable(vec![region])).await;
-        let (mut d, _) = l.accept().await.expect("accept data");
-        let mut b = BytesMut::new();
-        let _data_hello = common::recv(&mut d, &mut b).await;
-        common::send(&mut d, welcome).await;
+        let _c = common::accept_control(&l, &name, features, vec![region]).await;
+        let (mut d, mut b) = common::accept_data(&l, &name, features).await;
         let mut kinds = Vec::new();
         while let Some(m) = common::recv(&mut d, &mut b).await {
             kinds.push(m.ty());

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::BytesMut;
-use hixl_core::wire::{Channel, Message};
+use hixl_core::wire::{Channel, Message, FEATURES};
 use hixl_core::{Access, MemKind, RemoteRegion};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,6 +32,57 @@ pub async fn recv(s: &mut TcpStream, buf: &mut BytesMut) -> Option<Message> {
     }
 }
 
+/// The session a fake target hands out.
+pub const SESSION: u64 = 7;
+
+/// Accepts one initiator's control connection on `l`: reads its hello, welcomes it as `name`
+/// (session [`SESSION`], `features`) and sends `table`.
+pub async fn accept_control(
+    l: &TcpListener,
+    name: &str,
+    features: u64,
+    table: Vec<RemoteRegion>,
+) -> TcpStream {
+    let (mut c, _) = l.accept().await.expect("accept control");
+    let mut buf = BytesMut::new();
+    assert!(matches!(
+        recv(&mut c, &mut buf).await,
+        Some(Message::Hello {
+            channel: Channel::Control,
+            ..
+        })
+    ));
+    send(&mut c, welcome(name, features)).await;
+    send(&mut c, Message::MemTable(table)).await;
+    c
+}
+
+/// Accepts one data connection of the session on `l` and welcomes it; gives it back with
+/// what it sent past its hello.
+pub async fn accept_data(l: &TcpListener, name: &str, features: u64) -> (TcpStream, BytesMut) {
+    let (mut d, _) = l.accept().await.expect("accept data");
+    let mut buf = BytesMut::new();
+    assert!(matches!(
+        recv(&mut d, &mut buf).await,
+        Some(Message::Hello {
+            channel: Channel::Data,
+            session: SESSION,
+            ..
+        })
+    ));
+    send(&mut d, welcome(name, features)).await;
+    (d, buf)
+}
+
+fn welcome(name: &str, features: u64) -> Message {
+    Message::Welcome {
+        engine: name.to_string(),
+        session: SESSION,
+        incarnation: 0x1ca7,
+        features,
+    }
+}
+
 /// A target that welcomes one initiator (control and `streams` data connections), exports
 /// one 1 MiB region named `kv` at [`SILENT_ADDR`], then never answers anything (as a frozen
 /// process or a cut network would) while keeping its sockets open for `hold`.
@@ -43,26 +94,6 @@ pub async fn silent_target(
     let addr = l.local_addr().expect("addr").to_string();
     let name = addr.clone();
     let task = tokio::spawn(async move {
-        let mut conns = Vec::new();
-        let (mut c, _) = l.accept().await.expect("accept control");
-        let mut buf = BytesMut::new();
-        assert!(matches!(
-            recv(&mut c, &mut buf).await,
-            Some(Message::Hello {
-                channel: Channel::Control,
-                ..
-            })
-        ));
-        send(
-            &mut c,
-            Message::Welcome {
-                engine: name.clone(),
-                session: 7,
-                incarnation: 0x1ca7,
-                features: hixl_core::wire::FEATURES,
-            },
-        )
-        .await;
         let region = RemoteRegion {
             addr: SILENT_ADDR,
             len: 1 << 20,
@@ -71,30 +102,9 @@ pub async fn silent_target(
             kind: MemKind::Host,
             name: Some("kv".into()),
         };
-        send(&mut c, Message::MemTable(vec![region])).await;
-        conns.push(c);
+        let mut conns = vec![accept_control(&l, &name, FEATURES, vec![region]).await];
         for _ in 0..streams {
-            let (mut d, _) = l.accept().await.expect("accept data");
-            let mut dbuf = BytesMut::new();
-            assert!(matches!(
-                recv(&mut d, &mut dbuf).await,
-                Some(Message::Hello {
-                    channel: Channel::Data,
-                    session: 7,
-                    ..
-                })
-            ));
-            send(
-                &mut d,
-                Message::Welcome {
-                    engine: name.clone(),
-                    session: 7,
-                    incarnation: 0x1ca7,
-                    features: hixl_core::wire::FEATURES,
-                },
-            )
-            .await;
-            conns.push(d);
+            conns.push(accept_data(&l, &name, FEATURES).await.0);
         }
         tokio::time::sleep(hold).await;
         drop(conns);
