@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use hixl_async::{Engine, HostBuffer};
 use hixl_core::wire::{Message, FEATURES};
-use hixl_core::{Access, Error, MemKind, OpDesc, RemoteRegion};
+use hixl_core::{Error, OpDesc};
 use tokio::io::AsyncWriteExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,14 +18,7 @@ async fn a_refused_read_that_carries_a_payload_fails_its_op() {
     let addr = l.local_addr().expect("addr").to_string();
     let name = addr.clone();
     let fake = tokio::spawn(async move {
-        let region = RemoteRegion {
-            addr: 0x10_0000,
-            len: 1 << 20,
-            rkey: 5,
-            access: Access::REMOTE_RW,
-            kind: MemKind::Host,
-            name: None,
-        };
+        let region = common::host_region(0x10_0000, 5, None);
         let c = common::accept_control(&l, &name, FEATURES, vec![region]).await;
         let (mut d, mut b) = common::accept_data(&l, &name, FEATURES).await;
         let Some(Message::ReadReq(r)) = common::recv(&mut d, &mut b).await else {

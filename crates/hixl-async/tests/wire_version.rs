@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use hixl_async::{Engine, HostBuffer};
 use hixl_core::wire::{feature, ty, Channel, Message, FEATURES, HEADER_LEN, VERSION};
-use hixl_core::{Access, Error, MemKind, RemoteRegion, Status, StridedDesc, TransferOp};
+use hixl_core::{Error, Status, StridedDesc, TransferOp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -155,14 +155,7 @@ async fn counting_target(features: u64) -> (String, tokio::task::JoinHandle<Vec<
     let addr = l.local_addr().expect("addr").to_string();
     let name = addr.clone();
     let task = tokio::spawn(async move {
-        let region = RemoteRegion {
-            addr: 0x10_0000,
-            len: 1 << 20,
-            rkey: 5,
-            access: Access::REMOTE_RW,
-            kind: MemKind::Host,
-            name: None,
-        };
+        let region = common::host_region(0x10_0000, 5, None);
         let _c = common::accept_control(&l, &name, features, vec![region]).await;
         let (mut d, mut b) = common::accept_data(&l, &name, features).await;
         let mut kinds = Vec::new();

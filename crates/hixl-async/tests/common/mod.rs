@@ -32,6 +32,18 @@ pub async fn recv(s: &mut TcpStream, buf: &mut BytesMut) -> Option<Message> {
     }
 }
 
+/// A 1 MiB read-write host region at `addr` of a fake target's table.
+pub fn host_region(addr: u64, rkey: u64, name: Option<&str>) -> RemoteRegion {
+    RemoteRegion {
+        addr,
+        len: 1 << 20,
+        rkey,
+        access: Access::REMOTE_RW,
+        kind: MemKind::Host,
+        name: name.map(str::to_string),
+    }
+}
+
 /// The session a fake target hands out.
 pub const SESSION: u64 = 7;
 
@@ -94,14 +106,7 @@ pub async fn silent_target(
     let addr = l.local_addr().expect("addr").to_string();
     let name = addr.clone();
     let task = tokio::spawn(async move {
-        let region = RemoteRegion {
-            addr: SILENT_ADDR,
-            len: 1 << 20,
-            rkey: 99,
-            access: Access::REMOTE_RW,
-            kind: MemKind::Host,
-            name: Some("kv".into()),
-        };
+        let region = host_region(SILENT_ADDR, 99, Some("kv"));
         let mut conns = vec![accept_control(&l, &name, FEATURES, vec![region]).await];
         for _ in 0..streams {
             conns.push(accept_data(&l, &name, FEATURES).await.0);
