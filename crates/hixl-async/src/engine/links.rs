@@ -291,10 +291,13 @@ impl Engine {
         let mut inbound: std::collections::BTreeMap<(String, &'static str), u64> =
             std::collections::BTreeMap::new();
         if let Some(s) = self.inner.server.as_ref() {
+            let transports = &self.inner.lcx.transports;
             for sess in s.cx.sessions.all().iter().filter(|s| !s.state.is_dead()) {
-                *inbound
-                    .entry((sess.peer.to_string(), sess.transport()))
-                    .or_default() += 1;
+                let kind = transports
+                    .iter()
+                    .find(|t| t.serves(sess.id))
+                    .map_or("tcp", |t| t.kind().as_str());
+                *inbound.entry((sess.peer.to_string(), kind)).or_default() += 1;
             }
         }
         for ((peer, transport), n) in inbound {

@@ -8,6 +8,7 @@ use hixl_core::{MemDesc, Result};
 
 use super::channel::FabricChannel;
 use super::client::{FabricLink, PeerInfo};
+use super::server::Chans;
 use super::FabricBackend;
 use crate::memory::Owned;
 use crate::transport::target::TargetCx;
@@ -18,6 +19,8 @@ use tokio::sync::watch;
 #[derive(Debug)]
 pub(crate) struct FabricTransport {
     pub(crate) backend: Option<Arc<FabricBackend>>,
+    /// The target's end of each session's fabric channel.
+    pub(crate) chans: Chans,
 }
 
 impl Transport for FabricTransport {
@@ -62,25 +65,30 @@ impl Transport for FabricTransport {
     fn listen(&self, cx: &TargetCx, shutdown: watch::Receiver<bool>) -> Result<()> {
         if let Some(f) = &self.backend {
             let l = f.listen()?;
+            let chans = self.chans.clone();
             cx.tasks
-                .spawn(super::server::accept_loop(cx.clone(), l, shutdown));
+                .spawn(super::server::accept_loop(cx.clone(), chans, l, shutdown));
         }
         Ok(())
     }
 
     fn table_changed(&self, cx: &TargetCx) {
         if self.backend.is_some() {
-            super::server::broadcast_tables(cx);
+            super::server::broadcast_tables(cx, &self.chans);
         }
     }
 
     fn revoke<'a>(&'a self, cx: &'a TargetCx, rkey: u64) -> BoxFuture<'a, ()> {
         // Same-host peers touch the memory directly: wait until each has stopped.
-        Box::pin(super::server::revoke(cx, rkey))
+        Box::pin(super::server::revoke(cx, &self.chans, rkey))
     }
 
     fn farewell<'a>(&'a self, sess: &'a crate::transport::target::Session) -> BoxFuture<'a, ()> {
-        Box::pin(super::server::flush(sess))
+        Box::pin(super::server::flush(&self.chans, sess))
+    }
+
+    fn serves(&self, id: u64) -> bool {
+        self.chans.contains(id)
     }
 }
 

@@ -15,10 +15,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::chan::{recv_frame, send_frame};
 use crate::memory::RegionInner;
 use crate::sync::lock;
-use crate::transport::target::{Session, TargetCx};
+use crate::transport::target::{PerSession, Session, TargetCx};
 
-/// The session slot of the fabric: the target's end of the initiator's fabric channel.
-pub(crate) const SLOT: &str = "fabric";
+/// The target's end of each session's fabric channel (kept by the fabric transport).
+pub(crate) type Chans = Arc<PerSession<FabricChan>>;
 
 /// How long a deregistration waits for a peer to confirm it stopped using a region.
 const REVOKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,8 +42,8 @@ const FLUSH_BOUND: Duration = Duration::from_secs(1);
 
 /// Resolves once `sess`'s fabric channel has written what it had queued (at most
 /// [`FLUSH_BOUND`]), or at once without a channel.
-pub(crate) async fn flush(sess: &Session) {
-    let Some(chan) = sess.slot::<FabricChan>(SLOT) else {
+pub(crate) async fn flush(chans: &Chans, sess: &Session) {
+    let Some(chan) = chans.get(sess.id) else {
         return;
     };
     let wait = async {
@@ -126,6 +126,7 @@ impl FabricChan {
 /// Accepts fabric channels until shutdown.
 pub(crate) async fn accept_loop(
     srv: TargetCx,
+    chans: Chans,
     l: UnixListener,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -133,11 +134,11 @@ pub(crate) async fn accept_loop(
         tokio::select! {
             r = l.accept() => match r {
                 Ok((s, _)) => {
-                    let (tasks, srv) = (srv.tasks.clone(), srv.clone());
+                    let (tasks, srv, chans) = (srv.tasks.clone(), srv.clone(), chans.clone());
                     let mut sd = shutdown.clone();
                     tasks.spawn(async move {
                         tokio::select! {
-                            _ = handle(srv, s) => {}
+                            _ = handle(srv, chans, s) => {}
                             _ = sd.changed() => {}
                         }
                     });
@@ -152,7 +153,7 @@ pub(crate) async fn accept_loop(
     }
 }
 
-async fn handle(srv: TargetCx, s: UnixStream) {
+async fn handle(srv: TargetCx, chans: Chans, s: UnixStream) {
     let mut buf = BytesMut::new();
     let mut fds = Vec::new();
     let hello = tokio::time::timeout(
@@ -185,12 +186,13 @@ async fn handle(srv: TargetCx, s: UnixStream) {
     };
     // The channel is a task of the session's: its driver joins it.
     let st = sess.state.clone();
-    st.spawn(serve(srv, s, buf, fds, sess, session));
+    st.spawn(serve(srv, chans, s, buf, fds, sess, session));
 }
 
 /// Serves the fabric channel of `sess` until either ends.
 async fn serve(
     srv: TargetCx,
+    chans: Chans,
     s: UnixStream,
     mut buf: BytesMut,
     mut fds: Vec<OwnedFd>,
@@ -205,7 +207,7 @@ async fn serve(
         unsent: std::sync::atomic::AtomicUsize::new(0),
         drained: tokio::sync::Notify::new(),
     });
-    if !sess.set_slot(SLOT, chan.clone()) {
+    if !chans.insert(sess.id, chan.clone()) {
         tracing::warn!(peer = %engine, "second fabric channel for one session refused");
         return;
     }
@@ -277,7 +279,7 @@ async fn serve(
         }
     };
     tracing::debug!(peer = %peer, "fabric channel closed: {err}");
-    sess.clear_slot(SLOT);
+    chans.remove(sess.id);
     // Without its fabric channel the initiator cannot acknowledge revocations: end the link.
     sess.state.kill(err);
     let _ = stop.send(());
@@ -288,9 +290,9 @@ async fn serve(
 }
 
 /// Sends a fresh fabric table (new pool regions' memfds) to every fabric channel.
-pub(crate) fn broadcast_tables(srv: &TargetCx) {
+pub(crate) fn broadcast_tables(srv: &TargetCx, chans: &Chans) {
     for sess in srv.sessions.all() {
-        if let Some(chan) = sess.slot::<FabricChan>(SLOT) {
+        if let Some(chan) = chans.get(sess.id) {
             for t in fabric_tables(&srv.regions) {
                 chan.queue(t);
             }
@@ -301,10 +303,10 @@ pub(crate) fn broadcast_tables(srv: &TargetCx) {
 /// Tells every same-host initiator that the region with `rkey` is going away and waits (up to
 /// a bound) until each has finished its copies into it and unmapped it. A peer whose link dies
 /// meanwhile counts as done: its process, or at least its link, no longer touches the region.
-pub(crate) async fn revoke(srv: &TargetCx, rkey: u64) {
+pub(crate) async fn revoke(srv: &TargetCx, chans: &Chans, rkey: u64) {
     let mut waits = Vec::new();
     for sess in srv.sessions.all() {
-        let Some(chan) = sess.slot::<FabricChan>(SLOT) else {
+        let Some(chan) = chans.get(sess.id) else {
             continue;
         };
         let (tx, rx) = oneshot::channel();

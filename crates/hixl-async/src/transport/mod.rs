@@ -126,6 +126,12 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Whether this transport serves session `id` (it keeps a channel for it): for the
+    /// target's telemetry.
+    fn serves(&self, _id: u64) -> bool {
+        false
+    }
+
     /// The exported regions changed (the new memory table is out).
     fn table_changed(&self, _cx: &TargetCx) {}
 

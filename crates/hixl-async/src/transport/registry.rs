@@ -30,6 +30,7 @@ pub(crate) fn start(
         #[cfg(feature = "fabric")]
         Arc::new(crate::fabric::connect::FabricTransport {
             backend: crate::fabric::FabricBackend::new(options, instance, ops)?.map(Arc::new),
+            chans: Default::default(),
         }),
         #[cfg(feature = "verbs")]
         {
@@ -37,6 +38,7 @@ pub(crate) fn start(
             Arc::new(crate::verbs::connect::VerbsTransport {
                 backend: v.map(Arc::new),
                 why,
+                qps: Default::default(),
             })
         },
     ];

@@ -1,9 +1,8 @@
-//! What the target's side of a transport sees: the sessions of connected initiators (each
-//! with a slot per transport for what that transport keeps for it: the fabric's channel, the
-//! verbs queue pair), the exported regions and the notify inbox. Narrow handles, so that
-//! transports need neither the server nor the engine.
+//! What the target's side of a transport sees: the sessions of connected initiators, the
+//! exported regions and the notify inbox; and the map a transport keeps its own per-session
+//! state in ([`PerSession`]: the fabric's channel, the verbs queue pair). Narrow handles, so
+//! that transports need neither the server nor the engine.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -25,8 +24,6 @@ pub(crate) struct Session {
     pub(crate) state: Arc<LinkState>,
     /// To the session's driver, which sends each through the sans-io session.
     control: mpsc::UnboundedSender<Message>,
-    /// What each transport keeps for this initiator, by transport kind.
-    slots: Mutex<Vec<(&'static str, Arc<dyn Any + Send + Sync>)>>,
 }
 
 impl Session {
@@ -36,7 +33,6 @@ impl Session {
             peer,
             state: Arc::new(LinkState::new()),
             control,
-            slots: Mutex::new(Vec::new()),
         }
     }
 
@@ -45,54 +41,48 @@ impl Session {
     pub(crate) fn send(&self, m: &Message) -> bool {
         self.control.send(m.clone()).is_ok()
     }
+}
 
-    /// The transport serving this initiator besides TCP's control (`fabric`, `verbs`), or
-    /// `tcp`: for telemetry.
-    pub(crate) fn transport(&self) -> &'static str {
-        let s = lock(&self.slots);
-        if s.iter().any(|(k, _)| *k == "fabric") {
-            "fabric"
-        } else if s.iter().any(|(k, _)| *k == "verbs") {
-            "verbs"
-        } else {
-            "tcp"
+/// What one transport keeps for each session that uses it (the fabric's channel, the verbs
+/// queue pair): owned by that transport, by session id.
+#[derive(Debug)]
+pub(crate) struct PerSession<T> {
+    map: Mutex<HashMap<u64, Arc<T>>>,
+}
+
+impl<T> Default for PerSession<T> {
+    fn default() -> PerSession<T> {
+        PerSession {
+            map: Mutex::new(HashMap::new()),
         }
     }
+}
 
-    /// What transport `kind` keeps for this session, if anything of type `T`.
-    #[allow(dead_code)]
-    pub(crate) fn slot<T: Any + Send + Sync>(&self, kind: &str) -> Option<Arc<T>> {
-        let s = lock(&self.slots);
-        let (_, v) = s.iter().find(|(k, _)| *k == kind)?;
-        v.clone().downcast::<T>().ok()
+#[allow(dead_code)] // a build without the fabric and verbs keeps nothing per session
+impl<T> PerSession<T> {
+    /// What is kept for session `id`.
+    pub(crate) fn get(&self, id: u64) -> Option<Arc<T>> {
+        lock(&self.map).get(&id).cloned()
     }
 
-    /// Whether transport `kind` keeps something for this session (verbs asks).
-    #[allow(dead_code)]
-    pub(crate) fn has_slot(&self, kind: &str) -> bool {
-        lock(&self.slots).iter().any(|(k, _)| *k == kind)
+    /// Whether anything is kept for session `id`.
+    pub(crate) fn contains(&self, id: u64) -> bool {
+        lock(&self.map).contains_key(&id)
     }
 
-    /// Keeps `v` for transport `kind`; false (and nothing kept) if it keeps something already.
-    #[allow(dead_code)]
-    pub(crate) fn set_slot(&self, kind: &'static str, v: Arc<dyn Any + Send + Sync>) -> bool {
-        let mut s = lock(&self.slots);
-        if s.iter().any(|(k, _)| *k == kind) {
+    /// Keeps `v` for session `id`; false (and nothing kept) if something is kept already.
+    pub(crate) fn insert(&self, id: u64, v: Arc<T>) -> bool {
+        let mut m = lock(&self.map);
+        if m.contains_key(&id) {
             return false;
         }
-        s.push((kind, v));
+        m.insert(id, v);
         true
     }
 
-    /// Drops what transport `kind` keeps for this session.
-    #[allow(dead_code)]
-    pub(crate) fn clear_slot(&self, kind: &str) {
-        let gone = {
-            let mut s = lock(&self.slots);
-            s.iter()
-                .position(|(k, _)| *k == kind)
-                .map(|i| s.swap_remove(i))
-        };
+    /// Drops what is kept for session `id` (outside the lock).
+    pub(crate) fn remove(&self, id: u64) {
+        let gone = lock(&self.map).remove(&id);
         drop(gone);
     }
 }

@@ -20,6 +20,8 @@ use crate::transport::{BoxFuture, Declined, Negotiation, Opened, Transport, Tran
 pub(crate) struct VerbsTransport {
     pub(crate) backend: Option<Arc<VerbsBackend>>,
     pub(crate) why: String,
+    /// The target's end of each session's queue pair.
+    pub(crate) qps: super::target::Qps,
 }
 
 impl Transport for VerbsTransport {
@@ -97,7 +99,7 @@ impl Transport for VerbsTransport {
     fn on_control(&self, cx: &TargetCx, sess: &Session, m: &Message) -> bool {
         match m {
             Message::VerbsConnect { endpoint } => {
-                super::target::accept(self.backend.as_deref(), cx, sess, endpoint);
+                super::target::accept(self.backend.as_deref(), &self.qps, cx, sess, endpoint);
                 true
             }
             _ => false,
@@ -109,8 +111,13 @@ impl Transport for VerbsTransport {
         sess: &Session,
         regions: &RegionTable<Arc<RegionInner>>,
     ) -> Option<Message> {
-        sess.has_slot(super::target::SLOT)
+        self.qps
+            .contains(sess.id)
             .then(|| Message::VerbsKeys(super::target::device_keys(regions)))
+    }
+
+    fn serves(&self, id: u64) -> bool {
+        self.qps.contains(id)
     }
 }
 

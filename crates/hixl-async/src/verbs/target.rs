@@ -10,11 +10,11 @@ use hixl_verbs::QueuePair;
 
 use super::VerbsBackend;
 use crate::memory::RegionInner;
-use crate::transport::target::{Session, TargetCx};
+use crate::transport::target::{PerSession, Session, TargetCx};
 
-/// The session slot of verbs: the target's end of the initiator's RC queue pair. Nothing is
-/// posted on it; it lives as long as the session.
-pub(crate) const SLOT: &str = "verbs";
+/// The target's end of each session's RC queue pair (kept by the verbs transport). Nothing is
+/// posted on it; it lives as long as its session.
+pub(crate) type Qps = Arc<PerSession<Mutex<QueuePair>>>;
 
 /// `(rkey, device rkey)` of every exported region registered with the RDMA device.
 pub(crate) fn device_keys(r: &RegionTable<Arc<RegionInner>>) -> Vec<(u64, u32)> {
@@ -28,6 +28,7 @@ pub(crate) fn device_keys(r: &RegionTable<Arc<RegionInner>>) -> Vec<(u64, u32)> 
 /// keys and our endpoint; or a refusal with the reason.
 pub(crate) fn accept(
     backend: Option<&VerbsBackend>,
+    qps: &Qps,
     cx: &TargetCx,
     sess: &Session,
     endpoint: &[u8],
@@ -43,16 +44,21 @@ pub(crate) fn accept(
     let Some(v) = backend else {
         return refuse(Status::Unsupported, "this engine has no RDMA device".into());
     };
-    if sess.has_slot(SLOT) {
+    if qps.contains(sess.id) {
         return refuse(Status::AlreadyConnected, "a queue pair exists".into());
     }
     match v.accept(&sess.peer, endpoint) {
         Ok(qp) => {
             let ep = qp.endpoint().to_bytes().to_vec();
-            let qp: Arc<Mutex<QueuePair>> = Arc::new(Mutex::new(qp));
-            if !sess.set_slot(SLOT, qp) {
+            if !qps.insert(sess.id, Arc::new(Mutex::new(qp))) {
                 return refuse(Status::AlreadyConnected, "a queue pair exists".into());
             }
+            // The queue pair goes with the session (a task of its, which its driver joins).
+            let (st, qps, id) = (sess.state.clone(), qps.clone(), sess.id);
+            sess.state.spawn(async move {
+                st.dead().await;
+                qps.remove(id);
+            });
             let keys = device_keys(&crate::sync::lock(&cx.regions));
             sess.send(&Message::VerbsKeys(keys));
             sess.send(&Message::VerbsAccept {
