@@ -114,7 +114,7 @@ pub(crate) enum Owned {
     Host(HostBuffer),
     /// Memory a transport allocated (the fabric pool's sealed memfds), returned to it when
     /// the region goes; the transport finds its own type in it again ([`RegionInner::pooled`]).
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     Pooled(Box<dyn Any + Send + Sync>),
 }
 
@@ -131,8 +131,7 @@ impl std::fmt::Debug for Owned {
 /// deregistration, when dropping it makes the device refuse the region's keys.
 pub(crate) struct DeviceMr {
     /// Held for its drop, which ends the registration.
-    #[allow(dead_code)]
-    pub(crate) keep: Box<dyn Any + Send + Sync>,
+    pub(crate) _keep: Box<dyn Any + Send + Sync>,
     /// `(local key, remote key)` for work requests and for peers.
     pub(crate) keys: (u32, u32),
 }
@@ -168,10 +167,10 @@ pub(crate) struct RegionInner {
     mr: Mutex<Option<DeviceMr>>,
     owned: Mutex<Option<Owned>>,
     /// Local key of `mr` for work requests of this engine (read by verbs).
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) lkey: Option<u32>,
     /// Remote key of `mr` that peers' devices present (read by verbs).
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) dev_rkey: Option<u32>,
     inflight: AtomicUsize,
     revoked: AtomicBool,
@@ -234,7 +233,7 @@ impl RegionInner {
 
     /// `f` of the transport memory this region owns, when it is a `T` (the fabric asks for
     /// its pool buffers).
-    #[allow(dead_code)]
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn pooled<T: Any, R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
         let g = lock(&self.owned);
         match g.as_ref()? {

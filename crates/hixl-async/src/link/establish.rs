@@ -136,7 +136,6 @@ impl Link {
             local_name: p.local_name,
             chunk: p.chunk.max(4096),
             state: &state,
-            ops: &lcx.ops.table,
             sink: &lcx.ops.sink,
         };
         let (channels, transport) = select::choose(&lcx.transports, &mut cx, tcp).await?;

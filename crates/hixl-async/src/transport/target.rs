@@ -58,9 +58,11 @@ impl<T> Default for PerSession<T> {
     }
 }
 
-#[allow(dead_code)] // a build without the fabric and verbs keeps nothing per session
+// A build without the fabric and verbs keeps nothing per session.
+#[cfg_attr(not(any(feature = "fabric", feature = "verbs")), allow(dead_code))]
 impl<T> PerSession<T> {
     /// What is kept for session `id`.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn get(&self, id: u64) -> Option<Arc<T>> {
         lock(&self.map).get(&id).cloned()
     }
@@ -121,7 +123,8 @@ impl Sessions {
 
 /// The target's handles a transport serves its peers with.
 #[derive(Debug, Clone)]
-#[allow(dead_code)] // a build without the fabric reads only the sessions
+// A build without the fabric reads only the sessions.
+#[cfg_attr(not(feature = "fabric"), allow(dead_code))]
 pub(crate) struct TargetCx {
     pub(crate) sessions: Arc<Sessions>,
     pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,

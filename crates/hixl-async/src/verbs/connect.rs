@@ -72,7 +72,7 @@ impl Transport for VerbsTransport {
             Ok(mr) => {
                 let keys = (mr.lkey(), mr.rkey());
                 Ok(Some(DeviceMr {
-                    keep: Box::new(mr),
+                    _keep: Box::new(mr),
                     keys,
                 }))
             }

@@ -200,12 +200,6 @@ impl VerbsSource {
         }
     }
 
-    /// Transfers with requests posted or waiting (for tests and diagnostics).
-    #[allow(dead_code)]
-    pub(crate) fn holds(&self) -> usize {
-        lock(&self.holds).len()
-    }
-
     fn add_link(&self, l: &Arc<VerbsLink>) {
         let mut v = lock(&self.links);
         v.retain(|w| w.strong_count() > 0);
