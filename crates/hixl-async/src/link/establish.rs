@@ -5,48 +5,17 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, RwLock};
 
-use bytes::BytesMut;
 use hixl_core::session::{Config, InitiatorSession};
-use hixl_core::wire::{feature, Channel, Message, FEATURES};
-use hixl_core::{Error, Result, Status};
-use tokio::net::TcpStream;
+use hixl_core::{Error, Result};
 use tokio::sync::mpsc;
 
 use super::control::Control;
 use super::{now_ms, Link, TokenLog};
 use crate::clock::now;
 use crate::context::{EngineConfig, OpsHandle, Regions};
-use crate::frame_io::{connect, keep_alive, read_frame, tune, unexpected, write_frame};
+use crate::frame_io::{connect, keep_alive, tune};
 use crate::link_state::LinkState;
-use crate::tcp::channel::{Split, TcpChannel};
-use crate::tcp::initiator::DataOpener;
-use crate::transport::{select, LinkHooks, Negotiation, PeerChannel, Transport};
-
-/// Opens one data connection of a link's session: connect, `Hello` on the data channel,
-/// the peer's `Welcome`.
-async fn open_data(addr: SocketAddr, local: &str, session: u64, remote: &str) -> Result<TcpStream> {
-    let mut d = connect(addr)
-        .await
-        .map_err(|e| Error::io(format!("opening data connection to {remote}"), e))?;
-    tune(&d);
-    let hello = Message::Hello {
-        engine: local.to_string(),
-        channel: Channel::Data,
-        session,
-        features: FEATURES,
-    };
-    write_frame(&mut d, &hello, remote).await?;
-    let mut b = BytesMut::new();
-    match read_frame(&mut d, &mut b, remote).await? {
-        Message::Welcome { .. } if b.is_empty() => Ok(d),
-        Message::Refuse { status, reason } => Err(Error::Remote {
-            peer: remote.to_string(),
-            status: Status::from_code(status).unwrap_or(Status::Failed),
-            message: reason,
-        }),
-        m => Err(unexpected(remote, &m, "welcome on a data connection")),
-    }
-}
+use crate::transport::{select, LinkHooks, Negotiation, Transport};
 
 /// Kills a half-built link's state when dropped (unless disarmed by taking the state).
 struct KillOnDrop(Option<Arc<LinkState>>);
@@ -65,7 +34,7 @@ pub(crate) struct LinkCx {
     pub(crate) config: Arc<EngineConfig>,
     pub(crate) ops: OpsHandle,
     pub(crate) regions: Regions,
-    /// The transports besides TCP, in the order the transport policy tries them.
+    /// The transports, TCP among them (see `transport::select` for the order of the rest).
     pub(crate) transports: Arc<Vec<Arc<dyn Transport>>>,
 }
 
@@ -108,37 +77,25 @@ impl Link {
         // Until the link is built, an error or a dropped connect future must end the data
         // connections' tasks (and close their sockets): nothing else would.
         let mut unbuilt = KillOnDrop(Some(state.clone()));
+        let (tx, rx) = mpsc::unbounded_channel();
         // Data connections are opened when a transfer first needs them (an idle link holds
         // only its control connection, and the transport's channel if it has one).
-        let (addr, local, peer) = (p.addr, Arc::<str>::from(p.local_name), name.clone());
-        let open: DataOpener = Arc::new(move || {
-            let (local, peer) = (local.clone(), peer.clone());
-            Box::pin(async move { open_data(addr, &local, session, &peer).await })
-        });
-        let tcp: Arc<dyn PeerChannel> = Arc::new(TcpChannel::spawn(
-            p.streams.max(1),
-            open,
-            name.clone(),
-            lcx.ops.clone(),
-            state.clone(),
-            Split {
-                chunk: p.chunk.max(4096),
-                strided: features & feature::STRIDED != 0,
-            },
-            &lcx.config,
-        ));
-        let (tx, rx) = mpsc::unbounded_channel();
         let mut cx = Negotiation {
             offers: &offers,
             control: &mut control,
             peer: &name,
             session,
             local_name: p.local_name,
+            addr: p.addr,
+            streams: p.streams,
+            features,
             chunk: p.chunk.max(4096),
             state: &state,
+            ops: &lcx.ops,
             sink: &lcx.ops.sink,
+            config: &lcx.config,
         };
-        let (channels, transport) = select::choose(&lcx.transports, &mut cx, tcp).await?;
+        let (channels, transport) = select::choose(&lcx.transports, &mut cx).await?;
         tracing::info!(peer = %name, "transport: {transport}");
         let telemetry = Arc::new(crate::telemetry::LinkTelemetry::new(
             name.clone(),

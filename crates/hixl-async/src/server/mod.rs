@@ -8,18 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use hixl_core::wire::{version_refusal, Channel, Message, FEATURES};
-use hixl_core::{Error, Result, Status};
+use hixl_core::wire::{version_refusal, Channel, Message};
+use hixl_core::{Error, Result};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
 use crate::context::{EngineConfig, Regions};
-use crate::frame_io::{read_frame, take_ready, tune, write_frame};
+use crate::frame_io::{read_frame, take_ready, tune};
 use crate::notify::NotifyQueue;
 use crate::transport::target::{Sessions, TargetCx};
-use crate::transport::Transport;
+use crate::transport::{Accepted, Transport};
 
 /// How long a new connection may take to say hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,7 +28,7 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(crate) struct Server {
     config: Arc<EngineConfig>,
-    /// The transports besides TCP this engine serves.
+    /// The transports this engine serves, TCP among them.
     transports: Arc<Vec<Arc<dyn Transport>>>,
     instance: u64,
     /// What the transports serve their peers with (the sessions among it).
@@ -144,19 +144,6 @@ impl Server {
         }
     }
 
-    async fn refuse(s: &mut TcpStream, status: Status, reason: String, peer: &str) {
-        tracing::info!(peer, "refusing connection: {reason}");
-        let _ = write_frame(
-            s,
-            &Message::Refuse {
-                status: status.code(),
-                reason,
-            },
-            peer,
-        )
-        .await;
-    }
-
     async fn handle(
         self: Arc<Self>,
         mut s: TcpStream,
@@ -197,36 +184,24 @@ impl Server {
             } => self.serve_control(s, buf, from, m, shutdown).await,
             Message::Hello {
                 engine,
-                channel: Channel::Data,
+                channel,
                 session,
                 ..
             } => {
-                let sess = self.cx.sessions.get(session);
-                let sess = match sess {
-                    Some(x) if *x.peer == *engine && buf.is_empty() => x,
-                    _ => {
-                        let reason = format!("no session {session:#x} for engine {engine}");
-                        return Self::refuse(&mut s, Status::NotConnected, reason, &from).await;
-                    }
-                };
-                let welcome = Message::Welcome {
-                    engine: self.config.name.clone(),
-                    session,
-                    incarnation: self.instance,
-                    features: FEATURES,
-                };
-                if write_frame(&mut s, &welcome, &from).await.is_err() {
+                let Some(t) = self.transports.iter().find(|t| t.takes(channel)) else {
+                    tracing::warn!(peer = %from, "closing connection: no transport takes a {channel:?} channel over TCP");
                     return;
-                }
-                // A task of the session's: it ends with the session, whose driver joins it.
-                let (st, regions) = (sess.state.clone(), self.cx.regions.clone());
-                let spin = self.config.clone();
-                st.spawn(async move {
-                    tokio::select! {
-                        _ = crate::tcp::target::serve(s, sess.peer.clone(), regions, spin) => {}
-                        _ = sess.state.dead() => {}
-                    }
-                });
+                };
+                let c = Accepted {
+                    stream: s,
+                    buf,
+                    from,
+                    engine,
+                    session,
+                    config: &self.config,
+                    instance: self.instance,
+                };
+                t.serve(&self.cx, c).await;
             }
             m => {
                 tracing::warn!(peer = %from, "closing connection: expected hello, got {m:?}");

@@ -7,4 +7,5 @@ pub(crate) mod channel;
 mod gather;
 pub(crate) mod initiator;
 pub(crate) mod target;
+pub(crate) mod transport;
 pub(crate) mod uring;

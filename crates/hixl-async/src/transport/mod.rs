@@ -126,6 +126,17 @@ pub(crate) trait Transport: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Whether this transport serves the connections whose hello names `channel` (TCP: the
+    /// data connections); the control connection is the server's own.
+    fn takes(&self, _channel: hixl_core::wire::Channel) -> bool {
+        false
+    }
+
+    /// Serves such a connection (after its hello), until it ends.
+    fn serve<'a>(&'a self, _cx: &'a TargetCx, _c: Accepted<'a>) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
     /// Whether this transport serves session `id` (it keeps a channel for it): for the
     /// target's telemetry.
     fn serves(&self, _id: u64) -> bool {
@@ -187,10 +198,33 @@ pub(crate) struct Negotiation<'a> {
     pub(crate) session: u64,
     /// This engine's name.
     pub(crate) local_name: &'a str,
+    /// The peer's address, its data connections per link (`hixl.TcpStreams`) and the
+    /// optional parts of the protocol both ends speak.
+    pub(crate) addr: std::net::SocketAddr,
+    pub(crate) streams: usize,
+    pub(crate) features: u64,
     /// Largest single part (`hixl.TcpChunkBytes`).
     pub(crate) chunk: u64,
     pub(crate) state: &'a Arc<LinkState>,
+    pub(crate) ops: &'a crate::context::OpsHandle,
     pub(crate) sink: &'a Completions,
+    pub(crate) config: &'a Arc<crate::context::EngineConfig>,
+}
+
+/// A connection a transport serves on the target (see [`Transport::takes`]): the stream after
+/// its hello, what came with the hello, and the engine's settings.
+pub(crate) struct Accepted<'a> {
+    pub(crate) stream: tokio::net::TcpStream,
+    /// Bytes received after the hello.
+    pub(crate) buf: bytes::BytesMut,
+    /// The peer's socket address, for logs.
+    pub(crate) from: String,
+    /// The hello's engine name and session.
+    pub(crate) engine: String,
+    pub(crate) session: u64,
+    pub(crate) config: &'a Arc<crate::context::EngineConfig>,
+    /// This engine's incarnation.
+    pub(crate) instance: u64,
 }
 
 /// What a channel may call back into its link once the link is built (read by channels with

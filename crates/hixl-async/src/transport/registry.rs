@@ -1,6 +1,6 @@
 //! The transports of this build: the one place where each transport is registered (behind
 //! its cargo feature), in the order the transport policy tries them: the fabric (a same-host
-//! memcpy beats a loop through the NIC), then verbs. TCP, the channel every link has, comes
+//! memcpy beats a loop through the NIC), then verbs; then TCP, whose channel every link has,
 //! after the chosen one (`select.rs`).
 //!
 //! Adding a transport: a module implementing [`Transport`] (and [`super::PeerChannel`] for
@@ -41,6 +41,7 @@ pub(crate) fn start(
                 qps: Default::default(),
             })
         },
+        Arc::new(crate::tcp::transport::TcpTransport),
     ];
     Ok(transports)
 }

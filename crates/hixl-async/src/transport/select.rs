@@ -2,8 +2,9 @@
 //! verbs: a same-host memcpy beats a loop through the NIC), is asked to open its channel to
 //! the peer; the first that can serves it. A transport that `hixl.Transport` forces and that
 //! cannot serve the peer fails the connect with its reason, never a silent fallback. TCP,
-//! the channel that reaches every peer, comes last: it carries what the chosen channel does
-//! not reach (a region without a device key or a mapping), and everything when none serves.
+//! the transport that reaches every peer, always opens its channel, which comes last: it
+//! carries what the chosen channel does not reach (a region without a device key or a
+//! mapping), and everything when none serves.
 
 use std::sync::Arc;
 
@@ -17,10 +18,22 @@ use super::{Declined, Negotiation, PeerChannel, Transport, TransportKind};
 pub(crate) async fn choose(
     transports: &[Arc<dyn Transport>],
     cx: &mut Negotiation<'_>,
-    tcp: Arc<dyn PeerChannel>,
 ) -> Result<(Vec<Arc<dyn PeerChannel>>, String)> {
+    let is_tcp = |t: &&Arc<dyn Transport>| t.kind() == TransportKind::Tcp;
+    let no_tcp = Error::Internal {
+        what: "a build without the TCP transport",
+    };
+    let tcp = transports.iter().find(is_tcp).ok_or(no_tcp)?;
+    let tcp = match tcp.connect(cx).await? {
+        Ok(o) => o.channel,
+        Err(_) => {
+            return Err(Error::Internal {
+                what: "the TCP transport declined a peer",
+            })
+        }
+    };
     let mut declined: Vec<(TransportKind, Declined)> = Vec::new();
-    for t in transports {
+    for t in transports.iter().filter(|t| !is_tcp(t)) {
         match t.connect(cx).await? {
             Ok(o) => return Ok((vec![o.channel, tcp], o.describe)),
             Err(why) if t.forced() => {
