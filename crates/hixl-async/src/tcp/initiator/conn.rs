@@ -1,6 +1,7 @@
 //! A data connection's shared state: its socket and ring, the registration its tasks wait
 //! on, pumping each half, and closing (every part it holds fails with the cause).
 
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -55,7 +56,10 @@ impl Conn {
             }
         };
         r.users += 1;
-        Ok(Watch { reg, fd: afd })
+        Ok(Watch {
+            reg,
+            fd: ManuallyDrop::new(afd),
+        })
     }
 
     /// `e`, unless the link is already down: then the link's cause (an op cut off by our own

@@ -19,6 +19,7 @@
 //! queue keeps the order requests went out in). Completions are delivered after the locks
 //! are released.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -214,13 +215,19 @@ struct Registration {
 /// A task's use of the [`Registration`]; the last one dropped deregisters the socket.
 struct Watch<'a> {
     reg: &'a Mutex<Registration>,
-    fd: Arc<AsyncFd<Watched>>,
+    /// Dropped in `drop`, under the registration's lock.
+    fd: ManuallyDrop<Arc<AsyncFd<Watched>>>,
 }
 
 impl Drop for Watch<'_> {
     fn drop(&mut self) {
         let mut r = lock(self.reg);
         r.users = r.users.saturating_sub(1);
+        // Under the lock, with the registration's own handle when this is the last use: the
+        // descriptor is deregistered before anyone can register it again (a handle dropped
+        // after the lock made the next registration fail with EEXIST).
+        // SAFETY: `self.fd` is dropped exactly once, here, and not used after.
+        unsafe { ManuallyDrop::drop(&mut self.fd) };
         if r.users == 0 {
             r.fd = None;
         }
