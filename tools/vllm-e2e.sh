@@ -51,7 +51,16 @@ echo "== hixl.vllm against vLLM's own classes (stats, Prometheus metrics, config
 # per invocation and reused by every run that has the same prompts and engine settings.
 refs=$(mktemp -d)
 trap 'rm -rf "$refs"' EXIT
-set -- --reference-cache "$refs" "$@"
+# vLLM 0.32's CPU attention takes its AMX kernel for bfloat16 where the CPU has AMX, and that
+# kernel dies with SIGILL when an instance's first attention call is a decode step, as a P/D
+# decode instance's is (seen on Intel Xeon with AMX: the aggregated and the prefill instance,
+# which prefill first, are not hit). There every run uses float32 (vLLM's vector kernel).
+dtype=()
+if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+  dtype=(--dtype float32)
+  echo "== this CPU has AMX: the model runs in float32 (vLLM's AMX bfloat16 attention crashes a decode instance)"
+fi
+set -- --reference-cache "$refs" "${dtype[@]}" "$@"
 rc=0
 for t in ${HIXL_VLLM_TRANSPORTS:-fabric tcp}; do
   echo "== hixl.vllm over $t"
@@ -60,13 +69,13 @@ for t in ${HIXL_VLLM_TRANSPORTS:-fabric tcp}; do
 done
 echo "== hixl.vllm host-buffer mode, forced on CPU caches (the mode accelerator caches use)"
 RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --kv-extra '{"host_buffer": true}' \
-  --reference-cache "$refs" --batch 0 --num-prompts 4 || rc=1
+  --reference-cache "$refs" "${dtype[@]}" --batch 0 --num-prompts 4 || rc=1
 if [ "${HIXL_VLLM_FAULTS:-1}" = 1 ]; then
   echo "== fault: the prefill is killed once it handed out the transfer parameters (recompute)"
   RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --fault kill-prefill \
-    --reference-cache "$refs" --kv-load-failure-policy recompute --batch 0 || rc=1
+    --reference-cache "$refs" "${dtype[@]}" --kv-load-failure-policy recompute --batch 0 || rc=1
   echo "== fault: the decode never pulls; the prefill's lease expires and vLLM frees the blocks"
   RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --fault no-pull \
-    --kv-extra '{"lease_ms": 2000}' --batch 0 --skip-baseline || rc=1
+    --kv-extra '{"lease_ms": 2000}' "${dtype[@]}" --batch 0 --skip-baseline || rc=1
 fi
 exit $rc
