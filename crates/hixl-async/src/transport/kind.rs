@@ -6,14 +6,14 @@ use std::fmt;
 /// A data transport of hixl.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+// A build without a transport names its kind and reasons nowhere.
+#[cfg_attr(not(all(feature = "fabric", feature = "verbs")), allow(dead_code))]
 pub(crate) enum TransportKind {
     /// Host TCP streams: the path every peer has.
     Tcp,
     /// Same-host shared memory and copy engines.
-    #[cfg(feature = "fabric")]
     Fabric,
     /// RDMA verbs.
-    #[cfg(feature = "verbs")]
     Verbs,
 }
 
@@ -22,9 +22,7 @@ impl TransportKind {
     pub(crate) const fn as_str(self) -> &'static str {
         match self {
             TransportKind::Tcp => "tcp",
-            #[cfg(feature = "fabric")]
             TransportKind::Fabric => "fabric",
-            #[cfg(feature = "verbs")]
             TransportKind::Verbs => "verbs",
         }
     }
@@ -38,60 +36,45 @@ impl fmt::Display for TransportKind {
 
 /// Why a transport cannot serve a peer (the connect goes on over the next transport, or
 /// fails when `hixl.Transport` forces this one).
-/// Each variant is there with the transports that decline so.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(not(any(feature = "fabric", feature = "verbs")), allow(dead_code))]
+#[cfg_attr(not(all(feature = "fabric", feature = "verbs")), allow(dead_code))]
 pub(crate) enum Declined {
     /// `hixl.Transport` names another transport.
-    #[cfg(feature = "fabric")]
     Off(&'static str),
     /// This engine has no RDMA device (and why).
-    #[cfg(feature = "verbs")]
     NoDevice(String),
     /// The peer offered nothing for it.
     PeerLacks(TransportKind),
     /// The peer is on another host.
-    #[cfg(feature = "fabric")]
     OtherHost,
     /// The peer is on this host, in another mount namespace.
-    #[cfg(feature = "fabric")]
     OtherNamespace,
     /// Setting the channel up failed (what, and the error).
     Setup(String),
     /// The peer refused a queue pair (its reason).
-    #[cfg(feature = "verbs")]
     Refused(String),
     /// A forced transport that would have to send some regions over another path.
-    #[cfg(feature = "fabric")]
     Partial(String),
 }
 
 impl fmt::Display for Declined {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            #[cfg(feature = "fabric")]
             Declined::Off(why) => write!(f, "{why}"),
-            #[cfg(feature = "verbs")]
             Declined::NoDevice(why) => write!(f, "this engine has no RDMA device ({why})"),
-            #[cfg(feature = "fabric")]
             Declined::PeerLacks(TransportKind::Fabric) => {
                 f.write_str("the peer offers no fabric channel")
             }
-            #[cfg(feature = "verbs")]
             Declined::PeerLacks(TransportKind::Verbs) => {
                 f.write_str("the peer offers no verbs (no usable RDMA device there)")
             }
             Declined::PeerLacks(k) => write!(f, "the peer offers no {k}"),
-            #[cfg(feature = "fabric")]
             Declined::OtherHost => f.write_str("the peer is on another host (its boot id differs)"),
-            #[cfg(feature = "fabric")]
             Declined::OtherNamespace => f.write_str(
                 "the peer is on this host but in another mount namespace (a container), where our memfds and sockets do not reach",
             ),
             Declined::Setup(what) => f.write_str(what),
-            #[cfg(feature = "fabric")]
             Declined::Partial(what) => f.write_str(what),
-            #[cfg(feature = "verbs")]
             Declined::Refused(reason) => write!(f, "the peer refused a queue pair: {reason}"),
         }
     }

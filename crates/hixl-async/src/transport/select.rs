@@ -68,7 +68,6 @@ mod tests {
     use super::{describe_tcp, Declined, TransportKind};
 
     #[test]
-    #[cfg(feature = "fabric")]
     fn tcp_says_why_each_transport_declined() {
         assert_eq!(
             describe_tcp(&[
