@@ -1,11 +1,13 @@
-//! The drivers' clock: the sans-io sessions take time as a std `Instant` passed in; the
-//! drivers read tokio's clock (so that tests on a paused clock drive them too).
+//! The engine's clock: the sans-io sessions (and the KV layer's lease table) take time as a
+//! std `Instant` passed in; their drivers read tokio's clock through [`now`], so that a test
+//! on tokio's paused clock drives heartbeats, timeouts and lease expiry in virtual time.
 
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// Now, in the type the sessions take.
-pub(crate) fn now() -> Instant {
+/// Now, on tokio's clock, in the type the sessions take. Outside a runtime with a paused
+/// clock this is the monotonic clock, as `Instant::now()`.
+pub fn now() -> Instant {
     tokio::time::Instant::now().into_std()
 }
 

@@ -3,7 +3,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod addr;
-mod clock;
+pub mod clock;
 mod completion;
 mod context;
 mod keep;

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hixl_core::{Error, Notify, Status};
 
@@ -13,6 +13,7 @@ use super::{Cache, Inner, LlmDataDist};
 use crate::cache::{coalesce, BlocksCacheKey, KvCacheExtParam};
 use crate::lease::{EndedLease, Frame, LeaseGrant, LEASE_NOTIFY};
 use crate::status::{DataDistError, LlmStatus, Result};
+use hixl_async::clock::now;
 use hixl_async::sync::lock;
 
 /// How often the reaper checks the links of bound leases (a killed puller's link closes at
@@ -61,7 +62,7 @@ fn emit(inner: &Inner, ended: Vec<EndedLease>) {
 fn on_frame(inner: &Inner, n: &Notify) -> Status {
     let frame = Frame::decode(&n.msg);
     let mut t = lock(&inner.leases);
-    let (r, ended) = t.on_frame(frame, n.link, Instant::now());
+    let (r, ended) = t.on_frame(frame, n.link, now());
     drop(t);
     emit(inner, ended);
     inner.reaper_wake.notify_one();
@@ -80,13 +81,13 @@ async fn reaper(inner: Weak<Inner>, wake: Arc<tokio::sync::Notify>) {
         let (next, bound) = {
             let Some(inner) = inner.upgrade() else { return };
             let mut t = lock(&inner.leases);
-            let ended = t.tick(Instant::now(), |l| inner.engine.initiator_connected(l));
+            let ended = t.tick(now(), |l| inner.engine.initiator_connected(l));
             let next = (t.next_deadline(), t.any_bound());
             drop(t);
             emit(&inner, ended);
             next
         };
-        let poll = bound.then(|| Instant::now() + LINK_POLL);
+        let poll = bound.then(|| now() + LINK_POLL);
         let at = match (next, poll) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -183,7 +184,7 @@ impl LlmDataDist {
             ttl,
             minted.map(|m| m.0),
             minted.map_or_else(random_u64, |m| m.1),
-            Instant::now(),
+            now(),
         )?;
         inner.reaper_wake.notify_one();
         Ok(grant)
@@ -205,7 +206,7 @@ impl LlmDataDist {
                     format!("lease {lease_id} is not live"),
                 ));
             }
-            t.tick(Instant::now(), |l| inner.engine.initiator_connected(l))
+            t.tick(now(), |l| inner.engine.initiator_connected(l))
         };
         emit(inner, ended);
         inner.reaper_wake.notify_one();
@@ -329,7 +330,7 @@ impl LlmDataDist {
             dst.desc.units()?,
         )?;
         let ticket = random_u64();
-        let start = Instant::now();
+        let start = now();
         self.lease_frame(
             grant,
             Frame::Acquire {
@@ -344,7 +345,7 @@ impl LlmDataDist {
         .await?;
         // The owner's window opened when it admitted the acquire, after `start`: ending the
         // pull by `start + window` ends it inside the window.
-        let left = window.saturating_sub(start.elapsed());
+        let left = window.saturating_sub(now().saturating_duration_since(start));
         let res = self
             .move_runs(&peer, &remote, dst, &runs, ext, true, left)
             .await;
