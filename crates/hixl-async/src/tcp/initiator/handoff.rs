@@ -123,7 +123,8 @@ pub(super) fn ring_waits(spinners: usize, in_flight: impl FnOnce() -> bool) -> S
 /// for what changed before (what changes after wakes it, see [`ring_hands_over`]):
 /// completions left for a pump (the drive's rounds ran out); going idle, a send in flight,
 /// parts queued (`pending`) or a spinner come meanwhile; waiting for completions, none in
-/// flight any more.
+/// flight any more; waiting for the spinners, none left: the last one stopped before the
+/// state was published, and its hand-over found the task running.
 pub(super) fn ring_again(
     waits: Sending,
     ring: Status,
@@ -134,7 +135,8 @@ pub(super) fn ring_again(
         || match waits {
             Sending::Idle => ring.in_flight || pending() || spinners() > 0,
             Sending::Io => !ring.in_flight,
-            Sending::Busy | Sending::Spin => false,
+            Sending::Spin => spinners() == 0,
+            Sending::Busy => false,
         }
 }
 
@@ -244,8 +246,10 @@ mod tests {
         // Waiting for completions that came meanwhile (reaped by another).
         assert!(ring_again(Sending::Io, st(false, false), no, || 0));
         assert!(!ring_again(Sending::Io, st(true, false), no, || 0));
-        // Waiting for spinners: they reap.
-        assert!(!ring_again(Sending::Spin, st(true, false), no, || 0));
+        // Waiting for spinners: they reap, and the last to stop hands over.
+        assert!(!ring_again(Sending::Spin, st(true, false), no, || 1));
+        // ...unless it stopped before the state was published (it found the task running).
+        assert!(ring_again(Sending::Spin, st(true, false), no, || 0));
     }
 
     #[test]
