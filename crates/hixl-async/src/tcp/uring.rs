@@ -8,10 +8,10 @@
 //! requests (headers, and WRITE payloads straight from registered memory) goes out as one
 //! `IORING_OP_SENDMSG` with `MSG_WAITALL`, so the kernel finishes a short send itself (one
 //! completion per gather, where `sendmsg` would return part-way and need another round from
-//! the writer task). A send with room in the socket buffer completes inside the
+//! the sending task). A send with room in the socket buffer completes inside the
 //! `io_uring_enter` that submits it; one that waits for room completes later, reaped from the
 //! shared completion queue without a syscall by a spinning waiter, or by the connection's
-//! driver task when tokio reports the ring readable.
+//! sending task when tokio reports the ring readable.
 //!
 //! Answers are received as on the epoll path (nonblocking `recv` on readiness): an io_uring
 //! receive on a socket completes through task work signalled to the thread that submitted

@@ -1,5 +1,6 @@
-//! A data connection's shared state: its socket and ring, the registration its tasks wait
-//! on, pumping each half, and closing (every part it holds fails with the cause).
+//! A data connection's shared state: its socket and I/O, the registrations its tasks wait
+//! on, driving the sending half and handing over what a drive left, and closing (every part
+//! it holds fails with the cause).
 
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsRawFd, RawFd};
@@ -10,15 +11,12 @@ use hixl_core::Error;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
-use super::handoff::{self, Queued};
-use super::{
-    fail_with, Conn, Part, Pumped, Rx, Tx, Via, Watch, DRIVER_IDLE, DRIVER_RING, DRIVER_SPIN,
-    DRIVE_ROUNDS, SPIN_SEND_BYTES,
-};
+use super::handoff::{self, Queued, Sending};
+use super::io::Io;
+use super::{fail_with, Conn, Part, Pumped, Rx, Via, Watch, DRIVE_ROUNDS, SPIN_SEND_BYTES};
 use crate::completion::Completion;
-use crate::rawio::{self, Watched};
+use crate::rawio::Watched;
 use crate::sync::lock;
-use crate::tcp::uring::{Piece, Uring};
 
 impl Conn {
     /// The socket's descriptor; `None` until it is opened.
@@ -26,15 +24,34 @@ impl Conn {
         self.sock.get().map(|s| s.as_raw_fd())
     }
 
-    /// Registers the socket (`ring`: the io_uring) with tokio's reactor (if no other task
-    /// has) for a task that is about to wait on it. A registration reports the current
-    /// readiness at once, so bytes (completions) that came while it was unregistered are not
-    /// missed.
-    pub(super) fn watch(&self, ring: bool) -> std::io::Result<Watch<'_>> {
-        let (fd, interest, reg) = match (ring, self.ring.get()) {
-            (true, Some(u)) => (u.as_raw_fd(), Interest::READABLE, &self.ring_watch),
-            (true, None) => return Err(std::io::Error::other("no io_uring")),
-            (false, _) => (
+    /// The socket's descriptor and the connection's I/O; `None` until it is opened.
+    pub(super) fn opened(&self) -> Option<(RawFd, &Io)> {
+        // The I/O is set before the socket.
+        Some((self.fd()?, self.io.get()?))
+    }
+
+    /// Whether sends go through a ring: the connection's I/O once opened, else what it asks
+    /// for.
+    pub(super) fn ring(&self) -> bool {
+        self.io.get().map_or(self.wants_uring, Io::is_ring)
+    }
+
+    /// What the sending task waits for now.
+    pub(super) fn sending(&self) -> Sending {
+        Sending::from_u8(self.sending.load(Ordering::SeqCst))
+    }
+
+    /// Registers, for a task about to wait, what it waits on with tokio's reactor (if no
+    /// other task has): the socket's read readiness for the reader, what `sending` (the
+    /// connection's I/O) waits on for the sending task ([`Io::waits_on`]). A registration
+    /// reports the current readiness at once, so bytes (completions) that came while it was
+    /// unregistered are not missed.
+    pub(super) fn watch<'c>(&'c self, sending: Option<&'c Io>) -> std::io::Result<Watch<'c>> {
+        let (awaits, own) = sending.map_or((Interest::READABLE, None), Io::waits_on);
+        let (fd, interest, reg) = match own {
+            Some((fd, reg)) => (fd, awaits, reg),
+            // The socket's registration serves both tasks.
+            None => (
                 self.fd()
                     .ok_or_else(|| std::io::Error::other("data connection not open"))?,
                 Interest::READABLE | Interest::WRITABLE,
@@ -47,8 +64,9 @@ impl Conn {
             None => {
                 // SAFETY: the descriptor is the connection's socket or ring, which the
                 // connection owns and closes only when it drops; the registration is held by
-                // the connection (its `watch` field, dropped before `ring` and `sock`) and by
-                // `Watch` guards borrowing it, so it ends while the descriptor is still open.
+                // the connection (its `watch` field, or its ring's, dropped before `io`'s ring
+                // and `sock`) and by `Watch` guards borrowing it, so it ends while the
+                // descriptor is still open.
                 let a =
                     Arc::new(unsafe { AsyncFd::register_with_interest(Watched(fd), interest) }?);
                 r.fd = Some(a.clone());
@@ -59,6 +77,7 @@ impl Conn {
         Ok(Watch {
             reg,
             fd: ManuallyDrop::new(afd),
+            awaits,
         })
     }
 
@@ -78,14 +97,11 @@ impl Conn {
     }
 
     /// Closes both halves, failing every part they hold with `cause`, and shuts the socket
-    /// down. With io_uring, the ring is quiesced first: no request touches a part's memory
+    /// down. The I/O is quiesced first ([`Io::quiesce`]): no request touches a part's memory
     /// once it is failed. Idempotent.
     pub(super) fn close(&self, cause: &Error) {
-        if let Some(u) = self.ring.get() {
-            if let Some(s) = self.sock.get() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-            u.quiesce();
+        if let Some(io) = self.io.get() {
+            io.quiesce(self.sock.get());
         }
         let unsent: Vec<Part> = lock(&self.tx).close();
         let unanswered = lock(&self.rx).answers.close();
@@ -95,63 +111,43 @@ impl Conn {
         fail_with(&self.ops.sink, unsent.into_iter().chain(unanswered), cause);
     }
 
-    /// Pumps the sending half, then delivers what it finished. A pump that leaves work behind
-    /// (the socket is full) hands it to the writer task, unless that task is the caller.
-    pub(super) fn pump_tx(
-        &self,
-        tx: &mut Tx,
-        via: Via,
-        budget: usize,
-        done: &mut Vec<Completion>,
-    ) -> Result<Pumped, Error> {
-        let r = tx.pump(self, via, budget, done);
-        if matches!(r, Ok(Pumped::Blocked)) && via == Via::Direct {
-            self.tx_blocked.notify_one();
-        }
-        r
-    }
-
-    /// Sends `pieces` on `fd`: a nonblocking `sendmsg`, or with io_uring the ring's send.
-    pub(super) fn sendmsg(&self, fd: RawFd, pieces: &[Piece<'_>]) -> std::io::Result<usize> {
-        match self.ring.get() {
-            Some(u) => u.send(fd, pieces),
-            None => rawio::sendmsg_pieces_now(fd, pieces),
-        }
-    }
-
-    /// With io_uring: pumps the sending half (its gathers queued on the ring), submits with
-    /// one `io_uring_enter`, reaps what completed and goes round again while completions
-    /// came. `wait`: take the lock even when contended (a task, a submitter); a spinner only
-    /// tries it.
+    /// Drives the sending half: pumps it (its gathers sent, or with io_uring queued on the
+    /// ring), then flushes the I/O (one `io_uring_enter` submits, completions are reaped) and
+    /// goes round again while completions came. `wait`: take the lock even when contended (a
+    /// task, a submitter); a spinner only tries it. Returns how the last pump left the half
+    /// (blocked also before the socket is opened: the sending task opens it).
     ///
-    /// Answers are received as on the epoll path, by nonblocking `recv` when the socket is
-    /// readable: an io_uring receive completes through task work signalled to the thread
-    /// that submitted it, which costs a round trip 20–40 µs more than a `recv` on a vCPU
-    /// (measured; see `docs/benchmarks.md`), while a send with room in the socket buffer
+    /// Answers are received the same way for both kinds, by nonblocking `recv` when the
+    /// socket is readable: an io_uring receive completes through task work signalled to the
+    /// thread that submitted it, which costs a round trip 20–40 µs more than a `recv` on a
+    /// vCPU (measured; see `docs/benchmarks.md`), while a send with room in the socket buffer
     /// completes inside `io_uring_enter`.
     pub(super) fn drive(
         &self,
-        u: &Uring,
         via: Via,
         wait: bool,
         done: &mut Vec<Completion>,
-    ) -> Result<(), Error> {
+    ) -> Result<Pumped, Error> {
         let budget = match via {
             Via::Task => usize::MAX,
             Via::Direct => SPIN_SEND_BYTES,
         };
+        let mut pumped = Pumped::Idle;
         for _ in 0..DRIVE_ROUNDS {
             let tx = if wait {
                 Some(lock(&self.tx))
             } else {
                 self.tx.try_lock().ok()
             };
-            if let Some(mut tx) = tx {
-                if !tx.closed && !tx.is_free() {
-                    tx.pump(self, via, budget, done)?;
-                }
-            }
-            match u.flush() {
+            pumped = match tx {
+                Some(mut tx) if !tx.closed && !tx.is_free() => tx.pump(self, via, budget, done)?,
+                _ => Pumped::Idle,
+            };
+            // Not open: nothing was queued on any ring.
+            let Some(io) = self.io.get() else {
+                break;
+            };
+            match io.flush() {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => {
@@ -163,28 +159,27 @@ impl Conn {
                 }
             }
         }
-        Ok(())
+        Ok(pumped)
     }
 
-    /// After a submitter or a spinner drove the ring: wakes the driver task if what it left
-    /// needs the task (requests in flight that nobody may reap, or parts not yet sent) and
-    /// the task does not wait for it already. While a waiter spins, it reaps; the driver is
-    /// woken when the last spinner stops.
-    pub(super) fn hand_over(&self, u: &Uring) {
-        if self.spinners.load(Ordering::SeqCst) > 0 {
-            return;
-        }
-        let pending = || {
-            self.tx
-                .try_lock()
-                .is_ok_and(|tx| !tx.closed && !tx.is_free())
-        };
-        let ring = u.status();
-        let needed = match self.driver.load(Ordering::SeqCst) {
-            // Waiting for a kick: the last spinner's, or a submitter's.
-            DRIVER_IDLE | DRIVER_SPIN => ring.in_flight || ring.results || pending(),
-            DRIVER_RING => ring.results || (!ring.in_flight && pending()),
-            _ => false,
+    /// After a submitter or a spinner drove the connection, its last pump leaving the half
+    /// `pumped`: wakes the sending task if what was left needs it ([`Io::hands_over`]) and it
+    /// does not wait for it already. Before the socket is opened, parts left are the task's
+    /// to open it for.
+    pub(super) fn hand_over(&self, pumped: Pumped) {
+        let blocked = pumped == Pumped::Blocked;
+        let needed = match self.io.get() {
+            None => blocked,
+            Some(io) => io.hands_over(
+                blocked,
+                || self.spinners.load(Ordering::SeqCst),
+                || self.sending(),
+                || {
+                    self.tx
+                        .try_lock()
+                        .is_ok_and(|tx| !tx.closed && !tx.is_free())
+                },
+            ),
         };
         if needed {
             self.tx_blocked.notify_one();

@@ -6,14 +6,16 @@
 //! - [`Rx`]: the parts sent and awaiting their answer, in the order they were sent, matched
 //!   as answers come (READ payloads land straight in registered memory).
 //!
-//! Whoever gets there first drives them, with nonblocking syscalls:
+//! Whoever gets there first drives them, with nonblocking syscalls (or, for sends, the
+//! connection's io_uring: [`Io`] is how bytes move, the rest is the same for both):
 //! - the submitting task sends its op's parts itself when the connection is free (nothing
 //!   queued before them): no hand-off to another task for a small op;
 //! - the task awaiting a transfer pumps both halves while it spins ([`DataConn::progress`],
 //!   called from `Transfer::poll` for a bounded quiet period);
-//! - the connection's two tasks take over only when the socket blocks: the writer when the
-//!   send buffer is full, the reader when answers are awaited and nobody spins. They wait on
-//!   tokio's readiness, so an idle connection costs nothing.
+//! - the connection's two tasks take over only when the socket blocks: the sending task when
+//!   the send buffer is full (or a send is in flight on the ring), the reader when answers
+//!   are awaited and nobody spins. They wait on tokio's readiness, so an idle connection costs
+//!   nothing.
 //!
 //! Lock order: `tx` before `rx` (a part moves from one to the other under both, so the answer
 //! queue keeps the order requests went out in). Completions are delivered after the locks
@@ -27,12 +29,12 @@ use hixl_core::answers::Answers;
 use hixl_core::outbox::Outbox;
 use hixl_core::wire::DataReq;
 use hixl_core::{Error, Token};
-use tokio::io::unix::AsyncFd;
+use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use super::gather::GATHER_PARTS;
-use super::uring::Uring;
 use crate::completion::Completion;
 use crate::context::OpsHandle;
 use crate::link_state::LinkState;
@@ -43,12 +45,14 @@ use crate::sync::lock;
 
 mod conn;
 mod handoff;
+mod io;
 mod rx;
 mod tasks;
 mod tx;
 
-use handoff::Sender;
-use tasks::{driver, end, reader, writer};
+use handoff::{Sender, Sending};
+use io::Io;
+use tasks::{end, reader, sender};
 
 /// One piece of a transfer on one connection. Its local bytes stay valid until it is
 /// completed: the op table holds its op's lease ([`PartRange`]).
@@ -65,7 +69,7 @@ pub(crate) struct Part {
     pub(crate) strided: Option<(u64, u64, u64)>,
 }
 
-/// Bytes a submitter sends itself at most; the rest of a large op goes to the writer task,
+/// Bytes a submitter sends itself at most; the rest of a large op goes to the sending task,
 /// so that submitting to several peers overlaps their sends.
 const SUBMIT_SEND_BYTES: usize = 256 << 10;
 /// Bytes a spinning waiter sends per progress call at most (it calls again while it spins).
@@ -84,21 +88,19 @@ pub(crate) struct DataConn {
 struct Conn {
     /// The socket's registration with tokio while a task waits on it (dropped before `sock`).
     watch: Mutex<Registration>,
-    /// The ring's, while the io_uring driver waits for a send's completion (dropped before
-    /// `ring`).
-    ring_watch: Mutex<Registration>,
-    /// With `hixl.TcpIo=uring`, the connection's ring, made when the socket is opened and
-    /// set before it (a pump that sees the socket sees the ring). Dropped before `sock`: its
-    /// drop waits out every request in flight.
-    ring: OnceLock<Uring>,
-    /// This connection is to use io_uring (the engine's `hixl.TcpIo`).
-    uring: bool,
-    /// What the io_uring driver task waits for now ([`DRIVER_BUSY`] and the others).
-    driver: AtomicU8,
+    /// How the connection moves its bytes, chosen when the socket is opened and set before
+    /// it (a pump that sees the socket sees its I/O). Dropped before `sock`: a ring's drop
+    /// waits out every request in flight.
+    io: OnceLock<Io>,
+    /// This connection asks for io_uring (the engine's `hixl.TcpIo`); what it got is `io`,
+    /// once opened.
+    wants_uring: bool,
+    /// What the sending task waits for now ([`Sending`], as its `u8`).
+    sending: AtomicU8,
     /// Whether the connection's tasks were started ([`DataConn::start`], on its first
     /// transfer).
     started: AtomicBool,
-    /// The socket (nonblocking), once the writer task opened it for the first parts (an
+    /// The socket (nonblocking), once the sending task opened it for the first parts (an
     /// unused connection holds no descriptor).
     sock: OnceLock<std::net::TcpStream>,
     /// Waiters spinning on the connection now (`DataConn::spinning`): while there are, the
@@ -116,7 +118,8 @@ struct Conn {
     withdrawals: Arc<AtomicU64>,
     tx: Mutex<Tx>,
     rx: Mutex<Rx>,
-    /// Wakes the writer task: the socket refused part of the backlog.
+    /// Wakes the sending task: the socket refused part of the backlog, or work was left to it
+    /// (see [`Conn::hand_over`]).
     tx_blocked: Notify,
     /// Wakes the parked reader task ([`Rx::reader_parked`]): answers are awaited that nobody
     /// spinning takes, or answers wait in the stage.
@@ -156,17 +159,9 @@ struct Tx {
     closed: bool,
 }
 
-/// Rounds of pump, submit and reap one io_uring drive makes at most.
+/// Rounds of pump, submit and reap one drive makes at most (one with epoll, whose sends
+/// leave no completion to reap).
 const DRIVE_ROUNDS: usize = 16;
-
-/// The io_uring driver task runs (it looks at everything before it waits again).
-const DRIVER_BUSY: u8 = 0;
-/// It waits to be woken: nothing is in flight.
-const DRIVER_IDLE: u8 = 1;
-/// It waits for the ring's completions (registered with tokio) or to be woken.
-const DRIVER_RING: u8 = 2;
-/// It waits for the spinning waiters to stop (they reap meanwhile).
-const DRIVER_SPIN: u8 = 3;
 
 /// The receiving half.
 #[derive(Debug)]
@@ -202,21 +197,31 @@ enum Via {
     Direct,
 }
 
-/// The socket's registration with tokio's reactor, shared by the connection's two tasks and
-/// held only while one of them waits on the socket. While the submitter and the waiter drive
-/// the connection themselves the socket is not registered, so its traffic wakes no other
-/// thread of the runtime (a parked worker would otherwise be woken by every answer).
+/// A descriptor's registration with tokio's reactor: the socket's, shared by the connection's
+/// two tasks, or the ring's, the sending task's; held only while a task waits on it. While
+/// the submitter and the waiter drive the connection themselves the socket is not
+/// registered, so its traffic wakes no other thread of the runtime (a parked worker would
+/// otherwise be woken by every answer).
 #[derive(Default)]
 struct Registration {
     fd: Option<Arc<AsyncFd<Watched>>>,
     users: usize,
 }
 
-/// A task's use of the [`Registration`]; the last one dropped deregisters the socket.
+/// A task's use of the [`Registration`]; the last one dropped deregisters the descriptor.
 struct Watch<'a> {
     reg: &'a Mutex<Registration>,
     /// Dropped in `drop`, under the registration's lock.
     fd: ManuallyDrop<Arc<AsyncFd<Watched>>>,
+    /// The readiness the task awaits.
+    awaits: Interest,
+}
+
+impl Watch<'_> {
+    /// Waits until the descriptor is ready as the task awaits.
+    async fn ready(&self) -> std::io::Result<AsyncFdReadyGuard<'_, Watched>> {
+        self.fd.ready(self.awaits).await
+    }
 }
 
 impl Drop for Watch<'_> {
@@ -244,13 +249,13 @@ impl std::fmt::Debug for Conn {
 }
 
 impl DataConn {
-    /// A data connection whose socket `open` opens when parts first come; starts its
-    /// writer and reader tasks (idle until then). `withdrawals` counts the link's withdrawn
+    /// A data connection whose socket `open` opens when parts first come; its sending and
+    /// reader tasks start with its first transfer. `withdrawals` counts the link's withdrawn
     /// ops (`TcpChannel::withdraw`).
     ///
-    /// With `uring`, the connection moves its bytes through an io_uring of its own, made
-    /// when the socket is opened, and one driver task stands in for the two (if the ring
-    /// cannot be made then, the connection falls back to the epoll tasks and says so).
+    /// With `uring`, the connection sends through an io_uring of its own, made when the
+    /// socket is opened (if the ring cannot be made then, the connection falls back to epoll
+    /// and says so).
     pub(crate) fn spawn(
         open: DataOpener,
         peer: Arc<str>,
@@ -262,10 +267,9 @@ impl DataConn {
     ) -> DataConn {
         let conn = Arc::new(Conn {
             watch: Mutex::new(Registration::default()),
-            ring_watch: Mutex::new(Registration::default()),
-            ring: OnceLock::new(),
-            uring,
-            driver: AtomicU8::new(DRIVER_BUSY),
+            io: OnceLock::new(),
+            wants_uring: uring,
+            sending: AtomicU8::new(Sending::Busy as u8),
             started: AtomicBool::new(false),
             sock: OnceLock::new(),
             spinners: AtomicUsize::new(0),
@@ -298,57 +302,50 @@ impl DataConn {
             end(c);
             return;
         }
-        if c.uring {
-            c.state.spawn(driver(c.clone()));
-        } else {
-            c.state.spawn(writer(c.clone()));
-        }
+        c.state.spawn(sender(c.clone()));
         c.state.spawn(reader(c.clone()));
     }
 
     /// Sends the parts of one op, at once when the connection is free (the rest, if the
-    /// socket fills, goes to the writer task). On a closed connection they come back to be
+    /// socket fills, goes to the sending task). On a closed connection they come back to be
     /// failed.
     pub(crate) fn submit(&self, parts: Vec<Pending>) -> Result<(), Vec<Pending>> {
         self.start();
         let c = &*self.conn;
         let mut done = Vec::new();
-        let r = {
+        let (sender, r) = {
             let mut tx = lock(&c.tx);
             if tx.closed {
                 return Err(parts);
             }
-            // An op of many parts (thousands of KV blocks) is handed to the writer task whole:
-            // sending its first gather here would hold the submitter for no latency gain.
+            // An op of many parts (thousands of KV blocks) is handed to the sending task
+            // whole: sending its first gather here would hold the submitter for no latency
+            // gain.
             let many = parts.len() > GATHER_PARTS;
             let free = tx.is_free();
             // A list given to an empty backlog becomes it as it is (no copy of thousands of
             // parts).
             tx.queue(parts);
-            // With io_uring the ring is driven below, once the lock is free.
-            match handoff::sender(c.uring, many, free) {
-                Sender::Submitter => c
-                    .pump_tx(&mut tx, Via::Direct, SUBMIT_SEND_BYTES, &mut done)
-                    .map(drop),
-                Sender::WriterTask => {
-                    c.tx_blocked.notify_one();
-                    Ok(())
-                }
-                Sender::Ring | Sender::Current => Ok(()),
-            }
+            let sender = handoff::sender(c.ring(), many, free);
+            let r = match sender {
+                Sender::Submitter => tx.pump(c, Via::Direct, SUBMIT_SEND_BYTES, &mut done),
+                // With io_uring the ring is driven below, once the lock is free.
+                Sender::Task | Sender::Ring | Sender::Current => Ok(Pumped::Idle),
+            };
+            (sender, r)
         };
-        let r = match c.ring.get() {
-            Some(u) => {
-                let r = c.drive(u, Via::Direct, true, &mut done);
-                c.hand_over(u);
-                r
-            }
-            // Not open yet: the driver opens it.
-            None if c.uring => {
+        let r = match sender {
+            // What the socket did not take goes to the sending task.
+            Sender::Submitter => r.map(|p| c.hand_over(p)),
+            Sender::Task => {
                 c.tx_blocked.notify_one();
-                r
+                Ok(())
             }
-            None => r,
+            // Before the socket is opened this finds it blocked: the sending task opens it.
+            Sender::Ring => c
+                .drive(Via::Direct, true, &mut done)
+                .map(|p| c.hand_over(p)),
+            Sender::Current => Ok(()),
         };
         c.deliver(&mut done);
         if let Err(e) = r {
@@ -366,10 +363,8 @@ impl DataConn {
             c.spinners.fetch_add(1, Ordering::SeqCst);
         } else if c.spinners.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.nudge();
-            if let Some(u) = c.ring.get() {
-                // A send the spinner left in flight is the driver's again.
-                c.hand_over(u);
-            }
+            // A send the spinner left in flight is the sending task's again.
+            c.hand_over(Pumped::Idle);
         }
     }
 
@@ -390,19 +385,12 @@ impl DataConn {
     pub(crate) fn progress(&self) -> bool {
         let c = &*self.conn;
         let mut done = Vec::new();
-        let mut failed = None;
-        if let Some(u) = c.ring.get() {
-            // Pumps what waits and reaps what completed; no syscall when nothing was queued.
-            if let Err(e) = c.drive(u, Via::Direct, false, &mut done) {
-                failed = Some(e);
-            }
-        } else if let Ok(mut tx) = c.tx.try_lock() {
-            if !tx.is_free() && !tx.closed {
-                if let Err(e) = c.pump_tx(&mut tx, Via::Direct, SPIN_SEND_BYTES, &mut done) {
-                    failed = Some(e);
-                }
-            }
-        }
+        // Pumps what waits (if nobody else is) and reaps what completed; no syscall when
+        // nothing was queued.
+        let mut failed = c
+            .drive(Via::Direct, false, &mut done)
+            .map(|p| c.hand_over(p))
+            .err();
         if failed.is_none() {
             if let Ok(mut rx) = c.rx.try_lock() {
                 if rx.awaiting() {

@@ -1,27 +1,30 @@
-//! The connection's tasks: the lazy socket, the writer and the reader (epoll), and the
-//! io_uring driver; each takes over only when the socket blocks and nobody else drives it.
+//! The connection's two tasks, the same for epoll and io_uring: the sending task (which opens
+//! the socket when the first parts come) and the reader; each takes over only when the socket
+//! blocks and nobody else drives it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use hixl_core::Error;
+use tokio::sync::watch::Receiver;
 use tokio::sync::Notify;
 
-use super::handoff;
-use super::{lost, Conn, Pumped, Via, Watch, DRIVER_BUSY, DRIVER_IDLE, DRIVER_RING, DRIVER_SPIN};
+use super::handoff::{self, Sending};
+use super::io::Io;
+use super::{lost, Conn, Pumped, Via, Watch};
 use crate::completion::Completion;
 use crate::sync::lock;
-use crate::tcp::uring::Uring;
 
-/// A task's registration of the socket, made in `slot` on first need and kept until the
-/// task drops it. `None` when tokio refuses the registration: the connection has failed then.
+/// A task's registration of what it waits on (`sending`: see [`Conn::watch`]), made in `slot`
+/// on first need and kept until the task drops it. `None` when tokio refuses the
+/// registration: the connection has failed then.
 pub(super) fn watching<'s, 'c>(
     conn: &'c Conn,
-    ring: bool,
+    sending: Option<&'c Io>,
     slot: &'s mut Option<Watch<'c>>,
 ) -> Option<&'s Watch<'c>> {
     if slot.is_none() {
-        match conn.watch(ring) {
+        match conn.watch(sending) {
             Ok(w) => *slot = Some(w),
             Err(e) => {
                 let e = Error::connection_lost(&conn.peer, "watching a data connection", e);
@@ -38,7 +41,7 @@ pub(super) fn watching<'s, 'c>(
 /// connection).
 pub(super) async fn open_socket(
     conn: &Conn,
-    dead: &mut tokio::sync::watch::Receiver<bool>,
+    dead: &mut Receiver<bool>,
 ) -> Option<std::net::TcpStream> {
     let opened = tokio::select! {
         biased;
@@ -58,23 +61,23 @@ pub(super) async fn open_socket(
     }
 }
 
-/// One drive of the ring by the io_uring driver task, its completions delivered: `false`
+/// One drive of the sending half by the sending task, its completions delivered: `None`
 /// when the connection failed.
-pub(super) fn turn(conn: &Conn, u: &Uring, done: &mut Vec<Completion>) -> bool {
-    conn.driver.store(DRIVER_BUSY, Ordering::SeqCst);
-    let r = conn.drive(u, Via::Task, true, done);
+fn turn(conn: &Conn, done: &mut Vec<Completion>) -> Option<Pumped> {
+    conn.sending.store(Sending::Busy as u8, Ordering::SeqCst);
+    let r = conn.drive(Via::Task, true, done);
     conn.deliver(done);
     match r {
-        Ok(()) => true,
+        Ok(p) => Some(p),
         Err(e) => {
             conn.fail(e);
-            false
+            None
         }
     }
 }
 
 /// Waits for `n` unless the link dies first: `false` when it died.
-pub(super) async fn woken(dead: &mut tokio::sync::watch::Receiver<bool>, n: &Notify) -> bool {
+pub(super) async fn woken(dead: &mut Receiver<bool>, n: &Notify) -> bool {
     tokio::select! {
         biased;
         r = dead.changed() => { let _ = r; false }
@@ -91,58 +94,97 @@ pub(super) fn end(conn: &Conn) {
     conn.close(&cause);
 }
 
-/// Sends what the submitters and spinners left when the socket was full (or before it was
-/// open: this task opens it), waiting on the socket's write readiness. Every wait races the
-/// link's death: a peer that stopped reading (frozen, or the network cut) must not keep parts
-/// unresolved after the link was closed.
-pub(super) async fn writer(conn: Arc<Conn>) {
+/// Sends what the submitters and spinners left when the socket was full or a send was still
+/// in flight on the ring (or before the socket was open: this task opens it, and its I/O),
+/// whenever nobody else does. It waits for what its I/O waits on (the socket's write
+/// readiness, the ring's completions; registered with tokio for the wait only) or for a kick.
+/// Every wait races the link's death: a peer that stopped reading (frozen, or the network
+/// cut) must not keep parts unresolved after the link was closed.
+pub(super) async fn sender(conn: Arc<Conn>) {
     let mut dead = conn.state.subscribe();
     let mut done = Vec::new();
-    'run: loop {
-        if *dead.borrow() {
-            break;
-        }
-        if !woken(&mut dead, &conn.tx_blocked).await {
-            break;
-        }
-        if conn.sock.get().is_none() {
-            let Some(s) = open_socket(&conn, &mut dead).await else {
-                break;
-            };
-            let _ = conn.sock.set(s);
-        }
-        // Pump first: the socket has room more often than not.
-        let mut watch = None;
-        loop {
-            let r = conn.pump_tx(&mut lock(&conn.tx), Via::Task, usize::MAX, &mut done);
-            conn.deliver(&mut done);
-            match r {
-                Ok(Pumped::Idle) => break,
-                Ok(Pumped::Blocked) => {}
-                Err(e) => {
-                    conn.fail(e);
-                    break 'run;
-                }
-            }
-            let Some(w) = watching(&conn, false, &mut watch) else {
-                break 'run;
-            };
-            tokio::select! {
-                biased;
-                r = dead.changed() => { let _ = r; break 'run }
-                r = w.fd.writable() => match r {
-                    // The pump's last send would block: wait for the next edge.
-                    Ok(mut g) => g.clear_ready(),
-                    Err(e) => {
-                        let e = Error::connection_lost(&conn.peer, "waiting to send", e);
-                        conn.fail(conn.cause(e));
-                        break 'run;
-                    }
-                },
-            }
-        }
+    if let Some(io) = open(&conn, &mut dead).await {
+        send(&conn, io, &mut dead, &mut done).await;
     }
     end(&conn);
+}
+
+/// Waits for the connection's first parts, then opens its socket and its I/O: `None` if the
+/// link died first or the open failed (which fails the connection).
+async fn open<'c>(conn: &'c Conn, dead: &mut Receiver<bool>) -> Option<&'c Io> {
+    loop {
+        if *dead.borrow() || !woken(dead, &conn.tx_blocked).await {
+            return None;
+        }
+        if lock(&conn.tx).is_free() {
+            continue;
+        }
+        let s = open_socket(conn, dead).await?;
+        // Set before the socket: a pump that sees the socket sees its I/O.
+        let _ = conn.io.set(Io::open(conn.wants_uring, &conn.peer));
+        let _ = conn.sock.set(s);
+        return conn.io.get();
+    }
+}
+
+/// The sending task's loop once the connection is open, until it or the link fails.
+async fn send(conn: &Conn, io: &Io, dead: &mut Receiver<bool>, done: &mut Vec<Completion>) {
+    let mut watch: Option<Watch<'_>> = None;
+    let spinners = || conn.spinners.load(Ordering::SeqCst);
+    // Pump first: the socket has room more often than not.
+    let Some(mut pumped) = turn(conn, done) else {
+        return;
+    };
+    loop {
+        let waits = io.waits(pumped == Pumped::Blocked, spinners);
+        conn.sending.store(waits as u8, Ordering::SeqCst);
+        // Published: a submitter or spinner that changes things from here on wakes us
+        // (`Conn::hand_over`). What changed before, we see now.
+        if !io.again(waits, || !lock(&conn.tx).is_free(), spinners) {
+            if waits != Sending::Io {
+                watch = None;
+                if !woken(dead, &conn.tx_blocked).await {
+                    return;
+                }
+            } else {
+                let Some(w) = watching(conn, Some(io), &mut watch) else {
+                    return;
+                };
+                tokio::select! {
+                    biased;
+                    r = dead.changed() => { let _ = r; return }
+                    _ = conn.tx_blocked.notified(), if io.kick_ends_wait() => {}
+                    r = w.ready() => match r {
+                        Ok(mut g) => {
+                            // Cleared before the drive (the socket) or after it (the ring's
+                            // completions), see `Io::drives_before_clearing`.
+                            if !io.drives_before_clearing() {
+                                g.clear_ready();
+                            }
+                            let Some(p) = turn(conn, done) else {
+                                return;
+                            };
+                            pumped = p;
+                            g.clear_ready();
+                            continue;
+                        }
+                        Err(e) => {
+                            let e = Error::connection_lost(&conn.peer, "waiting to send", e);
+                            conn.fail(conn.cause(e));
+                            return;
+                        }
+                    },
+                }
+            }
+        }
+        if *dead.borrow() {
+            return;
+        }
+        let Some(p) = turn(conn, done) else {
+            return;
+        };
+        pumped = p;
+    }
 }
 
 /// Receives answers that nobody spinning takes: while answers are awaited and no waiter
@@ -196,7 +238,7 @@ pub(super) async fn reader(conn: Arc<Conn>) {
         }
         // Drained to a would-block: wait for the next edge (a registration made now reports
         // what came since the pump).
-        let Some(w) = watching(&conn, false, &mut watch) else {
+        let Some(w) = watching(&conn, None, &mut watch) else {
             break;
         };
         tokio::select! {
@@ -204,7 +246,7 @@ pub(super) async fn reader(conn: Arc<Conn>) {
             r = dead.changed() => { let _ = r; break }
             // A part queued while answers for it wait in the stage (see `push_rx`).
             _ = conn.reader_kick.notified() => {}
-            r = w.fd.readable() => match r {
+            r = w.ready() => match r {
                 // Cleared before the next pump, which receives whatever came before; what
                 // comes after raises a new edge.
                 Ok(mut g) => g.clear_ready(),
@@ -217,115 +259,5 @@ pub(super) async fn reader(conn: Arc<Conn>) {
         }
     }
     drop(watch);
-    end(&conn);
-}
-
-/// The io_uring connection's one task: opens the socket (and its ring) when the first parts
-/// come, then drives the ring whenever nobody else does: when a submitter or a spinner left
-/// requests in flight and stopped, it waits for the ring's completions on tokio's reactor
-/// (registered for the wait only). Every wait races the link's death.
-pub(super) async fn driver(conn: Arc<Conn>) {
-    let mut dead = conn.state.subscribe();
-    let mut done = Vec::new();
-    let u = 'open: loop {
-        if *dead.borrow() {
-            break 'open None;
-        }
-        conn.driver.store(DRIVER_IDLE, Ordering::SeqCst);
-        if !woken(&mut dead, &conn.tx_blocked).await {
-            break 'open None;
-        }
-        conn.driver.store(DRIVER_BUSY, Ordering::SeqCst);
-        if lock(&conn.tx).is_free() {
-            continue;
-        }
-        let Some(s) = open_socket(&conn, &mut dead).await else {
-            break 'open None;
-        };
-        match Uring::new() {
-            Ok(u) => {
-                let _ = conn.ring.set(u);
-                let _ = conn.sock.set(s);
-                break 'open conn.ring.get();
-            }
-            Err(e) => {
-                tracing::warn!(
-                    peer = %conn.peer,
-                    "io_uring refused for a data connection ({e}); it uses epoll"
-                );
-                let _ = conn.sock.set(s);
-                conn.state.spawn(writer(conn.clone()));
-                conn.tx_blocked.notify_one();
-                return;
-            }
-        }
-    };
-    if let Some(u) = u {
-        let mut watch: Option<Watch<'_>> = None;
-        loop {
-            if *dead.borrow() {
-                break;
-            }
-            if !turn(&conn, u, &mut done) {
-                break;
-            }
-            let state = if conn.spinners.load(Ordering::SeqCst) > 0 {
-                DRIVER_SPIN
-            } else if u.status().in_flight {
-                DRIVER_RING
-            } else {
-                DRIVER_IDLE
-            };
-            conn.driver.store(state, Ordering::SeqCst);
-            // Published: a submitter or spinner that changes things from here on wakes us.
-            // What changed before, we see now. Completions left for a pump (the drive's
-            // rounds ran out): drive again.
-            let ring = u.status();
-            let again = ring.results
-                || match state {
-                    DRIVER_IDLE => {
-                        ring.in_flight
-                            || !lock(&conn.tx).is_free()
-                            || conn.spinners.load(Ordering::SeqCst) > 0
-                    }
-                    DRIVER_RING => !ring.in_flight,
-                    _ => false,
-                };
-            if again {
-                continue;
-            }
-            if state != DRIVER_RING {
-                watch = None;
-                if !woken(&mut dead, &conn.tx_blocked).await {
-                    break;
-                }
-                continue;
-            }
-            let Some(w) = watching(&conn, true, &mut watch) else {
-                break;
-            };
-            tokio::select! {
-                biased;
-                r = dead.changed() => { let _ = r; break }
-                _ = conn.tx_blocked.notified() => {}
-                r = w.fd.readable() => match r {
-                    Ok(mut g) => {
-                        // Reap before clearing: completions posted after the readiness was
-                        // seen keep it set.
-                        if !turn(&conn, u, &mut done) {
-                            break;
-                        }
-                        g.clear_ready();
-                    }
-                    Err(e) => {
-                        let e = Error::connection_lost(&conn.peer, "waiting for io_uring", e);
-                        conn.fail(conn.cause(e));
-                        break;
-                    }
-                },
-            }
-        }
-        drop(watch);
-    }
     end(&conn);
 }

@@ -9,6 +9,7 @@ use hixl_core::outbox::{Bounds, Outgoing, Piece as Next};
 use hixl_core::wire::{encode_data_req, encode_strided_req, StridedReq};
 use hixl_core::{Error, Token};
 
+use super::io::Io;
 use super::{lost, Conn, Part, Pending, Pumped, Tx, Via};
 use crate::completion::Completion;
 use crate::sync::lock;
@@ -56,7 +57,7 @@ impl Tx {
     /// A write part goes to `rx` once its payload is all out.
     ///
     /// Sends at most about `budget` bytes: past it, work left is reported as blocked (for the
-    /// writer task to finish), so a submitter is not held by a large op.
+    /// sending task to finish), so a submitter is not held by a large op.
     ///
     /// Returns an error only when the connection is unusable; the caller then fails it.
     /// `via`: who pumps (a part queued for its answer by a submitter or a spinner is left to
@@ -71,8 +72,8 @@ impl Tx {
         if self.closed {
             return Ok(Pumped::Idle);
         }
-        // Not opened yet: the writer task opens it (a direct pump reporting this wakes it).
-        let Some(fd) = conn.fd() else {
+        // Not opened yet: the sending task opens it (a direct pump reporting this wakes it).
+        let Some((fd, io)) = conn.opened() else {
             return Ok(Pumped::Blocked);
         };
         let mut moved = 0usize;
@@ -87,7 +88,7 @@ impl Tx {
             if moved >= budget {
                 return Ok(Pumped::Blocked);
             }
-            let n = match self.send(conn, fd) {
+            let n = match self.send(io, fd) {
                 Ok(0) => {
                     return Err(conn.cause(Error::connection_lost(
                         &conn.peer,
@@ -109,9 +110,9 @@ impl Tx {
         }
     }
 
-    /// One nonblocking send of what the gather still holds: each request's header and, for
-    /// a write, its payload straight from registered memory.
-    pub(super) fn send(&self, conn: &Conn, fd: RawFd) -> std::io::Result<usize> {
+    /// One nonblocking send (through `io`) of what the gather still holds: each request's
+    /// header and, for a write, its payload straight from registered memory.
+    pub(super) fn send(&self, io: &Io, fd: RawFd) -> std::io::Result<usize> {
         let mut pieces = [Piece::Head(&[]); 2 * GATHER_PARTS];
         let mut n = 0;
         'all: for piece in self.outbox.pieces() {
@@ -142,7 +143,7 @@ impl Tx {
                 }
             }
         }
-        conn.sendmsg(fd, &pieces[..n])
+        io.send(fd, &pieces[..n])
     }
 
     /// Empties the half for closing: the gathered writes (partly sent, perhaps), then the
