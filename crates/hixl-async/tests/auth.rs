@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hixl_async::{Engine, HostBuffer};
-use hixl_core::wire::{Channel, Message};
+use hixl_core::wire::Message;
 use hixl_core::{Access, Error, OpDesc};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 const SECRET: &str = "kv-cluster-secret-0001";
 const OTHER: &str = "some-other-secret-0002";
@@ -91,19 +91,7 @@ async fn missing_secret_on_the_initiator_is_refused_on_both_sides() {
         .expect_err("no secret");
     assert!(auth_reason(&e).contains("requires a shared secret"), "{e}");
     // What the target says to such an initiator, on the wire.
-    let mut s = TcpStream::connect(target.local_engine())
-        .await
-        .expect("tcp");
-    common::send(
-        &mut s,
-        Message::Hello {
-            engine: "127.0.0.1".into(),
-            channel: Channel::Control,
-            session: 1,
-            features: hixl_core::wire::FEATURES,
-        },
-    )
-    .await;
+    let mut s = common::hello_control(target.local_engine(), "127.0.0.1").await;
     let mut buf = BytesMut::new();
     assert!(matches!(
         common::recv(&mut s, &mut buf).await,
@@ -132,19 +120,7 @@ async fn missing_secret_on_the_initiator_is_refused_on_both_sides() {
 #[tokio::test]
 async fn a_forged_proof_is_refused_without_a_welcome_or_table() {
     let target = engine(true, Some(SECRET)).await;
-    let mut s = TcpStream::connect(target.local_engine())
-        .await
-        .expect("tcp");
-    common::send(
-        &mut s,
-        Message::Hello {
-            engine: "127.0.0.1".into(),
-            channel: Channel::Control,
-            session: 1,
-            features: hixl_core::wire::FEATURES,
-        },
-    )
-    .await;
+    let mut s = common::hello_control(target.local_engine(), "127.0.0.1").await;
     let mut buf = BytesMut::new();
     let Some(Message::AuthChallenge { nonce: nt }) = common::recv(&mut s, &mut buf).await else {
         panic!("expected a challenge");

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use hixl_async::{Engine, HostBuffer};
-use hixl_core::wire::{Channel, Message, HEARTBEAT_FROM_TARGET};
+use hixl_core::wire::{Message, HEARTBEAT_FROM_TARGET};
 use hixl_core::{Error, OpDesc};
-use tokio::net::TcpStream;
 
 const INTERVAL_MS: u64 = 50;
 const MISS: u64 = 4;
@@ -63,19 +62,7 @@ async fn target_probes_a_silent_initiator_and_drops_its_session() {
         .build()
         .await
         .expect("engine");
-    let mut c = TcpStream::connect(target.local_engine())
-        .await
-        .expect("connect");
-    common::send(
-        &mut c,
-        Message::Hello {
-            engine: "127.0.0.1:1".into(),
-            channel: Channel::Control,
-            session: 1,
-            features: hixl_core::wire::FEATURES,
-        },
-    )
-    .await;
+    let mut c = common::hello_control(target.local_engine(), "127.0.0.1:1").await;
     let t0 = Instant::now();
     let mut buf = BytesMut::new();
     let (mut probes, mut welcomed) = (0, false);

@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use hixl_async::{Engine, HostBuffer};
-use hixl_core::wire::{Channel, Message, HEARTBEAT_FROM_TARGET};
+use hixl_core::wire::{Message, HEARTBEAT_FROM_TARGET};
 use hixl_core::{Error, OpDesc};
-use tokio::net::TcpStream;
 use tokio::time::{sleep, Instant};
 
 /// The defaults of `hixl.HeartbeatIntervalMs`, `hixl.HeartbeatMissLimit` and
@@ -42,11 +41,16 @@ async fn engine(listen: bool) -> Engine {
     b.build().await.expect("engine")
 }
 
-/// Work in flight to a target that went silent: the write and the notify fail at
-/// `interval × miss limit` after the work began, naming the heartbeat loss; nothing stays in
-/// flight.
-#[tokio::test(start_paused = true)]
-async fn in_flight_work_fails_at_the_active_bound() {
+/// An engine linked to a fake target that stays silent for a day, with a local region.
+struct Silent {
+    addr: String,
+    fake: tokio::task::JoinHandle<()>,
+    e: Engine,
+    local: hixl_async::Region,
+    p: hixl_async::Peer,
+}
+
+async fn silent() -> Silent {
     let (addr, fake) = common::silent_target(1, DAY).await;
     let e = engine(false).await;
     let local = e
@@ -56,6 +60,27 @@ async fn in_flight_work_fails_at_the_active_bound() {
         .connect(&addr, Duration::from_secs(5))
         .await
         .expect("connect");
+    Silent {
+        addr,
+        fake,
+        e,
+        local,
+        p,
+    }
+}
+
+/// Work in flight to a target that went silent: the write and the notify fail at
+/// `interval × miss limit` after the work began, naming the heartbeat loss; nothing stays in
+/// flight.
+#[tokio::test(start_paused = true)]
+async fn in_flight_work_fails_at_the_active_bound() {
+    let Silent {
+        addr,
+        fake,
+        e,
+        local,
+        p,
+    } = silent().await;
     // Idle first, for less than the idle bound: the idle schedule does not stretch the
     // active bound of the work that follows.
     sleep(Duration::from_secs(100)).await;
@@ -90,12 +115,8 @@ async fn in_flight_work_fails_at_the_active_bound() {
 /// `idle period × miss limit` of silence, not before.
 #[tokio::test(start_paused = true)]
 async fn an_idle_link_is_lost_at_the_idle_bound() {
-    let (addr, fake) = common::silent_target(1, DAY).await;
-    let e = engine(false).await;
-    let p = e
-        .connect(&addr, Duration::from_secs(5))
-        .await
-        .expect("connect");
+    // The engine is kept (a `..` would drop it, and with it the link).
+    let Silent { fake, p, e: _e, .. } = silent().await;
     let bound = IDLE * MISS;
     sleep(bound - SLACK).await;
     assert!(
@@ -138,19 +159,7 @@ async fn answered_probes_keep_a_link_up_for_a_day() {
 #[tokio::test(start_paused = true)]
 async fn the_target_probes_a_silent_initiator_and_drops_it_at_the_bound() {
     let target = engine(true).await;
-    let mut c = TcpStream::connect(target.local_engine())
-        .await
-        .expect("connect");
-    common::send(
-        &mut c,
-        Message::Hello {
-            engine: "127.0.0.1:1".into(),
-            channel: Channel::Control,
-            session: 1,
-            features: hixl_core::wire::FEATURES,
-        },
-    )
-    .await;
+    let mut c = common::hello_control(target.local_engine(), "127.0.0.1:1").await;
     let t0 = Instant::now();
     let mut buf = BytesMut::new();
     let mut probes = Vec::new();
@@ -169,15 +178,9 @@ async fn the_target_probes_a_silent_initiator_and_drops_it_at_the_bound() {
 /// op is resolved when the heartbeats end the link.
 #[tokio::test(start_paused = true)]
 async fn a_transfer_times_out_at_its_deadline() {
-    let (addr, fake) = common::silent_target(1, DAY).await;
-    let e = engine(false).await;
-    let local = e
-        .register(HostBuffer::zeroed(1 << 20).expect("buf"))
-        .expect("register");
-    let p = e
-        .connect(&addr, Duration::from_secs(5))
-        .await
-        .expect("connect");
+    let Silent {
+        fake, e, local, p, ..
+    } = silent().await;
     let t0 = Instant::now();
     let r = p
         .read(&[OpDesc::new(local.addr(), common::SILENT_ADDR, 4096)])

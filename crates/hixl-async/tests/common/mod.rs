@@ -32,6 +32,23 @@ pub async fn recv(s: &mut TcpStream, buf: &mut BytesMut) -> Option<Message> {
     }
 }
 
+/// Connects to the engine at `target` as a raw initiator and says a control hello as
+/// `engine` (session 1, this build's features).
+pub async fn hello_control(target: &str, engine: &str) -> TcpStream {
+    let mut s = TcpStream::connect(target).await.expect("connect");
+    send(
+        &mut s,
+        Message::Hello {
+            engine: engine.into(),
+            channel: Channel::Control,
+            session: 1,
+            features: FEATURES,
+        },
+    )
+    .await;
+    s
+}
+
 /// A 1 MiB read-write host region at `addr` of a fake target's table.
 pub fn host_region(addr: u64, rkey: u64, name: Option<&str>) -> RemoteRegion {
     RemoteRegion {
