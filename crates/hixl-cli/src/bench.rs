@@ -10,7 +10,7 @@ use hixl::{Engine, HostBuffer, OpDesc, Peer, TransferOp};
 use hixl_cli::child::Target;
 use serde::Serialize;
 
-use crate::util::{human, parse_size, percentile, CliError, CliResult, RssSampler};
+use crate::util::{human, parse_size, percentile, CliError, CliResult, PeakRss};
 
 /// `hixl bench ...`
 #[derive(clap::Subcommand, Debug)]
@@ -302,10 +302,13 @@ struct Run<'a> {
     mem: u64,
 }
 
-/// The warm-up before a case or its baseline is measured: up to [`Warmup::CALLS`] calls
-/// within a fifth of the duration, at least one. The peer harness warms NIXL and Mooncake with
-/// 20 iterations; hixl and its baselines are warmed alike (a fresh TCP connection's buffers
-/// grow over its first calls).
+/// The warm-up before a case or its baseline is measured: calls for a fifth of the
+/// duration, and at least [`Warmup::CALLS`]. The peer harness warms NIXL and Mooncake with
+/// 20 iterations; hixl and its baselines are warmed at least alike. A process's first
+/// milliseconds of calls are slower than its steady state (a fresh TCP connection's buffers
+/// grow over its first calls, both processes still fault in and settle): measured here,
+/// 20 calls left the first case of a run with a p99 of 9-10x its p50 where the same case
+/// measured again had 2-3x, both ops alike.
 struct Warmup {
     until: Instant,
     left: usize,
@@ -324,7 +327,7 @@ impl Warmup {
     /// After one warm-up call: whether the warm-up is over.
     fn done(&mut self) -> bool {
         self.left = self.left.saturating_sub(1);
-        self.left == 0 || Instant::now() >= self.until
+        self.left == 0 && Instant::now() >= self.until
     }
 }
 
@@ -347,7 +350,7 @@ impl Run<'_> {
         }
         let mut pids = vec![std::process::id()];
         pids.extend(self.target.map(|t| t.pid));
-        let sampler = RssSampler::start(pids);
+        let sampler = PeakRss::start(pids);
         let mut lat = Vec::new();
         let start = Instant::now();
         while start.elapsed() < dur || lat.len() < 3 {

@@ -99,44 +99,33 @@ pub fn current_rss(pid: u32) -> Option<u64> {
     Some(pages * 4096)
 }
 
-/// Samples the resident memory of some processes every 2 ms on a thread and keeps the
-/// largest value of each, so a benchmark can report the peak during its own phase only.
-pub struct RssSampler {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<Vec<u64>>>,
+/// The peak resident memory of some processes over a benchmark's phase, from the kernel's
+/// own high-water mark: reset when the phase starts (`5` written to `/proc/PID/clear_refs`,
+/// which resets `VmHWM` to the current resident set and clears nothing else) and read when it
+/// ends. Nothing runs in between: a sampling thread would wake on the benchmark's own vCPUs
+/// (every 2 ms, it preempted one of the two spinning ends about once per hundred 4 KiB round
+/// trips and made itself the p99). Where the reset is refused, the peak is the process's
+/// lifetime peak.
+pub struct PeakRss {
+    pids: Vec<u32>,
 }
 
-impl RssSampler {
-    /// Starts sampling `pids`.
-    pub fn start(pids: Vec<u32>) -> RssSampler {
-        use std::sync::atomic::Ordering;
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let flag = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut max = vec![0u64; pids.len()];
-            loop {
-                for (m, &p) in max.iter_mut().zip(&pids) {
-                    *m = (*m).max(current_rss(p).unwrap_or(0));
-                }
-                if flag.load(Ordering::Relaxed) {
-                    return max;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(2));
-            }
-        });
-        RssSampler {
-            stop,
-            thread: Some(thread),
+impl PeakRss {
+    /// Starts the phase for `pids`.
+    pub fn start(pids: Vec<u32>) -> PeakRss {
+        for p in &pids {
+            let _ = std::fs::write(format!("/proc/{p}/clear_refs"), "5");
         }
+        PeakRss { pids }
     }
 
-    /// Stops and returns the peak of each process, in the order given.
-    pub fn finish(mut self) -> Vec<u64> {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default()
+    /// Ends the phase: the peak of each process since [`PeakRss::start`], in the order given
+    /// (0 for one that cannot be read).
+    pub fn finish(self) -> Vec<u64> {
+        self.pids
+            .iter()
+            .map(|&p| peak_rss(p).unwrap_or(0))
+            .collect()
     }
 }
 
