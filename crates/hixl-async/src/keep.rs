@@ -22,7 +22,6 @@ pub(crate) enum Keep {
     Region(Lease),
     /// What a transport keeps for the op on the peer's side (the fabric: its reach of a peer
     /// region, whose last holder unmaps it and lets a revocation finish).
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     Peer(Arc<dyn Any + Send + Sync>),
 }
 
@@ -88,7 +87,6 @@ impl Keeps {
     }
 
     /// Keeps `p` for the op, unless it is kept already.
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn peer<T: Any + Send + Sync>(&mut self, p: &Arc<T>) {
         let ptr = Arc::as_ptr(p).cast::<()>();
         if !self.seen(|k| k.same_peer(ptr)) {

@@ -114,7 +114,6 @@ pub(crate) enum Owned {
     Host(HostBuffer),
     /// Memory a transport allocated (the fabric pool's sealed memfds), returned to it when
     /// the region goes; the transport finds its own type in it again ([`RegionInner::pooled`]).
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     Pooled(Box<dyn Any + Send + Sync>),
 }
 
@@ -167,10 +166,8 @@ pub(crate) struct RegionInner {
     mr: Mutex<Option<DeviceMr>>,
     owned: Mutex<Option<Owned>>,
     /// Local key of `mr` for work requests of this engine (read by verbs).
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) lkey: Option<u32>,
     /// Remote key of `mr` that peers' devices present (read by verbs).
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) dev_rkey: Option<u32>,
     inflight: AtomicUsize,
     revoked: AtomicBool,
@@ -233,7 +230,6 @@ impl RegionInner {
 
     /// `f` of the transport memory this region owns, when it is a `T` (the fabric asks for
     /// its pool buffers).
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn pooled<T: Any, R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
         let g = lock(&self.owned);
         match g.as_ref()? {

@@ -148,7 +148,6 @@ impl NotifyQueue {
     /// Takes a notify frame from `peer` on `link` and returns the ack to send back (a served
     /// name's status, or RESOURCE_EXHAUSTED when that link already has the maximum pending).
     /// The fabric channel's path (the control connection's goes through its session).
-    #[cfg(feature = "fabric")]
     pub(crate) fn receive(
         &self,
         peer: &str,

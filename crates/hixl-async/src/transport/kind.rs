@@ -6,8 +6,6 @@ use std::fmt;
 /// A data transport of hixl.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-// A build without a transport names its kind and reasons nowhere.
-#[cfg_attr(not(all(feature = "fabric", feature = "verbs")), allow(dead_code))]
 pub(crate) enum TransportKind {
     /// Host TCP streams: the path every peer has.
     Tcp,
@@ -37,7 +35,6 @@ impl fmt::Display for TransportKind {
 /// Why a transport cannot serve a peer (the connect goes on over the next transport, or
 /// fails when `hixl.Transport` forces this one).
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(not(all(feature = "fabric", feature = "verbs")), allow(dead_code))]
 pub(crate) enum Declined {
     /// `hixl.Transport` names another transport.
     Off(&'static str),

@@ -168,8 +168,6 @@ pub(crate) struct Opened {
 /// The control connection during a transport's negotiation, as its session sees it: a
 /// transport sends its own messages (`VerbsConnect`) and receives the peer's (`VerbsKeys`,
 /// `VerbsAccept`); heartbeats, table updates and everything else the session handles itself.
-// A build without verbs never negotiates over the control connection.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub(crate) trait ControlExchange: Send {
     /// Sends a transport message through the session.
     ///
@@ -188,7 +186,6 @@ pub(crate) trait ControlExchange: Send {
 /// peer's offers, the control connection (through its session: a transport may exchange
 /// frames on it), and the link's handles. (A build without a transport that negotiates over
 /// the control connection, such as verbs, reads only some of it.)
-#[cfg_attr(not(all(feature = "fabric", feature = "verbs")), allow(dead_code))]
 pub(crate) struct Negotiation<'a> {
     /// The transport offers the peer sent before its memory table (`FabricInfo`, `VerbsInfo`).
     pub(crate) offers: &'a [Message],
@@ -229,7 +226,6 @@ pub(crate) struct Accepted<'a> {
 
 /// What a channel may call back into its link once the link is built (read by channels with
 /// tasks of their own, such as the fabric's).
-#[cfg_attr(not(feature = "fabric"), allow(dead_code))]
 pub(crate) struct LinkHooks {
     pub(crate) state: Arc<LinkState>,
     /// A notify sent on the channel was acked: `(seq, status)`.

@@ -58,11 +58,8 @@ impl<T> Default for PerSession<T> {
     }
 }
 
-// A build without the fabric and verbs keeps nothing per session.
-#[cfg_attr(not(any(feature = "fabric", feature = "verbs")), allow(dead_code))]
 impl<T> PerSession<T> {
     /// What is kept for session `id`.
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn get(&self, id: u64) -> Option<Arc<T>> {
         lock(&self.map).get(&id).cloned()
     }
@@ -123,8 +120,6 @@ impl Sessions {
 
 /// The target's handles a transport serves its peers with.
 #[derive(Debug, Clone)]
-// A build without the fabric reads only the sessions.
-#[cfg_attr(not(feature = "fabric"), allow(dead_code))]
 pub(crate) struct TargetCx {
     pub(crate) sessions: Arc<Sessions>,
     pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,
