@@ -102,10 +102,9 @@ pub fn current_rss(pid: u32) -> Option<u64> {
 /// The peak resident memory of some processes over a benchmark's phase, from the kernel's
 /// own high-water mark: reset when the phase starts (`5` written to `/proc/PID/clear_refs`,
 /// which resets `VmHWM` to the current resident set and clears nothing else) and read when it
-/// ends. Nothing runs in between: a sampling thread would wake on the benchmark's own vCPUs
-/// (every 2 ms, it preempted one of the two spinning ends about once per hundred 4 KiB round
-/// trips and made itself the p99). Where the reset is refused, the peak is the process's
-/// lifetime peak.
+/// ends. Nothing runs in between, where a sampling thread would wake on the benchmark's own
+/// vCPUs every few milliseconds (and could miss a peak between two samples). Where the reset
+/// is refused, the peak is the process's lifetime peak.
 pub struct PeakRss {
     pids: Vec<u32>,
 }
