@@ -11,6 +11,12 @@ use tokio::sync::mpsc;
 
 use crate::link_state::LinkState;
 
+/// Free room a control connection's read buffer gets before a read. Control frames are small
+/// (a welcome with its memory table is about a hundred bytes, a heartbeat twenty); a larger
+/// frame grows the buffer, which keeps its size. Every link holds one at each end, so a
+/// thousand links pay it two thousand times.
+pub(crate) const READ_ROOM: usize = 512;
+
 /// Reads one whole frame, keeping any bytes after it in `buf`.
 ///
 /// # Errors
@@ -40,7 +46,7 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
                 })
             }
         }
-        buf.reserve(4096);
+        buf.reserve(READ_ROOM);
         match r.read_buf(buf).await {
             Ok(0) => {
                 return Err(Error::PeerLost {
@@ -60,7 +66,7 @@ pub(crate) async fn read_frame<R: AsyncRead + Unpin>(
 /// through the runtime's queue even when the peer's first frame is already there. Returns
 /// whether anything was taken; errors and end of stream are left to the next [`read_frame`].
 pub(crate) fn take_ready(s: &tokio::net::TcpStream, buf: &mut BytesMut) -> bool {
-    buf.reserve(4096);
+    buf.reserve(READ_ROOM);
     let sock = socket2::SockRef::from(s);
     // `recv` writes at most the spare capacity's length into it and says how much.
     match sock.recv(buf.spare_capacity_mut()) {

@@ -36,7 +36,12 @@ impl Transport for FabricTransport {
         &'a self,
         cx: &'a mut Negotiation<'_>,
     ) -> BoxFuture<'a, Result<std::result::Result<Opened, Declined>>> {
-        Box::pin(async move { Ok(self.open(cx).await) })
+        // A peer the fabric cannot serve is declined without boxing the opening's future
+        // (several KiB, paid by every link of a thousand connecting at once).
+        match self.eligible(cx) {
+            Ok((backend, info)) => Box::pin(async move { Ok(self.open(backend, &info, cx).await) }),
+            Err(why) => Box::pin(std::future::ready(Ok(Err(why)))),
+        }
     }
 
     fn completions(&self) -> Option<Arc<dyn hixl_core::CompletionSource>> {
@@ -93,7 +98,11 @@ impl Transport for FabricTransport {
 }
 
 impl FabricTransport {
-    async fn open(&self, cx: &mut Negotiation<'_>) -> std::result::Result<Opened, Declined> {
+    /// The backend and the peer's fabric offer, or why the fabric cannot serve the peer.
+    fn eligible(
+        &self,
+        cx: &Negotiation<'_>,
+    ) -> std::result::Result<(&Arc<FabricBackend>, PeerInfo), Declined> {
         let Some(backend) = &self.backend else {
             return Err(Declined::Off(
                 "the fabric backend is off: hixl.Transport is tcp or verbs",
@@ -112,8 +121,17 @@ impl FabricTransport {
                 Declined::OtherNamespace
             });
         }
+        Ok((backend, info))
+    }
+
+    async fn open(
+        &self,
+        backend: &Arc<FabricBackend>,
+        info: &PeerInfo,
+        cx: &mut Negotiation<'_>,
+    ) -> std::result::Result<Opened, Declined> {
         let (fl, fs) =
-            FabricLink::establish(backend, &info, cx.session, cx.local_name, cx.peer.clone())
+            FabricLink::establish(backend, info, cx.session, cx.local_name, cx.peer.clone())
                 .await
                 // E.g. a peer that shares our boot id and mounts but not our network
                 // namespace, where its abstract fabric socket does not exist.

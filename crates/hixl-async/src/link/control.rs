@@ -43,7 +43,7 @@ impl Control {
         Control {
             session,
             stream,
-            buf: BytesMut::with_capacity(4096),
+            buf: BytesMut::with_capacity(crate::frame_io::READ_ROOM),
             peer,
             later: VecDeque::new(),
         }

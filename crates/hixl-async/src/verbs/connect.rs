@@ -37,7 +37,23 @@ impl Transport for VerbsTransport {
         &'a self,
         cx: &'a mut Negotiation<'_>,
     ) -> BoxFuture<'a, Result<std::result::Result<Opened, Declined>>> {
-        Box::pin(self.open(cx))
+        // Declined without boxing the opening's future when there is nothing to open.
+        match &self.backend {
+            None => Box::pin(std::future::ready(Ok(Err(Declined::NoDevice(
+                self.why.clone(),
+            ))))),
+            Some(_)
+                if !cx
+                    .offers
+                    .iter()
+                    .any(|m| matches!(m, Message::VerbsInfo { .. })) =>
+            {
+                Box::pin(std::future::ready(Ok(Err(Declined::PeerLacks(
+                    TransportKind::Verbs,
+                )))))
+            }
+            Some(_) => Box::pin(self.open(cx)),
+        }
     }
 
     fn completions(&self) -> Option<Arc<dyn hixl_core::CompletionSource>> {

@@ -1,7 +1,7 @@
 //! The liveness timer both ends of a control connection run.
 //!
-//! Stopped until [`Liveness::start`] (when the link is established), which has the initiator
-//! send a first probe at once. Every frame received resets the silence; when the silence reaches
+//! Stopped until [`Liveness::start`] (when the link is established); the initiator's first
+//! probe follows one interval later. Every frame received resets the silence; when the silence reaches
 //! `period × miss_limit` exactly, [`Liveness::on_timeout`] reports the link dead.
 //!
 //! The two ends probe differently, so that an idle link carries one probe and its answer per
@@ -71,6 +71,9 @@ pub(crate) struct Liveness {
     /// The silence is counted from the later of `last_heard` and this: the instant an idle
     /// link turned active.
     armed: Instant,
+    /// Target: until the first frame after the start, its silence bound is counted from this
+    /// instant at the earliest (when the initiator's first probe is due), not from the start.
+    first_due: Option<Instant>,
     started: bool,
     /// When the last probe went (only once started).
     last_probe: Option<Instant>,
@@ -111,6 +114,7 @@ impl Liveness {
             hold_until: None,
             last_heard: now,
             armed: now,
+            first_due: None,
             started: false,
             last_probe: None,
             next_probe: None,
@@ -123,18 +127,32 @@ impl Liveness {
     /// We heard the peer (any frame).
     pub(crate) fn heard(&mut self, now: Instant) {
         self.last_heard = self.last_heard.max(now);
+        if self.started {
+            self.first_due = None;
+        }
     }
 
-    /// Starts the timer: returns the initiator's first probe, sent at once (it announces the
-    /// initiator's period, and is what keeps the target's silence within the bound on a link
-    /// whose round trip comes close to it). The target sends none: the handshake it just
-    /// finished is the peer's latest sign of life and the initiator's probe follows at once;
-    /// a probe of its own would only cost each link a frame and its answer more (paid 2000
-    /// times when 1000 peers connect at once). Its silence is counted from `now`.
-    pub(crate) fn start(&mut self, now: Instant) -> Option<Message> {
+    /// Starts the timer; its silence is counted from `now`. Neither end probes at once: the
+    /// handshake just finished is each end's latest sign of life, and a probe and its answer
+    /// per link at that instant are what a thousand peers connecting at once would pay two
+    /// thousand frames and wake-ups for, in the middle of their connects. The initiator's
+    /// first probe, which announces its period, is due one interval later; on a grid, at the
+    /// grid instant within that interval, so that the links established in one interval
+    /// send their first probes in one wake-up of the runtime. That is before the one and a
+    /// half intervals of silence after which a target of the same interval probes (a target
+    /// of a shorter one probes first; it is answered, and learns the period from the first
+    /// probe). The target, which starts when it sends the table, counts its silence bound
+    /// from one interval later until it hears a frame, so that the link stays up for any
+    /// round trip below the bound, as it would if the initiator probed at once.
+    pub(crate) fn start(&mut self, now: Instant) {
         self.heard(now);
         self.started = true;
-        (!self.target).then(|| self.probe(now))
+        let first = now.checked_add(self.interval);
+        if self.target {
+            self.first_due = first;
+        } else {
+            self.next_probe = first.map(|t| self.align(t, now, self.interval));
+        }
     }
 
     /// Initiator: work is in flight now. The link is active until `interval × miss_limit`
@@ -174,7 +192,9 @@ impl Liveness {
             self.seq = self.seq.wrapping_add(1) | HEARTBEAT_FROM_TARGET;
             return Message::Heartbeat { seq: self.seq };
         }
-        self.next_probe = now.checked_add(self.period).map(|t| self.align(t, now));
+        self.next_probe = now
+            .checked_add(self.period)
+            .map(|t| self.align(t, now, self.period));
         self.seq = self.seq.wrapping_add(1) & SEQ_MASK;
         let ms = u64::try_from(self.period.as_millis())
             .unwrap_or(u64::MAX)
@@ -184,11 +204,11 @@ impl Liveness {
         }
     }
 
-    /// The latest grid instant at or before `due` (the initiator's next probe), if it is
-    /// after `sent`; `due` itself without a grid.
-    fn align(&self, due: Instant, sent: Instant) -> Instant {
+    /// The latest instant `grid + k × step` at or before `due` (the initiator's next probe),
+    /// if it is after `sent`; `due` itself without a grid.
+    fn align(&self, due: Instant, sent: Instant, step: Duration) -> Instant {
         let Some(grid) = self.grid else { return due };
-        let step = self.period.as_nanos();
+        let step = step.as_nanos();
         // How far `due` is past the grid instant before it.
         let past = match due.checked_duration_since(grid) {
             Some(d) => d.as_nanos() % step,
@@ -224,7 +244,8 @@ impl Liveness {
             return None;
         }
         let bound = self.period.checked_mul(self.miss_limit)?;
-        self.last_heard.max(self.armed).checked_add(bound)
+        let from = self.last_heard.max(self.armed);
+        from.max(self.first_due.unwrap_or(from)).checked_add(bound)
     }
 
     /// The next instant [`Liveness::on_timeout`] has something to do.
@@ -289,11 +310,16 @@ mod tests {
         assert_eq!(l.poll_timeout(), None, "stopped");
         // Each probe announces its period (100 ms) above the count.
         let hb = |n: u64| Message::Heartbeat { seq: n | 100 << 32 };
-        assert_eq!(l.start(t0), Some(hb(1)));
-        assert_eq!(l.poll_timeout(), Some(t0 + 100 * MS));
-        assert_eq!(l.on_timeout(t0 + 100 * MS), Ok(Some(hb(2))));
+        l.start(t0);
+        assert_eq!(
+            l.poll_timeout(),
+            Some(t0 + 100 * MS),
+            "nothing at the start: the first probe an interval later"
+        );
+        assert_eq!(l.on_timeout(t0 + 99 * MS), Ok(None));
+        assert_eq!(l.on_timeout(t0 + 100 * MS), Ok(Some(hb(1))));
         assert_eq!(l.on_timeout(t0 + 150 * MS), Ok(None));
-        assert_eq!(l.on_timeout(t0 + 200 * MS), Ok(Some(hb(3))));
+        assert_eq!(l.on_timeout(t0 + 200 * MS), Ok(Some(hb(2))));
         assert_eq!(l.death(), Some(t0 + 300 * MS));
         assert!(l
             .on_timeout(t0 + 300 * MS - Duration::from_nanos(1))
@@ -306,7 +332,7 @@ mod tests {
         let t0 = Instant::now();
         let mut t = Liveness::new(MS, 3, None, t0, true, None);
         let mut i = Liveness::new(MS, 1, None, t0, false, None);
-        assert_eq!(t.start(t0), None, "the target does not probe at start");
+        t.start(t0);
         // Its first probe comes after one and a half periods of silence.
         let Ok(Some(Message::Heartbeat { seq })) = t.on_timeout(t0 + 3 * MS / 2) else {
             panic!("no probe after the silence")
@@ -326,11 +352,7 @@ mod tests {
     fn the_target_probes_only_after_silence() {
         let t0 = Instant::now();
         let mut t = Liveness::new(100 * MS, 5, None, t0, true, Some(t0));
-        assert_eq!(
-            t.start(t0),
-            None,
-            "no probe at start: the handshake was the last sign of life"
-        );
+        t.start(t0);
         // Heard every interval: the next probe keeps moving away.
         for k in 1..=50 {
             assert_eq!(t.poll_timeout(), Some(t0 + (k - 1) * 100 * MS + 150 * MS));

@@ -306,9 +306,7 @@ impl InitiatorSession {
                 self.table = sorted(v);
                 self.core.event(Event::Table(self.table.clone()));
                 self.handshake_deadline = None;
-                if let Some(probe) = self.liveness.start(now) {
-                    self.core.send(probe);
-                }
+                self.liveness.start(now);
                 self.state = State::Established { session };
                 Ok(())
             }

@@ -42,10 +42,11 @@
 //!
 //! # Liveness
 //!
-//! Once established, each end sends a first probe at once and answers the other end's
-//! probes, never an answer (the target's probes carry
-//! [`HEARTBEAT_FROM_TARGET`](crate::wire::HEARTBEAT_FROM_TARGET)). The initiator then probes
-//! every `heartbeat_interval` (on the [`Config::probe_grid`] when it has one); the target
+//! Once established, each end answers the other end's probes, never an answer (the target's
+//! probes carry [`HEARTBEAT_FROM_TARGET`](crate::wire::HEARTBEAT_FROM_TARGET)). The initiator
+//! probes one interval after the handshake, then every `heartbeat_interval` (on the
+//! [`Config::probe_grid`] when it has one); nothing is sent at establishment, so that a
+//! link's connect costs one round trip and no probe exchange. The target
 //! probes only a link it has heard nothing on for one and a half intervals, then every
 //! interval while the silence lasts. An idle link thus carries one probe and one answer per
 //! interval, and the target arms no timer that fires while its initiator probes. Any frame

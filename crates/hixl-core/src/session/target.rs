@@ -426,9 +426,7 @@ impl TargetSession {
         self.core.send(Message::MemTable(table));
         if self.state == State::Welcomed {
             self.state = State::Established;
-            if let Some(probe) = self.liveness.start(now) {
-                self.core.send(probe);
-            }
+            self.liveness.start(now);
         }
         Ok(())
     }

@@ -65,16 +65,15 @@ fn last_heard(p: &Pair, dir: Dir, t: Instant) -> Instant {
 fn an_idle_link_sends_nothing_for_the_idle_period() {
     let mut p = idle_pair();
     let up = p.now;
-    // The first probe (at establishment) already announces the idle period.
-    let first = p
-        .frames(Dir::ToTarget)
-        .into_iter()
-        .find(|m| matches!(m, Message::Heartbeat { seq } if !target_bit(*seq)))
-        .expect("a probe");
-    assert_eq!(period_ms(&first), 30_000);
+    // Nothing at establishment; the first probe, an interval later, announces the idle period.
+    p.run_until(up + SEC + 10 * MS);
+    let probes = sent_since(&p, Dir::ToTarget, up);
+    assert_eq!(probes.len(), 1, "{probes:?}");
+    assert_eq!(probes[0].0, up + SEC);
+    assert_eq!(period_ms(&probes[0].1), 30_000);
     // Past the first exchange, nothing either way until the next idle probe, 30 s later.
-    let after = up + 10 * MS;
-    p.run_until(up + IDLE - 10 * MS);
+    let after = up + SEC + 10 * MS;
+    p.run_until(up + SEC + IDLE - 10 * MS);
     assert!(
         sent_since(&p, Dir::ToTarget, after).is_empty(),
         "{:?}",
@@ -233,6 +232,8 @@ fn frozen_peer_on_an_idle_link_dies_after_idle_times_misses() {
 #[test]
 fn the_target_holds_an_idle_initiator_to_its_announced_period() {
     let mut p = idle_pair();
+    // Past the first probe, which announces the period.
+    p.run_for(2 * SEC);
     let cut = p.now;
     // The initiator freezes: the target waits 1.5 announced periods, probes every period,
     // and gives up after announced period × misses, not after interval × misses.

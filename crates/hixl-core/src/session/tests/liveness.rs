@@ -270,6 +270,39 @@ fn frozen_initiator_is_detected_by_the_target_probes() {
         .map(|s| s.0 + p.latency)
         .max()
         .expect("heard");
+    // Nothing heard after the hello: the bound counts from when the initiator's first probe
+    // was due, an interval after the target's table; the silence reported is the whole one.
+    assert_eq!(t, heard + 6 * SEC);
+    assert!(
+        matches!(
+            e,
+            Error::HeartbeatLost {
+                silent_ms: 6000,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    // Frozen later, after the first probe: the bound counts from the last frame heard.
+    let mut p = Pair::new().connect();
+    p.run_for(Duration::from_millis(1500));
+    let cut = p.now;
+    p.filter = Box::new(|d, _| {
+        if d == Dir::ToTarget {
+            Fate::Drop
+        } else {
+            Fate::Deliver
+        }
+    });
+    p.run_for(Duration::from_secs(60));
+    let (t, e) = p.tgt_closed().expect("target closed");
+    let heard = p
+        .sent
+        .iter()
+        .filter(|s| s.1 == Dir::ToTarget && s.0 <= cut)
+        .map(|s| s.0 + p.latency)
+        .max()
+        .expect("heard");
     assert_eq!(t, heard + 5 * SEC);
     assert!(
         matches!(
