@@ -14,11 +14,15 @@ pub(crate) fn device(test: &str) -> Option<String> {
     }
 }
 
+/// An engine on the device. `hixl.VerbsTimeout` 18 (about 1.07 s per try, 67 ms by default):
+/// Soft-RoCE in a TCG guest is slow enough that a large READ outlasts the default and is
+/// retransmitted, which rdma_rxe does not always survive.
 pub(crate) async fn engine(dev: &str) -> Engine {
     Engine::builder("127.0.0.1")
         .ephemeral_port()
         .option("hixl.Transport", "verbs")
         .option("hixl.VerbsDevice", dev)
+        .option("hixl.VerbsTimeout", "18")
         .build()
         .await
         .expect("engine with the verbs backend")

@@ -66,16 +66,28 @@ impl Side {
     }
 }
 
-/// Two RC QPs of one process connected to each other (each on its own CQ).
+/// The local ACK timeout exponent the tests give the emulated device at the least: 18,
+/// about 1.07 s per try. The default 14 (67 ms) suits hardware, but Soft-RoCE in a TCG guest
+/// moves about 40 MB/s, so one 2 MiB READ takes 50 ms alone and longer while the host is
+/// busy; its requester then retransmits, and rdma_rxe (kernel 6.1) has been seen to leave
+/// such a READ without a completion for a minute. Slow emulation is not a lost packet.
+pub const EMULATED_TIMEOUT: u8 = 18;
+
+/// Two RC QPs of one process connected to each other (each on its own CQ), with at least
+/// [`EMULATED_TIMEOUT`].
 pub fn connected_pair(
     dev: &str,
     a_cfg: QpConfig,
     b_cfg: QpConfig,
 ) -> (Side, QueuePair, Side, QueuePair) {
+    let slow = |c: QpConfig| QpConfig {
+        timeout: c.timeout.max(EMULATED_TIMEOUT),
+        ..c
+    };
     let a = Side::open(dev, 8192);
     let b = Side::open(dev, 8192);
-    let mut qa = a.qp(a_cfg);
-    let mut qb = b.qp(b_cfg);
+    let mut qa = a.qp(slow(a_cfg));
+    let mut qb = b.qp(slow(b_cfg));
     let (ea, eb) = (qa.endpoint(), qb.endpoint());
     qa.connect(&eb).expect("connect a");
     qb.connect(&ea).expect("connect b");
