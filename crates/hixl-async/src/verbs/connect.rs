@@ -37,22 +37,10 @@ impl Transport for VerbsTransport {
         &'a self,
         cx: &'a mut Negotiation<'_>,
     ) -> BoxFuture<'a, Result<std::result::Result<Opened, Declined>>> {
-        // Declined without boxing the opening's future when there is nothing to open.
-        match &self.backend {
-            None => Box::pin(std::future::ready(Ok(Err(Declined::NoDevice(
-                self.why.clone(),
-            ))))),
-            Some(_)
-                if !cx
-                    .offers
-                    .iter()
-                    .any(|m| matches!(m, Message::VerbsInfo { .. })) =>
-            {
-                Box::pin(std::future::ready(Ok(Err(Declined::PeerLacks(
-                    TransportKind::Verbs,
-                )))))
-            }
-            Some(_) => Box::pin(self.open(cx)),
+        // A peer verbs cannot serve is declined without boxing the opening's future.
+        match self.eligible(cx) {
+            Ok((backend, peer_device)) => Box::pin(self.open(backend, peer_device, cx)),
+            Err(why) => Box::pin(std::future::ready(Ok(Err(why)))),
         }
     }
 
@@ -138,19 +126,31 @@ impl Transport for VerbsTransport {
 }
 
 impl VerbsTransport {
+    /// The backend and the device the peer offers, or why verbs cannot serve the peer.
+    fn eligible(
+        &self,
+        cx: &Negotiation<'_>,
+    ) -> std::result::Result<(&Arc<VerbsBackend>, String), Declined> {
+        let Some(backend) = &self.backend else {
+            return Err(Declined::NoDevice(self.why.clone()));
+        };
+        let peer_device = cx
+            .offers
+            .iter()
+            .find_map(|m| match m {
+                Message::VerbsInfo { device } => Some(device.clone()),
+                _ => None,
+            })
+            .ok_or(Declined::PeerLacks(TransportKind::Verbs))?;
+        Ok((backend, peer_device))
+    }
+
     async fn open(
         &self,
+        backend: &Arc<VerbsBackend>,
+        peer_device: String,
         cx: &mut Negotiation<'_>,
     ) -> Result<std::result::Result<Opened, Declined>> {
-        let Some(backend) = &self.backend else {
-            return Ok(Err(Declined::NoDevice(self.why.clone())));
-        };
-        let Some(peer_device) = cx.offers.iter().find_map(|m| match m {
-            Message::VerbsInfo { device } => Some(device.clone()),
-            _ => None,
-        }) else {
-            return Ok(Err(Declined::PeerLacks(TransportKind::Verbs)));
-        };
         let name = cx.peer;
         let mut qp = match backend.initiator_qp(name) {
             Ok(q) => q,
