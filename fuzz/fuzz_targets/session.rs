@@ -325,7 +325,9 @@ impl World {
             }
             91..=92 => {
                 let m = if side {
-                    Message::VerbsInfo { device: "d".into() }
+                    Message::VerbsInfo {
+                        devices: b"d".to_vec(),
+                    }
                 } else {
                     Message::FabricInfo {
                         boot_id: "b".into(),
@@ -346,14 +348,17 @@ impl World {
             99..=102 => {
                 if side {
                     let _ = self.ini.send_transport(Message::VerbsConnect {
-                        endpoint: vec![1; 8],
+                        rail: 0,
+                        device: 0,
+                        endpoints: vec![1; 8],
                     });
                 } else if inp.u8() & 1 == 0 {
-                    let _ = self.tgt.send_transport(Message::VerbsKeys(vec![(1, 11)]));
+                    let _ = self.tgt.send_transport(Message::VerbsKeys(vec![(1, 0, 11)]));
                 } else {
                     let accept = Message::VerbsAccept {
+                        rail: 0,
                         status: 0,
-                        endpoint: vec![2; 8],
+                        endpoints: vec![2; 8],
                         reason: String::new(),
                     };
                     let _ = self.tgt.send_transport(accept);

@@ -65,7 +65,7 @@ pub enum PortState {
 }
 
 impl PortState {
-    fn from_code(c: u32) -> PortState {
+    pub(crate) fn from_code(c: u32) -> PortState {
         match c {
             sys::ibv_port_state::IBV_PORT_DOWN => PortState::Down,
             sys::ibv_port_state::IBV_PORT_INIT => PortState::Init,

@@ -162,6 +162,27 @@ impl Context {
         Ok(info)
     }
 
+    /// The port's state alone (one query, no GID table walk): what a link checks each second
+    /// to pause a rail whose port went down and to probe it back once it is up.
+    ///
+    /// # Errors
+    /// The errno of `ibv_query_port`.
+    pub fn port_state(&self, port: u8) -> Result<crate::attr::PortState> {
+        let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
+        // SAFETY: as in `port`.
+        let rc = unsafe { sys::ibv_query_port_ex(self.raw(), port, attr.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(VerbsError::verb(
+                "ibv_query_port",
+                self.name(),
+                sys::error_from_rc(rc),
+            ));
+        }
+        // SAFETY: zero-initialised and then filled by the driver; every field is an integer.
+        let attr = unsafe { attr.assume_init() };
+        Ok(crate::attr::PortState::from_code(attr.state))
+    }
+
     /// One GID table entry, or `None` when it is empty or cannot be read.
     fn gid(&self, port: u8, index: u32) -> Option<GidInfo> {
         let mut e = MaybeUninit::<sys::ibv_gid_entry>::zeroed();

@@ -125,9 +125,9 @@ fn check_answer(ctx: &Ctx, want: &Want, got: &Message, fabric_regions: &[RemoteR
         (
             Want::VerbsRefused,
             Message::VerbsAccept {
-                status, endpoint, ..
+                status, endpoints, ..
             },
-        ) => *status == Status::Unsupported.code() && endpoint.is_empty(),
+        ) => *status == Status::Unsupported.code() && endpoints.is_empty(),
         (Want::Refuse(st), Message::Refuse { status, .. }) => *status == st.code(),
         (Want::FabricTable, Message::FabricTable(t)) => {
             // The exported regions, each with a memfd exactly when it is a pool region.

@@ -1,64 +1,128 @@
-//! The engine's side of the RDMA verbs backend: the device, its protection domain and
-//! completion queue, memory regions for registered memory, and the initiator's RC queue pair
-//! to each peer reached over verbs.
+//! The engine's side of the RDMA verbs backend: its devices (each with a protection domain and
+//! a completion queue), memory regions on every device for registered memory, and the links to
+//! peers reached over verbs, each striped over rails.
+//!
+//! **Rails.** A link holds one rail per pair of our device and the peer's that can reach each
+//! other ([`hixl_verbs::pair`]: same subnet; by position when no device shares one), each with
+//! `hixl.VerbsQpsPerRail` RC queue pairs. A descriptor longer than `hixl.VerbsSliceBytes` is
+//! cut into slices; every slice goes to the queue pair with the fewest bytes outstanding among
+//! the rails that are up (those on the NUMA node of the local memory first, when the host
+//! says), so small ops land on one rail and large ones on all of them ([`stripe`]).
 //!
 //! **Leases.** A work request names local memory by lkey; the device touches it until the
-//! request's completion is polled. The op table holds the lease on each op's local regions
-//! until the op's last completion has been drained (`rawio::PartRange`), whether the
-//! transfer's future is still waiting, was dropped or timed out. [`VerbsSource`]'s hold table
-//! only maps a transfer's token to its link, so that a flushed request reports why its link
-//! closed. Remote memory needs no lease: the peer's device refuses a request once the
-//! region's memory region is deregistered.
+//! request's completion is polled. Each slice is one part of its op, and the op table holds
+//! the lease on the op's local regions until its last part has been drained, whether the
+//! transfer's future is still waiting, was dropped or timed out. Remote memory needs no
+//! lease: the peer's device refuses a request once the region's memory region is deregistered.
 //!
-//! **Send-queue room.** A call's work requests go to the QP as one chain when they fit in its
-//! free send-queue slots; the rest wait in the link's backlog, posted as completions free
-//! slots (the drain pumps every link with a backlog).
-//!
-//! **Failure.** A QP whose work request failed is in the error state: everything it had
-//! outstanding completes with an error (the device's cause, then "flushed"), its backlog is
-//! failed with the same cause, and the link is closed so that the peer can be reconnected.
+//! **Failure.** A queue pair whose work request failed is in the error state, and so is its
+//! rail: the rail is paused ([`health`]), its queue pairs are dropped (what they had
+//! outstanding comes back flushed), and every slice it held, queued or in flight, is placed on
+//! the remaining rails. The link's keeper ([`keeper`]) pauses a rail whose port goes down and
+//! probes paused rails back. A slice fails only when no rail is left (the error names each
+//! rail and what happened to it) or when the device refused the op itself (a remote access
+//! error); a slice of an op whose owner went away is never placed again.
 
 pub(crate) mod channel;
 pub(crate) mod connect;
+pub(crate) mod health;
+pub(crate) mod keeper;
+pub(crate) mod link;
+pub(crate) mod rail;
+pub(crate) mod source;
+pub(crate) mod stripe;
 pub(crate) mod target;
 
-use std::collections::{HashMap, VecDeque};
-use std::os::fd::RawFd;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::Arc;
 
 use hixl_core::options::TransportChoice;
-use hixl_core::{CompletionSource, Error, Options, PartResult, Result, Token};
+use hixl_core::{Error, Options, Result};
 use hixl_verbs::{
-    Context, Cq, MemoryRegion, ProtectionDomain, QpConfig, QpEndpoint, QueuePair, WorkRequest,
+    Context, Cq, Device, MemoryRegion, NicInfo, PortState, ProtectionDomain, QpConfig,
+    QpEndpoint, QueuePair,
 };
 
-use crate::completion::Completion;
-use crate::link_state::LinkState;
-use crate::sink::Completions;
-use crate::sync::{lock, read, write};
+use self::source::VerbsSource;
 
-/// Send-queue depth of an initiator's QP (clamped to the device's `max_qp_wr`).
+/// Send-queue room per rail, shared by its queue pairs (clamped to the device's `max_qp_wr`).
 const SEND_QUEUE: u32 = 2048;
-/// Completion-queue entries (clamped to the device's `max_cqe`).
-const CQ_ENTRIES: u32 = 1 << 16;
+/// Completion-queue entries per device (clamped to the device's `max_cqe`).
+const CQ_ENTRIES: u32 = 1 << 17;
+
+/// One device the engine uses.
+pub(crate) struct Nic {
+    pub(crate) ctx: Context,
+    pub(crate) pd: ProtectionDomain,
+    pub(crate) cq: Cq,
+    /// What the peers are told of it.
+    pub(crate) info: NicInfo,
+    /// Config of initiator QPs on it.
+    pub(crate) cfg: QpConfig,
+}
+
+impl Nic {
+    fn open(name: &str, o: &Options, qps_per_rail: u32) -> hixl_verbs::Result<Nic> {
+        let ctx = Context::open(name)?;
+        let limits = ctx.limits();
+        let pd = ProtectionDomain::new(&ctx)?;
+        let cq = Cq::new(&ctx, CQ_ENTRIES.min(limits.max_cqe))?;
+        let mut cfg = QpConfig::from_options(o);
+        cfg.max_send_wr = (SEND_QUEUE / qps_per_rail).max(64).min(limits.max_qp_wr);
+        // Fail at build, not at the first connect, for a port without an active MTU or a
+        // GID index the port does not have; its endpoint says what the peers are told.
+        let probe = QueuePair::new(&pd, &cq, target_config(&cfg))?;
+        let ep = probe.endpoint();
+        drop(probe);
+        Ok(Nic {
+            info: NicInfo::probe(ctx.name(), ep.gid, ep.mtu),
+            ctx,
+            pd,
+            cq,
+            cfg,
+        })
+    }
+
+    /// Whether the port the QPs use is active (an error counts as not).
+    pub(crate) fn port_up(&self) -> std::result::Result<(), String> {
+        match self.ctx.port_state(self.cfg.port) {
+            Ok(PortState::Active) => Ok(()),
+            Ok(s) => Err(format!("port {} of {} is {s}", self.cfg.port, self.info.name)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// An initiator QP (RESET state until connected).
+    pub(crate) fn initiator_qp(&self, peer: &str) -> Result<QueuePair> {
+        let mut qp = QueuePair::new(&self.pd, &self.cq, self.cfg.clone())?;
+        qp.set_peer_name(peer);
+        Ok(qp)
+    }
+
+    /// A target QP connected to the initiator's `remote`.
+    pub(crate) fn accept(&self, peer: &str, remote: &QpEndpoint) -> Result<QueuePair> {
+        let mut qp = QueuePair::new(&self.pd, &self.cq, target_config(&self.cfg))?;
+        qp.set_peer_name(peer);
+        qp.connect(remote)?;
+        Ok(qp)
+    }
+}
 
 /// What an engine with the verbs backend owns.
 pub(crate) struct VerbsBackend {
-    pub(crate) pd: ProtectionDomain,
-    pub(crate) cq: Cq,
+    pub(crate) nics: Vec<Nic>,
     pub(crate) source: Arc<VerbsSource>,
-    /// Config of initiator QPs (from the engine's options).
-    cfg: QpConfig,
     /// `hixl.Transport=verbs`: refuse peers verbs cannot reach instead of using TCP.
     pub(crate) forced: bool,
-    /// The device's name.
-    pub(crate) device: String,
+    /// `hixl.VerbsQpsPerRail`.
+    pub(crate) qps_per_rail: usize,
+    /// `hixl.VerbsSliceBytes`.
+    pub(crate) slice_bytes: u64,
 }
 
 impl std::fmt::Debug for VerbsBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VerbsBackend")
-            .field("device", &self.device)
+            .field("devices", &self.names())
             .field("forced", &self.forced)
             .finish_non_exhaustive()
     }
@@ -77,7 +141,7 @@ impl VerbsBackend {
         let forced = o.transport == TransportChoice::Verbs;
         match Self::open(o, forced) {
             Ok(b) => {
-                let why = format!("device {}", b.device);
+                let why = format!("devices {}", b.names());
                 Ok((Some(b), why))
             }
             Err(e) if forced => Err(Error::Unsupported {
@@ -91,67 +155,82 @@ impl VerbsBackend {
     }
 
     fn open(o: &Options, forced: bool) -> hixl_verbs::Result<VerbsBackend> {
-        let ctx = match &o.verbs_device {
-            Some(d) => Context::open(d)?,
-            None => Context::open_first_active()?,
+        let k = u32::from(o.verbs_qps_per_rail.max(1));
+        let nics = if o.verbs_devices.is_empty() {
+            // Every device with an active port; one that fails to open is logged and skipped.
+            let mut v = Vec::new();
+            let mut skipped = Vec::new();
+            for d in Device::list()? {
+                match d.query() {
+                    Ok(i) if i.active_port().is_some() => match Nic::open(d.name(), o, k) {
+                        Ok(n) => v.push(n),
+                        Err(e) => skipped.push(format!("{}: {e}", d.name())),
+                    },
+                    Ok(_) => skipped.push(format!("{}: no active port", d.name())),
+                    Err(e) => skipped.push(format!("{}: {e}", d.name())),
+                }
+            }
+            if v.is_empty() {
+                return Err(hixl_verbs::VerbsError::NoActiveDevice {
+                    available: skipped.join("; "),
+                });
+            }
+            if !skipped.is_empty() {
+                tracing::info!("RDMA devices not used: {}", skipped.join("; "));
+            }
+            v
+        } else {
+            // Named devices: each must work.
+            o.verbs_devices
+                .iter()
+                .map(|d| Nic::open(d, o, k))
+                .collect::<hixl_verbs::Result<Vec<_>>>()?
         };
-        let limits = ctx.limits();
-        let pd = ProtectionDomain::new(&ctx)?;
-        let cq = Cq::new(&ctx, CQ_ENTRIES.min(limits.max_cqe))?;
-        let mut cfg = QpConfig::from_options(o);
-        cfg.max_send_wr = SEND_QUEUE.min(limits.max_qp_wr);
-        // Fail at build, not at the first connect, for a port without an active MTU or a
-        // GID index the port does not have.
-        drop(QueuePair::new(&pd, &cq, target_config(&cfg))?);
+        let source = VerbsSource::new(nics.iter().map(|n| n.cq.clone()).collect())?;
         Ok(VerbsBackend {
-            device: ctx.name().to_string(),
-            source: Arc::new(VerbsSource {
-                cq: cq.clone(),
-                holds: Mutex::new(HashMap::new()),
-                links: Mutex::new(Vec::new()),
-            }),
-            pd,
-            cq,
-            cfg,
+            nics,
+            source: Arc::new(source),
             forced,
+            qps_per_rail: k as usize,
+            slice_bytes: o.verbs_slice_bytes.max(4096),
         })
     }
 
-    /// Registers `[addr, addr+len)` with the device.
+    /// The devices' names, comma-separated.
+    pub(crate) fn names(&self) -> String {
+        let v: Vec<&str> = self.nics.iter().map(|n| n.info.name.as_str()).collect();
+        v.join(",")
+    }
+
+    /// What the peers are told of our devices.
+    pub(crate) fn infos(&self) -> Vec<NicInfo> {
+        self.nics.iter().map(|n| n.info.clone()).collect()
+    }
+
+    /// Registers `[addr, addr+len)` with every device: one memory region each, in device order.
     ///
     /// # Safety
-    /// The memory stays mapped until the returned region is dropped and every work request
-    /// naming it has completed (the engine drops it in deregistration, after its leases).
+    /// The memory stays mapped until the returned regions are dropped and every work request
+    /// naming them has completed (the engine drops them in deregistration, after its leases).
     pub(crate) unsafe fn register(
         &self,
         addr: u64,
         len: u64,
         access: hixl_core::Access,
-    ) -> Result<MemoryRegion> {
+    ) -> Result<Vec<MemoryRegion>> {
         let len = usize::try_from(len).map_err(|_| Error::TooLarge {
             what: "region",
             len,
             max: usize::MAX as u64,
         })?;
-        // SAFETY: this function's contract.
-        unsafe { MemoryRegion::register(&self.pd, addr as *mut u8, len, access) }
-            .map_err(Error::from)
-    }
-
-    /// A QP for an initiator's link (RESET state until connected).
-    pub(crate) fn initiator_qp(&self, peer: &str) -> Result<QueuePair> {
-        let mut qp = QueuePair::new(&self.pd, &self.cq, self.cfg.clone())?;
-        qp.set_peer_name(peer);
-        Ok(qp)
-    }
-
-    /// The target's QP for an initiator that asked for one, connected to its endpoint.
-    pub(crate) fn accept(&self, peer: &str, endpoint: &[u8]) -> Result<QueuePair> {
-        let remote = QpEndpoint::from_bytes(endpoint)?;
-        let mut qp = QueuePair::new(&self.pd, &self.cq, target_config(&self.cfg))?;
-        qp.set_peer_name(peer);
-        qp.connect(&remote)?;
-        Ok(qp)
+        self.nics
+            .iter()
+            .map(|n| {
+                // SAFETY: this function's contract.
+                unsafe { MemoryRegion::register(&n.pd, addr as *mut u8, len, access) }
+                    .map_err(Error::from)
+            })
+            .collect()
     }
 }
 
@@ -164,380 +243,23 @@ fn target_config(cfg: &QpConfig) -> QpConfig {
     }
 }
 
-/// How many of one transfer's work requests are posted or waiting, and the link they are on.
-struct Hold {
-    parts: usize,
-    link: Weak<VerbsLink>,
-}
-
-/// The verbs completion queue as the reactor sees it: draining also names the cause of
-/// flushed requests, closes links whose QP failed and posts backlogs into freed slots.
-pub(crate) struct VerbsSource {
-    cq: Cq,
-    holds: Mutex<HashMap<Token, Hold>>,
-    links: Mutex<Vec<Weak<VerbsLink>>>,
-}
-
-impl VerbsSource {
-    fn hold(&self, token: Token, parts: usize, link: Weak<VerbsLink>) {
-        {
-            let mut h = lock(&self.holds);
-            h.entry(token)
-                .and_modify(|x| x.parts += parts)
-                .or_insert(Hold { parts, link });
-        }
-    }
-
-    fn release(&self, token: Token, parts: usize) {
-        {
-            let mut h = lock(&self.holds);
-            if let Some(x) = h.get_mut(&token) {
-                x.parts = x.parts.saturating_sub(parts);
-                if x.parts == 0 {
-                    h.remove(&token);
-                }
-            }
-        }
-    }
-
-    fn add_link(&self, l: &Arc<VerbsLink>) {
-        let mut v = lock(&self.links);
-        v.retain(|w| w.strong_count() > 0);
-        v.push(Arc::downgrade(l));
-    }
-
-    fn live_links(&self) -> Vec<Arc<VerbsLink>> {
-        lock(&self.links).iter().filter_map(Weak::upgrade).collect()
-    }
-}
-
-impl std::fmt::Debug for VerbsSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VerbsSource").finish_non_exhaustive()
-    }
-}
-
-impl CompletionSource for VerbsSource {
-    fn drain(&self, out: &mut Vec<PartResult>) -> usize {
-        let start = out.len();
-        let n = self.cq.drain(out);
-        if n == 0 {
-            return 0;
-        }
-        // One pass under one lock of the hold table: a flushed request reports why its link
-        // closed, and each completion releases one part of its transfer's hold.
-        let mut failed = false;
-        {
-            let mut holds = lock(&self.holds);
-            for (token, r) in &mut out[start..] {
-                let Some(h) = holds.get_mut(token) else {
-                    continue;
-                };
-                if r.is_err() {
-                    failed = true;
-                    if let Some(e) = h.link.upgrade().and_then(|l| l.state.error()) {
-                        *r = Err(e);
-                    }
-                }
-                h.parts = h.parts.saturating_sub(1);
-                if h.parts == 0 {
-                    holds.remove(token);
-                }
-            }
-        }
-        failed |= out[start..].iter().any(|(_, r)| r.is_err());
-        for l in self.live_links() {
-            if failed {
-                l.check_failed();
-            }
-            l.pump();
-        }
-        n
-    }
-
-    fn arm(&self) {
-        self.cq.arm();
-    }
-
-    fn disarm(&self) {
-        self.cq.disarm();
-    }
-
-    fn fd(&self) -> RawFd {
-        self.cq.fd()
-    }
-}
-
-/// A queue pair connected during the handshake, and what the peer sent with its endpoint.
-pub(crate) struct Connected {
-    pub(crate) qp: QueuePair,
-    pub(crate) remote: QpEndpoint,
-    pub(crate) peer_device: String,
-    pub(crate) keys: HashMap<u64, u32>,
-}
-
-/// An initiator's RC connection to one peer.
-pub(crate) struct VerbsLink {
-    peer: Arc<str>,
-    /// Where the link's completions go.
-    sink: Completions,
-    source: Arc<VerbsSource>,
-    state: Arc<LinkState>,
-    /// `None` once the link is closed (dropping the QP flushes what it had outstanding).
-    qp: Mutex<Option<QueuePair>>,
-    capacity: usize,
-    max_msg: u32,
-    /// Work requests waiting for send-queue room, in submission order.
-    backlog: Mutex<VecDeque<WorkRequest>>,
-    /// The peer's device keys by memory-table rkey.
-    keys: RwLock<HashMap<u64, u32>>,
-    /// What `Peer::transport` says.
-    pub(crate) describe: String,
-    /// This link, for the holds of its requests.
-    me: Weak<VerbsLink>,
-}
-
-impl std::fmt::Debug for VerbsLink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VerbsLink")
-            .field("peer", &self.peer)
-            .field("describe", &self.describe)
-            .finish_non_exhaustive()
-    }
-}
-
-impl VerbsLink {
-    /// Wraps a connected QP, registers the link with the backend's drain and arranges for the
-    /// QP to be flushed and the backlog failed when the link dies.
-    pub(crate) fn start(
-        backend: &VerbsBackend,
-        sink: &Completions,
-        state: Arc<LinkState>,
-        peer: Arc<str>,
-        c: Connected,
-    ) -> Arc<VerbsLink> {
-        let Connected {
-            qp,
-            remote,
-            peer_device,
-            keys,
-        } = c;
-        let describe = format!(
-            "verbs (RDMA RC: {} to the peer's {peer_device}; qpn {:#x} to {:#x}, mtu {}, gid index {})",
-            backend.device,
-            qp.qpn(),
-            remote.qpn,
-            qp.endpoint().mtu.min(remote.mtu),
-            qp.endpoint().gid_index,
-        );
-        let l = Arc::new_cyclic(|me| VerbsLink {
-            me: me.clone(),
-            peer,
-            sink: sink.clone(),
-            source: backend.source.clone(),
-            state: state.clone(),
-            capacity: qp.config().max_send_wr as usize,
-            max_msg: qp.max_message_size(),
-            qp: Mutex::new(Some(qp)),
-            backlog: Mutex::new(VecDeque::new()),
-            keys: RwLock::new(keys),
-            describe,
-        });
-        backend.source.add_link(&l);
-        let weak = Arc::downgrade(&l);
-        let st = state.clone();
-        st.spawn(async move {
-            state.dead().await;
-            if let Some(l) = weak.upgrade() {
-                l.close();
-            }
-        });
-        l
-    }
-
-    /// The peer's device rkey for the region with memory-table key `rkey`.
-    pub(crate) fn key(&self, rkey: u64) -> Option<u32> {
-        read(&self.keys).get(&rkey).copied()
-    }
-
-    /// Takes the peer's key list, merged in: an entry whose region is gone is never looked up
-    /// (lookups start from the memory table), and [`VerbsLink::prune_keys`] drops it with the
-    /// next table.
-    pub(crate) fn update_keys(&self, v: &[(u64, u32)]) {
-        write(&self.keys).extend(v.iter().copied());
-    }
-
-    /// Drops keys of regions no longer in the peer's memory table.
-    pub(crate) fn prune_keys(&self, table: &[hixl_core::RemoteRegion]) {
-        let mut k = write(&self.keys);
-        if k.len() > table.len() {
-            let live: std::collections::HashSet<u64> = table.iter().map(|r| r.rkey).collect();
-            k.retain(|r, _| live.contains(r));
-        }
-    }
-
-    /// Posts one transfer's work requests (all carrying `token`; the op table holds their
-    /// memory until their completions are drained). What does not fit in the send queue waits
-    /// in the backlog.
-    pub(crate) fn submit(&self, token: Token, wrs: Vec<WorkRequest>) {
-        if wrs.is_empty() {
-            return;
-        }
-        if let Some(w) = wrs
-            .iter()
-            .find(|w| w.pieces(self.max_msg) > self.capacity as u64)
-        {
-            // Cannot happen with real limits (max_msg × send-queue depth is terabytes), but
-            // a request that can never fit must fail rather than wait forever.
-            let e = Error::OpTooLarge {
-                len: w.local.len,
-                work_requests: w.pieces(self.max_msg),
-                capacity: self.capacity,
-            };
-            return self.fail_now(&wrs, &e);
-        }
-        self.source.hold(token, wrs.len(), self.me.clone());
-        {
-            let mut b = lock(&self.backlog);
-            b.extend(wrs);
-        }
-        self.pump();
-    }
-
-    /// Posts as much of the backlog as the send queue has room for, as one chain.
-    pub(crate) fn pump(&self) {
-        let mut qp = lock(&self.qp);
-        let mut backlog = lock(&self.backlog);
-        if backlog.is_empty() {
-            return;
-        }
-        let Some(q) = qp.as_mut() else {
-            let e = self.cause("link closed");
-            let wrs: Vec<_> = backlog.drain(..).collect();
-            drop((backlog, qp));
-            return self.fail(&wrs, &e);
-        };
-        if let Some(f) = q.failure() {
-            let e = self.qp_failed(&f);
-            let wrs: Vec<_> = backlog.drain(..).collect();
-            drop((backlog, qp));
-            return self.fail(&wrs, &e);
-        }
-        // Requests of transfers dropped or timed out while they waited left the backlog then
-        // ([`VerbsLink::withdraw`]).
-        let mut room = self.capacity.saturating_sub(q.outstanding());
-        let mut n = 0;
-        for w in backlog.iter() {
-            let p = usize::try_from(w.pieces(self.max_msg)).unwrap_or(usize::MAX);
-            if p > room {
-                break;
-            }
-            room -= p;
-            n += 1;
-        }
-        if n == 0 {
-            return;
-        }
-        let chain: Vec<WorkRequest> = backlog.drain(..n).collect();
-        // SAFETY: every request's local range lies in a region registered with this
-        // engine's protection domain under `local.lkey`, leased (so neither deregistered
-        // nor freed) until the request's completion is drained: the op table holds its op's
-        // lease until its last part completes (`rawio::PartRange`), and a posted request
-        // completes only through the drain. The remote range was checked against the peer's
-        // memory table; the peer's device refuses anything else.
-        let r = unsafe { q.post_chain(&chain) };
-        match r {
-            Ok(_) => {}
-            Err(hixl_verbs::VerbsError::SendQueueFull { .. }) => {
-                // Room was computed under the lock; keep the order and retry on the next drain.
-                for w in chain.into_iter().rev() {
-                    backlog.push_front(w);
-                }
-            }
-            Err(e @ hixl_verbs::VerbsError::Post { reported_ops, .. }) => {
-                let err = Error::transport(&self.peer, "posting RDMA work requests", e);
-                let rest: Vec<_> = backlog.drain(..).collect();
-                drop((backlog, qp));
-                let unposted = chain.get(reported_ops..).unwrap_or(&[]);
-                self.fail(unposted, &err);
-                self.fail(&rest, &err);
-                self.state.kill(err);
-            }
-            Err(e) => {
-                let err = Error::from(e);
-                drop((backlog, qp));
-                self.fail(&chain, &err);
-            }
-        }
-    }
-
-    /// The owner of `token` went away: its requests still in the backlog are failed with
-    /// `cause` and never posted; posted ones complete on the device.
-    pub(crate) fn withdraw(&self, token: Token, cause: &Error) {
-        let mut out = Vec::new();
-        {
-            let mut b = lock(&self.backlog);
-            b.retain(|w| {
-                let mine = w.token == token;
-                if mine {
-                    out.push(*w);
-                }
-                !mine
-            });
-        }
-        self.fail(&out, cause);
-    }
-
-    /// Closes the link when its QP has failed.
-    fn check_failed(&self) {
-        let f = lock(&self.qp).as_ref().and_then(QueuePair::failure);
-        if let Some(f) = f {
-            let e = self.qp_failed(&f);
-            tracing::warn!(peer = %self.peer, "closing link: {e}");
-            self.state.kill(e);
-        }
-    }
-
-    fn qp_failed(&self, f: &str) -> Error {
-        Error::PeerLost {
-            peer: self.peer.to_string(),
-            cause: format!("RDMA queue pair failed: {f}"),
-        }
-    }
-
-    fn cause(&self, what: &str) -> Error {
-        self.state.error().unwrap_or_else(|| Error::PeerLost {
-            peer: self.peer.to_string(),
-            cause: what.into(),
-        })
-    }
-
-    /// Flushes the QP (its outstanding requests complete with errors, releasing their leases)
-    /// and fails the backlog with the link's cause.
-    pub(crate) fn close(&self) {
-        let qp = lock(&self.qp).take();
-        drop(qp);
-        let wrs: Vec<_> = lock(&self.backlog).drain(..).collect();
-        let e = self.cause("link closed");
-        self.fail(&wrs, &e);
-    }
-
-    /// Completes requests that were held but never posted with `e`.
-    fn fail(&self, wrs: &[WorkRequest], e: &Error) {
-        for w in wrs {
-            self.source.release(w.token, 1);
-        }
-        self.fail_now(wrs, e);
-    }
-
-    /// Completes requests with `e` (no hold involved).
-    fn fail_now(&self, wrs: &[WorkRequest], e: &Error) {
-        if wrs.is_empty() {
-            return;
-        }
-        self.sink.complete_all(wrs.iter().map(|w| Completion {
-            token: w.token,
-            result: Err(e.clone()),
-        }));
-    }
+/// The NUMA node of the page at `addr` (`get_mempolicy` with `MPOL_F_NODE | MPOL_F_ADDR`),
+/// or `None` when the kernel does not say.
+pub(crate) fn numa_of(addr: u64) -> Option<u32> {
+    const MPOL_F_NODE: libc::c_ulong = 1;
+    const MPOL_F_ADDR: libc::c_ulong = 2;
+    let mut node: libc::c_int = -1;
+    // SAFETY: node is a valid out-pointer; no node mask is asked for (null, 0); the kernel
+    // only looks up the page at addr (faulting it in if it was never touched) and writes node.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut node as *mut libc::c_int,
+            std::ptr::null_mut::<libc::c_ulong>(),
+            0 as libc::c_ulong,
+            addr as *mut libc::c_void,
+            MPOL_F_NODE | MPOL_F_ADDR,
+        )
+    };
+    (rc == 0).then_some(node).and_then(|n| u32::try_from(n).ok())
 }

@@ -47,6 +47,10 @@ const UINT_KEYS: &[UintKey] = &[
         empty: None, store: |o, v| o.verbs_port = v as u8 },
     UintKey { key: "hixl.VerbsTimeout", min: 1, max: 31, multiple_of: 1, size: false,
         empty: None, store: |o, v| o.verbs_timeout = v as u8 },
+    UintKey { key: "hixl.VerbsQpsPerRail", min: 1, max: 16, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.verbs_qps_per_rail = v as u8 },
+    UintKey { key: "hixl.VerbsSliceBytes", min: 4096, max: GIB, multiple_of: 1, size: true,
+        empty: None, store: |o, v| o.verbs_slice_bytes = v },
     UintKey { key: "hixl.VerbsRetryCount", min: 0, max: 7, multiple_of: 1, size: false,
         empty: None, store: |o, v| o.verbs_retry_count = v as u8 },
 ];
@@ -78,8 +82,8 @@ impl Options {
         "GlobalResourceConfig", "AutoConnect", "LocalCommRes",
         "adxl.BufferPool", "adxl.RdmaTrafficClass", "adxl.RdmaServiceLevel", "adxl.LocalCommRes",
         "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.TcpIo", "hixl.HeartbeatIntervalMs",
-        "hixl.HeartbeatMissLimit", "hixl.HeartbeatIdleMs", "hixl.FabricBusyPollUs", "hixl.SpinUs", "hixl.VerbsDevice", "hixl.VerbsPort",
-        "hixl.VerbsGidIndex", "hixl.VerbsTimeout", "hixl.VerbsRetryCount", "hixl.AuthSecret",
+        "hixl.HeartbeatMissLimit", "hixl.HeartbeatIdleMs", "hixl.FabricBusyPollUs", "hixl.SpinUs", "hixl.VerbsDevice", "hixl.VerbsDevices",
+        "hixl.VerbsPort", "hixl.VerbsQpsPerRail", "hixl.VerbsSliceBytes", "hixl.VerbsGidIndex", "hixl.VerbsTimeout", "hixl.VerbsRetryCount", "hixl.AuthSecret",
     ];
 
     /// Parses and stores one option. Only this key's own value is checked; the cross-key check
@@ -137,11 +141,8 @@ impl Options {
                     self.auth_secret = Some(crate::auth::Secret::new(v.as_bytes()));
                 }
             }
-            "hixl.VerbsDevice" => {
-                if v.len() > 64 || !v.bytes().all(|b| b.is_ascii_graphic()) {
-                    return Err(err("expected a device name such as mlx5_0 or rxe0".into()));
-                }
-                self.verbs_device = (!v.is_empty()).then(|| v.to_owned());
+            "hixl.VerbsDevice" | "hixl.VerbsDevices" => {
+                self.verbs_devices = parse_devices(v).map_err(err)?;
             }
             "hixl.VerbsGidIndex" => {
                 self.verbs_gid_index = if v.is_empty() {
@@ -257,6 +258,26 @@ fn parse_local_comm_res(v: &str) -> Result<Option<String>, String> {
         Some(other) => Err(format!("\"version\" must be a string, got {other}")),
         None => Err("must be a JSON object with a string \"version\" field".to_owned()),
     }
+}
+
+/// A comma-separated list of RDMA device names (`mlx5_0,mlx5_1`), at most 32, none twice.
+fn parse_devices(v: &str) -> std::result::Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for d in v.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        if d.len() > 64 || !d.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "{d:?} is not a device name (expected names such as mlx5_0 or rxe0, comma-separated)"
+            ));
+        }
+        if out.iter().any(|x| x == d) {
+            return Err(format!("device {d} is named twice"));
+        }
+        out.push(d.to_owned());
+    }
+    if out.len() > 32 {
+        return Err(format!("{} devices; at most 32", out.len()));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -480,7 +501,7 @@ mod tests {
             ("hixl.VerbsRetryCount", "3"),
         ])
         .unwrap();
-        assert_eq!(o.verbs_device.as_deref(), Some("rxe0"));
+        assert_eq!(o.verbs_devices, ["rxe0"]);
         assert_eq!(
             (
                 o.verbs_gid_index,
@@ -492,9 +513,21 @@ mod tests {
         );
         let d = Options::default();
         assert_eq!(
-            (d.verbs_device.clone(), d.verbs_gid_index, d.verbs_timeout),
-            (None, None, 14)
+            (d.verbs_devices.clone(), d.verbs_gid_index, d.verbs_timeout),
+            (Vec::new(), None, 14)
         );
+        let o = opts(&[
+            ("hixl.VerbsDevices", " mlx5_0, mlx5_1 ,"),
+            ("hixl.VerbsQpsPerRail", "4"),
+            ("hixl.VerbsSliceBytes", "128K"),
+        ])
+        .unwrap();
+        assert_eq!(o.verbs_devices, ["mlx5_0", "mlx5_1"]);
+        assert_eq!((o.verbs_qps_per_rail, o.verbs_slice_bytes), (4, 128 << 10));
+        assert!(set_err("hixl.VerbsDevices", "a,a").contains("named twice"));
+        assert!(set_err("hixl.VerbsDevices", "mlx5_0,b c").contains("\"b c\""));
+        assert!(set_err("hixl.VerbsQpsPerRail", "0").contains("range"));
+        assert!(set_err("hixl.VerbsSliceBytes", "1K").contains("range"));
         assert_eq!(
             opts(&[("hixl.VerbsGidIndex", "")]).unwrap().verbs_gid_index,
             None

@@ -34,6 +34,12 @@ const DEFAULT_SERVICE_LEVEL: u64 = 4;
 const MIB: u64 = 1 << 20;
 /// `hixl.SpinUs` by default: about the cost of parking and waking a thread on a VM.
 pub const DEFAULT_SPIN_US: u64 = 50;
+
+/// Default `hixl.VerbsQpsPerRail` (see docs/benchmarks.md for the measurement behind it).
+pub const DEFAULT_QPS_PER_RAIL: u8 = 2;
+
+/// Default `hixl.VerbsSliceBytes` (see docs/benchmarks.md for the measurement behind it).
+pub const DEFAULT_SLICE_BYTES: u64 = 256 * 1024;
 /// Shortest `hixl.AuthSecret`.
 const MIN_SECRET: usize = 16;
 const GIB: u64 = 1 << 30;
@@ -88,9 +94,17 @@ pub struct Options {
     /// core per waiting task spins while ops are in flight and, on a target, between requests.
     /// 0 parks at once.
     pub spin_us: u64,
-    /// `hixl.VerbsDevice` (hixl extension): the RDMA device to use (e.g. `mlx5_0`, `rxe0`);
-    /// unset or empty picks the first device with an active port.
-    pub verbs_device: Option<String>,
+    /// `hixl.VerbsDevices` (hixl extension; `hixl.VerbsDevice` is its one-device spelling): the
+    /// RDMA devices a link stripes over, e.g. `mlx5_0,mlx5_1`; empty (the default) takes every
+    /// device with an active port. Each reachable (local device, peer device) pair is a rail.
+    pub verbs_devices: Vec<String>,
+    /// `hixl.VerbsQpsPerRail` (hixl extension): RC queue pairs per rail, 1–16, default
+    /// [`DEFAULT_QPS_PER_RAIL`].
+    pub verbs_qps_per_rail: u8,
+    /// `hixl.VerbsSliceBytes` (hixl extension): an RDMA op longer than this is cut into slices
+    /// of this size spread over the rails and their queue pairs, 4 KiB–1 GiB, default
+    /// [`DEFAULT_SLICE_BYTES`].
+    pub verbs_slice_bytes: u64,
     /// `hixl.VerbsPort` (hixl extension): the device port, 1–255, default 1.
     pub verbs_port: u8,
     /// `hixl.VerbsGidIndex` (hixl extension): source GID index for RoCE, 0–255; unset picks the
@@ -127,7 +141,9 @@ impl Default for Options {
             heartbeat_idle_ms: 30_000,
             fabric_busy_poll_us: 0,
             spin_us: DEFAULT_SPIN_US,
-            verbs_device: None,
+            verbs_devices: Vec::new(),
+            verbs_qps_per_rail: DEFAULT_QPS_PER_RAIL,
+            verbs_slice_bytes: DEFAULT_SLICE_BYTES,
             verbs_port: 1,
             verbs_gid_index: None,
             verbs_timeout: 14,

@@ -467,9 +467,10 @@ impl TargetSession {
     /// asked; the session's cause once closed.
     pub fn refuse_transport(&mut self, request: &Message, reason: &str) -> Result<()> {
         match request {
-            Message::VerbsConnect { .. } => self.send_transport(Message::VerbsAccept {
+            Message::VerbsConnect { rail, .. } => self.send_transport(Message::VerbsAccept {
+                rail: *rail,
                 status: Status::Unsupported.code(),
-                endpoint: Vec::new(),
+                endpoints: Vec::new(),
                 reason: clip(reason.to_string()),
             }),
             m => Err(Error::SessionWrongMessage {

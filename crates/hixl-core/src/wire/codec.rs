@@ -309,12 +309,17 @@ impl Field for FabricRegion {
     }
 }
 
-impl Field for (u64, u32) {
+impl Field for (u64, u32, u32) {
     fn put(&self, out: &mut BytesMut) {
         out.put_u64_le(self.0);
         out.put_u32_le(self.1);
+        out.put_u32_le(self.2);
     }
-    fn get(r: &mut Reader<'_>, _: &'static str) -> Result<(u64, u32), WireError> {
-        Ok((r.u64("verbs rkey")?, r.u32("device rkey")?))
+    fn get(r: &mut Reader<'_>, _: &'static str) -> Result<(u64, u32, u32), WireError> {
+        Ok((
+            r.u64("verbs rkey")?,
+            r.u32("device index")?,
+            r.u32("device rkey")?,
+        ))
     }
 }

@@ -10,7 +10,10 @@ use super::codec::{Blob, Entries, Payload, Text};
 use super::declare::messages;
 #[allow(unused_imports)] // in the docs of the generated enum
 use super::{Channel, HEARTBEAT_FROM_TARGET};
-use super::{DataReq, FabricRegion, StridedReq, MAX_AUTH, MAX_ENDPOINT, MAX_NAME, NO_LIMIT};
+use super::{
+    DataReq, FabricRegion, StridedReq, MAX_AUTH, MAX_ENDPOINTS, MAX_NAME, MAX_VERBS_DEVICES,
+    NO_LIMIT,
+};
 use crate::types::{RemoteRegion, NOTIFY_MAX_LEN};
 
 messages! {
@@ -124,29 +127,40 @@ messages! {
         /// The region's rkey.
         rkey: u64,
     },
-    /// The target has an active RDMA device and offers the verbs transport (sent before the
-    /// memory table).
+    /// The target has active RDMA devices and offers the verbs transport (sent before the
+    /// memory table): each device's name, GID, subnet, active MTU and NUMA node
+    /// (`hixl_verbs::NicInfo::encode_list`), in the order its rails name them.
     17 => VERBS_INFO, VerbsInfo {
-        /// The device's name, for the initiator's log and `Peer::transport`.
-        device: String => Text(MAX_NAME),
+        /// The encoded device list.
+        devices: Vec<u8> => Blob(MAX_VERBS_DEVICES),
     },
-    /// The initiator asks for an RC queue pair connected to its own.
+    /// The initiator asks for rail `rail`: RC queue pairs on the target's device `device`,
+    /// connected to the initiator's. Sent at connect for every rail, and again for a rail that
+    /// failed and is probed back (the target then replaces that rail's queue pairs).
     18 => VERBS_CONNECT, VerbsConnect {
-        /// The initiator's queue-pair endpoint (`hixl_verbs::QpEndpoint`, ≤ 64 bytes).
-        endpoint: Vec<u8> => Blob(MAX_ENDPOINT),
+        /// The initiator's rail number.
+        rail: u32,
+        /// Index of the target's device in its `VerbsInfo`.
+        device: u32,
+        /// The initiator's queue-pair endpoints (`hixl_verbs::QpEndpoint`, 32 bytes each).
+        endpoints: Vec<u8> => Blob(MAX_ENDPOINTS),
     },
     /// The target's answer to `VerbsConnect`.
     19 => VERBS_ACCEPT, VerbsAccept {
-        /// HIXL status code: 0 when the QP is connected and `endpoint` is the target's.
+        /// The rail it answers.
+        rail: u32,
+        /// HIXL status code: 0 when the queue pairs are connected and `endpoints` are the
+        /// target's, in the order of the initiator's.
         status: u32,
-        /// The target's queue-pair endpoint (empty on refusal).
-        endpoint: Vec<u8> => Blob(MAX_ENDPOINT),
+        /// The target's queue-pair endpoints (empty on refusal).
+        endpoints: Vec<u8> => Blob(MAX_ENDPOINTS),
         /// Why not, on refusal.
         reason: String => Text(MAX_NAME),
     },
-    /// Device keys of the sender's exported regions: `(rkey of the memory table, the memory
-    /// region's device rkey)`. Sent on verbs links before every memory table.
-    20 => VERBS_KEYS, VerbsKeys(keys: Vec<(u64, u32)> => Entries(12)),
+    /// Device keys of the sender's exported regions: `(rkey of the memory table, device index
+    /// in its VerbsInfo, the memory region's rkey on that device)`. Sent on verbs links before
+    /// every memory table.
+    20 => VERBS_KEYS, VerbsKeys(keys: Vec<(u64, u32, u32)> => Entries(16)),
     /// A target with a shared secret challenges a new control connection (before `Welcome`);
     /// see [`crate::auth`].
     21 => AUTH_CHALLENGE, AuthChallenge {

@@ -66,5 +66,9 @@ pub const HEARTBEAT_PERIOD_MAX_MS: u64 = (1 << 31) - 1;
 /// Longest nonce or MAC an authentication message may carry.
 pub const MAX_AUTH: usize = 64;
 
-/// Longest queue-pair endpoint a `VerbsConnect`/`VerbsAccept` may carry.
-pub const MAX_ENDPOINT: usize = 64;
+/// Most queue-pair endpoints a `VerbsConnect`/`VerbsAccept` may carry (16 queue pairs of 32
+/// bytes each, with room to spare).
+pub const MAX_ENDPOINTS: usize = 1024;
+
+/// Longest encoded device list a `VerbsInfo` may carry (32 devices with room to spare).
+pub const MAX_VERBS_DEVICES: usize = 4096;

@@ -103,22 +103,26 @@ pub(super) fn samples() -> Vec<Message> {
         Message::Revoke { rkey: 9 },
         Message::RevokeAck { rkey: 9 },
         Message::VerbsInfo {
-            device: "rxe0".into(),
+            devices: vec![7; 60],
         },
         Message::VerbsConnect {
-            endpoint: vec![1; 32],
+            rail: 1,
+            device: 0,
+            endpoints: vec![1; 64],
         },
         Message::VerbsAccept {
+            rail: 1,
             status: 0,
-            endpoint: vec![2; 32],
+            endpoints: vec![2; 64],
             reason: String::new(),
         },
         Message::VerbsAccept {
+            rail: 0,
             status: 8,
-            endpoint: vec![],
+            endpoints: vec![],
             reason: "no queue pair".into(),
         },
-        Message::VerbsKeys(vec![(9, 0x1234), (u64::MAX, u32::MAX)]),
+        Message::VerbsKeys(vec![(9, 0, 0x1234), (u64::MAX, 1, u32::MAX)]),
         Message::VerbsKeys(vec![]),
         Message::AuthChallenge { nonce: vec![3; 32] },
         Message::AuthResponse {

@@ -22,7 +22,9 @@ use crate::Status;
 
 /// Wire version of this build. 2: `Hello` and `Welcome` carry [`feature`] bits, and a
 /// target answers a peer of another version with [`version_refusal`] (1 closed the socket).
-pub const VERSION: u8 = 2;
+/// 3: the verbs messages carry rails (every device in `VerbsInfo`, a rail and its queue
+/// pairs per `VerbsConnect`/`VerbsAccept`, a device index per `VerbsKeys` entry).
+pub const VERSION: u8 = 3;
 
 /// Optional parts of the protocol, as bits of `Hello::features` and `Welcome::features`.
 pub mod feature {
@@ -99,7 +101,7 @@ mod tests {
         };
         assert_eq!(status, Status::Unsupported.code());
         assert!(
-            reason.contains("hixl wire 2") && reason.contains("hixl wire 1"),
+            reason.contains("hixl wire 3") && reason.contains("hixl wire 1"),
             "{reason}"
         );
         assert_eq!(refused_version(status, &reason), Some(VERSION));

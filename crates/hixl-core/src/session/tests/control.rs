@@ -92,12 +92,15 @@ fn revocation_round_trip() {
 fn verbs_negotiation_passes_through() {
     let mut p = Pair::new().connect();
     let connect = Message::VerbsConnect {
-        endpoint: vec![1, 2, 3],
+        rail: 0,
+        device: 0,
+        endpoints: vec![1, 2, 3],
     };
     // The target cannot answer what was not asked.
     let accept = Message::VerbsAccept {
+        rail: 0,
         status: 0,
-        endpoint: vec![9],
+        endpoints: vec![9],
         reason: String::new(),
     };
     assert!(p.tgt.send_transport(accept.clone()).is_err());
@@ -108,7 +111,7 @@ fn verbs_negotiation_passes_through() {
         .tgt_events
         .iter()
         .any(|e| matches!(&e.1, Event::TransportMessage(m) if *m == connect)));
-    let keys = Message::VerbsKeys(vec![(1, 11), (2, 22)]);
+    let keys = Message::VerbsKeys(vec![(1, 0, 11), (2, 1, 22)]);
     p.tgt.send_transport(keys.clone()).expect("keys");
     p.tgt.send_transport(accept.clone()).expect("accept");
     p.run_for(Duration::from_millis(10));
@@ -131,7 +134,9 @@ fn verbs_negotiation_passes_through() {
 fn an_unserved_transport_request_is_refused_unsupported() {
     let mut p = Pair::new().connect();
     let connect = Message::VerbsConnect {
-        endpoint: vec![1, 2, 3],
+        rail: 0,
+        device: 0,
+        endpoints: vec![1, 2, 3],
     };
     assert!(
         p.tgt.refuse_transport(&connect, "no").is_err(),
@@ -154,8 +159,9 @@ fn an_unserved_transport_request_is_refused_unsupported() {
     assert_eq!(
         answer,
         Some(Message::VerbsAccept {
+            rail: 0,
             status: Status::Unsupported.code(),
-            endpoint: Vec::new(),
+            endpoints: Vec::new(),
             reason: "not offered".into(),
         })
     );
@@ -297,7 +303,11 @@ fn after_close_everything_fails_with_the_cause() {
         .is_err());
     assert!(p
         .ini
-        .send_transport(Message::VerbsConnect { endpoint: vec![] })
+        .send_transport(Message::VerbsConnect {
+            rail: 0,
+            device: 0,
+            endpoints: vec![],
+        })
         .is_err());
     p.ini.disconnect("again");
     p.ini.handle_timeout(now + Duration::from_secs(100));
@@ -348,7 +358,9 @@ fn reordered_frames_during_traffic() {
 fn messages_the_wire_cannot_carry_are_refused() {
     let mut p = Pair::new().connect();
     let long = Message::VerbsConnect {
-        endpoint: vec![0; crate::wire::MAX_ENDPOINT + 1],
+        rail: 0,
+        device: 0,
+        endpoints: vec![0; crate::wire::MAX_ENDPOINTS + 1],
     };
     assert!(matches!(
         p.ini.send_transport(long),
@@ -359,18 +371,24 @@ fn messages_the_wire_cannot_carry_are_refused() {
     ));
     // A refused accept does not use up the pending connect.
     p.ini
-        .send_transport(Message::VerbsConnect { endpoint: vec![1] })
+        .send_transport(Message::VerbsConnect {
+            rail: 0,
+            device: 0,
+            endpoints: vec![1],
+        })
         .expect("connect");
     p.run_for(Duration::from_millis(10));
     let bad = Message::VerbsAccept {
+        rail: 0,
         status: 0,
-        endpoint: vec![0; 65],
+        endpoints: vec![0; crate::wire::MAX_ENDPOINTS + 1],
         reason: String::new(),
     };
     assert!(p.tgt.send_transport(bad).is_err());
     let good = Message::VerbsAccept {
+        rail: 0,
         status: 0,
-        endpoint: vec![2],
+        endpoints: vec![2],
         reason: String::new(),
     };
     p.tgt.send_transport(good).expect("still answerable");

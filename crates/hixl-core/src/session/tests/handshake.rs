@@ -457,7 +457,7 @@ fn transport_offers_pass_through_before_the_table_only() {
         socket: "s".into(),
     };
     let verbs = Message::VerbsInfo {
-        device: "mlx5_0".into(),
+        devices: "mlx5_0".as_bytes().to_vec(),
     };
     p.offers = vec![fabric.clone(), verbs.clone()];
     let mut p = p.connect();
@@ -476,13 +476,20 @@ fn transport_offers_pass_through_before_the_table_only() {
     );
     // An offer after the table, forced onto the wire, is a violation at the initiator.
     let now = p.now;
-    let _ = p
-        .ini
-        .handle_frame(now, Message::VerbsInfo { device: "x".into() });
+    let _ = p.ini.handle_frame(
+        now,
+        Message::VerbsInfo {
+            devices: "x".as_bytes().to_vec(),
+        },
+    );
     assert!(matches!(p.ini.error(), Some(Error::Protocol { .. })));
     // Not an offer, or before the welcome.
     let mut t = TargetSession::new(config("t", 2), now, "a", 7, NONCE_T);
-    assert!(t.offer(Message::VerbsInfo { device: "x".into() }).is_err());
+    assert!(t
+        .offer(Message::VerbsInfo {
+            devices: "x".as_bytes().to_vec(),
+        })
+        .is_err());
     assert!(t.send_table(now, vec![]).is_err());
     let hello = Message::Hello {
         engine: "i".into(),
@@ -492,7 +499,11 @@ fn transport_offers_pass_through_before_the_table_only() {
     };
     t.handle_frame(now, hello).expect("hello");
     assert!(t.offer(Message::Heartbeat { seq: 1 }).is_err());
-    assert!(t.offer(Message::VerbsInfo { device: "x".into() }).is_ok());
+    assert!(t
+        .offer(Message::VerbsInfo {
+            devices: "x".as_bytes().to_vec(),
+        })
+        .is_ok());
 }
 
 #[test]

@@ -91,16 +91,24 @@ fn message() -> impl Strategy<Value = Message> {
         }])),
         (0u64..4).prop_map(|rkey| Message::Revoke { rkey }),
         (0u64..4).prop_map(|rkey| Message::RevokeAck { rkey }),
-        text().prop_map(|device| Message::VerbsInfo { device }),
-        bytes(8).prop_map(|endpoint| Message::VerbsConnect { endpoint }),
-        (prop_oneof![Just(0u32), any::<u32>()], bytes(8), text()).prop_map(
-            |(status, endpoint, reason)| Message::VerbsAccept {
+        bytes(8).prop_map(|devices| Message::VerbsInfo { devices }),
+        (0u32..3, 0u32..3, bytes(8)).prop_map(|(rail, device, endpoints)| {
+            Message::VerbsConnect {
+                rail,
+                device,
+                endpoints,
+            }
+        }),
+        (0u32..3, prop_oneof![Just(0u32), any::<u32>()], bytes(8), text()).prop_map(
+            |(rail, status, endpoints, reason)| Message::VerbsAccept {
+                rail,
                 status,
-                endpoint,
+                endpoints,
                 reason
             }
         ),
-        proptest::collection::vec((0u64..4, any::<u32>()), 0..3).prop_map(Message::VerbsKeys),
+        proptest::collection::vec((0u64..4, 0u32..3, any::<u32>()), 0..3)
+            .prop_map(Message::VerbsKeys),
         prop_oneof![Just(NONCE_T.to_vec()), bytes(40)]
             .prop_map(|nonce| Message::AuthChallenge { nonce }),
         prop_oneof![
@@ -241,7 +249,7 @@ proptest! {
                     if let Some(t) = s.poll_timeout() { prop_assert!(t > now, "deadline not moved on"); }
                 }
                 Op::Table(n) => { let _ = s.send_table(now, (0..u64::from(n % 4)).map(|k| region(k << 12, k)).collect()); }
-                Op::Offer => { let _ = s.offer(Message::VerbsInfo { device: "d".into() }); }
+                Op::Offer => { let _ = s.offer(Message::VerbsInfo { devices: b"d".to_vec() }); }
                 Op::Revoke(rkey) => { let _ = s.revoke(rkey); }
                 Op::Transport(m) => { let _ = s.send_transport(m); }
                 Op::Drained(n) => s.notifies_drained(n),
