@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Boots a throw-away qemu guest (TCG, no NIC, no disk) whose kernel has Soft-RoCE (rdma_rxe),
-# creates rxe0 on a dummy netdev, runs one command in it and exits with that command's status.
+# creates rxe0 and rxe1 on two dummy netdevs, runs one command in it and exits with that command's status.
 # For running the hixl-verbs tests on hosts without RDMA in their kernel (like CI here).
 #
 #   tools/softroce-vm.sh deps                 # apt-get the host tools (Debian 12)
@@ -104,12 +104,19 @@ export PATH=/extra:/sbin:/bin:/usr/sbin:/usr/bin HOME=/tmp
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev; mount -t tmpfs tmp /tmp
 say() { echo "SOFTROCE $* (uptime $(cut -d' ' -f1 /proc/uptime)s)"; }
 ip link set lo up
-modprobe crc32_generic && modprobe rdma_rxe && modprobe ib_uverbs && modprobe dummy numdummies=1
-# TEST-NET-1 on a dummy netdev: the guest has no NIC, nothing leaves it
+modprobe crc32_generic && modprobe rdma_rxe && modprobe ib_uverbs && modprobe dummy numdummies=2
+# TEST-NET-1 and TEST-NET-2 on dummy netdevs: the guest has no NIC, nothing leaves it. rxe0 is
+# every test's device; rxe1 (MTU 9000: an active MTU of 4096 against rxe0's 1024) is the second
+# rail of the rail tests and the other end of the MTU test.
 ip addr add 192.0.2.1/24 dev dummy0 && ip link set dummy0 up
+ip addr add 198.51.100.1/24 dev dummy1 && ip link set dummy1 mtu 9000 && ip link set dummy1 up
+active() { n=0; until grep -q ACTIVE /sys/class/infiniband/$1/ports/1/state 2>/dev/null || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done; }
 if rdma link add rxe0 type rxe netdev dummy0; then
-  n=0; until grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done
-  ibv_devinfo -v -d rxe0 | grep -E "hca_id|state:|active_mtu|max_mr_size|max_qp_wr|max_cqe|max_msg_sz|GID\[" | sed 's/^/  /'
+  active rxe0
+  if rdma link add rxe1 type rxe netdev dummy1; then active rxe1; else say "rxe1 setup failed"; fi
+  for d in rxe0 rxe1; do
+    ibv_devinfo -v -d $d 2>/dev/null | grep -E "hca_id|state:|active_mtu|max_mr_size|max_qp_wr|max_cqe|max_msg_sz|GID\[" | sed 's/^/  /'
+  done
   say "rxe0 ready"
   cd /tmp; sh /cmd.sh; rc=$?
 else

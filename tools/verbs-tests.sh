@@ -33,6 +33,11 @@ cmd="export HIXL_VERBS_DEVICE=rxe0 RUST_BACKTRACE=1; rc=0"
 for b in $bins; do
   n=$(basename "$b")
   cmd="$cmd; echo '=== $n'; /extra/$n $args || rc=\$?"
+  # The engine's rail tests take rxe0's and rxe1's links down and up: alone, one at a time.
+  case $n in verbs-*)
+    cmd="$cmd; echo '=== $n (rails over rxe0,rxe1)'"
+    cmd="$cmd; HIXL_VERBS_RAILS=rxe0,rxe1 /extra/$n rails_ --test-threads=1 $* || rc=\$?" ;;
+  esac
 done
 # The command over real verbs: what it sees, then a short benchmark (in a TCG guest these
 # figures measure correctness, not speed; `hixl bench` fails if any transfer fails).

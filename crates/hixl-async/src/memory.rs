@@ -131,14 +131,20 @@ impl std::fmt::Debug for Owned {
 pub(crate) struct DeviceMr {
     /// Held for its drop, which ends the registration.
     pub(crate) _keep: Box<dyn Any + Send + Sync>,
-    /// `(local key, remote key)` for work requests and for peers.
-    pub(crate) keys: (u32, u32),
+    /// Local keys for work requests, one per device of the transport, in device order.
+    pub(crate) lkeys: Arc<[u32]>,
+    /// Remote keys that peers' devices present, in the same order.
+    pub(crate) rkeys: Arc<[u32]>,
+    /// The NUMA node of the memory, when the host says.
+    pub(crate) numa: Option<u32>,
 }
 
 impl std::fmt::Debug for DeviceMr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceMr")
-            .field("keys", &self.keys)
+            .field("lkeys", &self.lkeys)
+            .field("rkeys", &self.rkeys)
+            .field("numa", &self.numa)
             .finish()
     }
 }
@@ -165,10 +171,12 @@ pub(crate) struct RegionInner {
     /// engine is dropped without deregistering, it is dropped before the memory is freed.
     mr: Mutex<Option<DeviceMr>>,
     owned: Mutex<Option<Owned>>,
-    /// Local key of `mr` for work requests of this engine (read by verbs).
-    pub(crate) lkey: Option<u32>,
-    /// Remote key of `mr` that peers' devices present (read by verbs).
-    pub(crate) dev_rkey: Option<u32>,
+    /// Local keys of `mr` (one per device) for work requests of this engine (read by verbs).
+    pub(crate) lkeys: Option<Arc<[u32]>>,
+    /// Remote keys of `mr` (one per device) that peers' devices present (read by verbs).
+    pub(crate) dev_rkeys: Option<Arc<[u32]>>,
+    /// The memory's NUMA node, when the host said at registration (read by verbs).
+    pub(crate) numa: Option<u32>,
     inflight: AtomicUsize,
     revoked: AtomicBool,
     idle: tokio::sync::Notify,
@@ -185,9 +193,9 @@ impl RegionInner {
         backing: Backing,
     ) -> RegionInner {
         let Backing { owned, mr } = backing;
-        let (lkey, dev_rkey) = match &mr {
-            Some(m) => (Some(m.keys.0), Some(m.keys.1)),
-            None => (None, None),
+        let (lkeys, dev_rkeys, numa) = match &mr {
+            Some(m) => (Some(m.lkeys.clone()), Some(m.rkeys.clone()), m.numa),
+            None => (None, None, None),
         };
         RegionInner {
             id,
@@ -198,8 +206,9 @@ impl RegionInner {
             rkey,
             owned: Mutex::new(owned),
             mr: Mutex::new(mr),
-            lkey,
-            dev_rkey,
+            lkeys,
+            dev_rkeys,
+            numa,
             inflight: AtomicUsize::new(0),
             revoked: AtomicBool::new(false),
             idle: tokio::sync::Notify::new(),

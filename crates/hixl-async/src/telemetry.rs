@@ -221,6 +221,7 @@ impl LinkTelemetry {
             peer: self.peer.to_string(),
             transport: self.transport,
             ops,
+            rails: Vec::new(),
         }
     }
 }
@@ -279,6 +280,8 @@ pub struct LinkSnapshot {
     pub transport: &'static str,
     /// Read, then write.
     pub ops: Vec<OpSnapshot>,
+    /// Its RDMA rails (verbs links only).
+    pub rails: Vec<crate::RailInfo>,
 }
 
 /// The engine's links' counters at one moment ([`crate::Engine::telemetry`]).
@@ -398,6 +401,7 @@ pub fn prometheus_text(engine: &str, t: &Telemetry) -> String {
             o.count()
         );
     }
+    crate::rail_info::prometheus(&mut out, engine, t);
     out
 }
 

@@ -130,6 +130,9 @@ pub async fn run(a: Args) -> CliResult {
         let e = hixl::Engine::builder("127.0.0.1").build().await?;
         let peer = e.connect(&p, Duration::from_secs(5)).await?;
         println!("peer {p}: {}", peer.transport());
+        for r in peer.rails() {
+            println!("  {r}");
+        }
         e.shutdown(Duration::from_millis(200)).await;
     }
     Ok(())

@@ -203,11 +203,21 @@ impl PortInfo {
         }
     }
 
-    /// The GID index a QP should use by default: the first RoCE v2 GID, else the first GID.
+    /// The GID index a QP should use by default: the first routable RoCE v2 GID — an
+    /// IPv4-mapped one first, then a global IPv6 one — else the first RoCE v2 GID, else the
+    /// first GID. (A link-local `fe80::` GID, index 0 on most RoCE ports, reaches only peers on
+    /// the same link: across subnets, and between two devices of one host, nothing arrives.)
     pub fn default_gid_index(&self) -> Option<u8> {
-        self.gids
-            .iter()
-            .find(|g| g.gid_type == GidType::RoceV2)
+        let v2 = || self.gids.iter().filter(|g| g.gid_type == GidType::RoceV2);
+        let addr = |g: &GidInfo| std::net::Ipv6Addr::from(g.gid);
+        v2().find(|g| addr(g).to_ipv4_mapped().is_some())
+            .or_else(|| {
+                v2().find(|g| {
+                    let a = addr(g);
+                    (a.segments()[0] & 0xffc0) != 0xfe80 && !a.is_unspecified()
+                })
+            })
+            .or_else(|| v2().next())
             .or_else(|| self.gids.first())
             .map(|g| g.index)
     }
@@ -305,5 +315,39 @@ mod tests {
         };
         assert_eq!(p.default_gid_index(), Some(1));
         assert_eq!(p.gids[1].to_string(), "gid[1] ::ffff:192.0.2.1 (RoCE v2)");
+        // As rxe and mlx5 list them: link-local first, the IPv4-mapped one after it.
+        let mut ll = [0u8; 16];
+        ll[..2].copy_from_slice(&[0xfe, 0x80]);
+        ll[8..].copy_from_slice(&[0x0c, 0x48, 0xe0, 0xff, 0xfe, 0x32, 0x50, 0x72]);
+        let mut global = [0u8; 16];
+        global[..2].copy_from_slice(&[0x20, 0x01]);
+        global[15] = 1;
+        let port = |gids: Vec<([u8; 16], GidType)>| PortInfo {
+            gids: gids
+                .into_iter()
+                .enumerate()
+                .map(|(i, (gid, gid_type))| GidInfo {
+                    index: i as u8,
+                    gid,
+                    gid_type,
+                })
+                .collect(),
+            ..p.clone()
+        };
+        let v2 = GidType::RoceV2;
+        assert_eq!(port(vec![(ll, v2), (gid, v2)]).default_gid_index(), Some(1));
+        assert_eq!(
+            port(vec![(ll, v2), (global, v2), (gid, v2)]).default_gid_index(),
+            Some(2)
+        );
+        assert_eq!(
+            port(vec![(ll, v2), (global, v2)]).default_gid_index(),
+            Some(1)
+        );
+        assert_eq!(port(vec![(ll, v2)]).default_gid_index(), Some(0));
+        assert_eq!(
+            port(vec![(gid, GidType::RoceV1)]).default_gid_index(),
+            Some(0)
+        );
     }
 }

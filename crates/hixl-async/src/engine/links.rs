@@ -218,7 +218,21 @@ impl Engine {
     /// The transfer counters of every link that is up, per peer, transport and operation
     /// (see [`crate::telemetry`]); [`crate::telemetry::prometheus_text`] renders them.
     pub fn telemetry(&self) -> crate::Telemetry {
-        let mut links: Vec<_> = self.up_telemetry().iter().map(|t| t.snapshot()).collect();
+        let up: Vec<_> = lock(&self.inner.links)
+            .values()
+            .filter_map(|v| match v {
+                LinkSlot::Up(l) => Some(l.clone()),
+                LinkSlot::Connecting => None,
+            })
+            .collect();
+        let mut links: Vec<_> = up
+            .iter()
+            .map(|l| {
+                let mut s = l.telemetry.snapshot();
+                s.rails = l.rails();
+                s
+            })
+            .collect();
         links.sort_by(|a, b| a.peer.cmp(&b.peer));
         crate::Telemetry { links }
     }

@@ -63,7 +63,7 @@ impl PeerChannel for FabricChannel {
         let Some(fs) = crate::sync::lock(&self.stream).take() else {
             return;
         };
-        let LinkHooks { state, on_ack } = hooks;
+        let LinkHooks { state, on_ack, .. } = hooks;
         let writer = super::client::writer(fs.stream.clone(), fs.rx, self.peer.clone());
         let dead = state.clone();
         state.spawn(async move {

@@ -42,6 +42,8 @@ pub(super) enum Command {
     /// A barrier on the control connection (`InitiatorSession::sync`): `reply` resolves once
     /// every memory table the peer sent before it answered is this link's table.
     Sync { reply: oneshot::Sender<Result<()>> },
+    /// A transport message for the peer (a verbs rail's `VerbsConnect`).
+    Transport(hixl_core::wire::Message),
 }
 
 /// Runs the link until it ends; every task of the link has ended when this returns.
@@ -121,6 +123,11 @@ pub(super) async fn run(link: Arc<Link>, c: Control, mut cmds: mpsc::UnboundedRe
                     let _ = session.handle_frame(now(), Message::NotifyAck { seq, status });
                 }
                 Some(Command::Close { reason }) => session.disconnect(&reason),
+                Some(Command::Transport(m)) => {
+                    if let Err(e) = session.send_transport(m) {
+                        tracing::debug!(peer = %peer, "a transport message was not sent: {e}");
+                    }
+                }
                 Some(Command::Sync { reply }) => {
                     syncs.retain(|_, w| !w.is_closed());
                     match session.sync(now()) {

@@ -124,7 +124,11 @@ impl Link {
         for ch in &link.channels {
             // Weak: the channel's hooks must not keep its own link alive.
             let l = Arc::downgrade(&link);
+            let driver = link.driver.clone();
             ch.start(LinkHooks {
+                control: Box::new(move |m| {
+                    driver.send(super::driver::Command::Transport(m)).is_ok()
+                }),
                 state: link.state.clone(),
                 on_ack: Box::new(move |seq, status| {
                     if let Some(l) = l.upgrade() {

@@ -149,6 +149,11 @@ impl Link {
     }
 
     /// Which transport serves this peer, and why.
+    /// Its channels' RDMA rails.
+    pub(crate) fn rails(&self) -> Vec<crate::RailInfo> {
+        self.channels.iter().flat_map(|c| c.rails()).collect()
+    }
+
     pub(crate) fn transport(&self) -> &str {
         &self.transport
     }

@@ -33,6 +33,12 @@ impl Peer {
         self.link.transport()
     }
 
+    /// The link's RDMA rails when verbs serves it (empty otherwise): each of our devices
+    /// paired with one of the peer's, why, the MTU agreed, whether it is up, and its counters.
+    pub fn rails(&self) -> Vec<crate::RailInfo> {
+        self.link.rails()
+    }
+
     /// Whether the link is up.
     pub fn is_connected(&self) -> bool {
         !self.link.state.is_dead()

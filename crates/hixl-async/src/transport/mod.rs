@@ -230,6 +230,9 @@ pub(crate) struct LinkHooks {
     pub(crate) state: Arc<LinkState>,
     /// A notify sent on the channel was acked: `(seq, status)`.
     pub(crate) on_ack: Box<dyn Fn(u64, u32) + Send + Sync>,
+    /// Sends a transport message on the control connection (verbs: a rail's `VerbsConnect`
+    /// when it is probed back); false once the link's driver has ended.
+    pub(crate) control: Box<dyn Fn(Message) -> bool + Send + Sync>,
 }
 
 /// One transport's channel to one connected peer.
@@ -299,6 +302,11 @@ pub(crate) trait PeerChannel: Send + Sync + std::fmt::Debug {
     /// A waiter starts (`true`) or stops (`false`) spinning on the channel: a channel whose
     /// own tasks would otherwise watch the device may leave it to the spinner meanwhile.
     fn spinning(&self, _on: bool) {}
+
+    /// The channel's RDMA rails (verbs), for [`crate::Peer::rails`] and the metrics.
+    fn rails(&self) -> Vec<crate::RailInfo> {
+        Vec::new()
+    }
 
     /// An owner asks about a transfer without driving it (its status): a channel that left
     /// its device to spinning owners makes sure its own tasks watch it now.

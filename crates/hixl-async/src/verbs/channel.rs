@@ -1,19 +1,20 @@
-//! Verbs as a [`PeerChannel`]: one-sided RDMA WRITE/READ on the link's RC queue pair, for
-//! descriptors whose local region is registered with the device and whose peer region has a
-//! device key.
+//! Verbs as a [`PeerChannel`]: one-sided RDMA WRITE/READ striped over the link's rails, for
+//! descriptors whose local region is registered with our devices and whose peer region has
+//! device keys.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use hixl_core::wire::Message;
 use hixl_core::{Error, OpDesc, RemoteRegion, Result, Token, TransferOp};
-use hixl_verbs::{LocalRange, RemoteRange, WorkRequest};
 
-use super::VerbsLink;
+use super::link::{Piece, VerbsLink};
+use super::stripe;
 use crate::keep::Keeps;
 use crate::memory::RegionInner;
 use crate::sink::Completions;
-use crate::transport::{Batch, PeerChannel};
+use crate::sync::lock;
+use crate::transport::{Batch, LinkHooks, PeerChannel};
 
 /// The verbs channel of one link.
 #[derive(Debug)]
@@ -22,12 +23,17 @@ pub(crate) struct VerbsChannel {
 }
 
 impl PeerChannel for VerbsChannel {
+    fn start(&self, hooks: LinkHooks) {
+        *lock(&self.link.control) = Some(hooks.control);
+        super::keeper::spawn(&self.link);
+    }
+
     fn batch(&self, token: Token, op: TransferOp) -> Box<dyn Batch + '_> {
         Box::new(VerbsBatch {
             link: &self.link,
             token,
             op,
-            wrs: Vec::new(),
+            pieces: Vec::new(),
         })
     }
 
@@ -35,6 +41,14 @@ impl PeerChannel for VerbsChannel {
         match m {
             Message::VerbsKeys(v) => {
                 self.link.update_keys(v);
+                true
+            }
+            Message::VerbsAccept { rail, .. } => {
+                // A probe's answer (the keeper waits for it); one nobody waits for any more
+                // (the probe timed out) is dropped, and its queue pairs with the next ask.
+                if let Some(tx) = lock(&self.link.answers).remove(rail) {
+                    let _ = tx.send(m.clone());
+                }
                 true
             }
             _ => false,
@@ -49,9 +63,13 @@ impl PeerChannel for VerbsChannel {
         self.link.withdraw(token, cause);
     }
 
+    fn rails(&self) -> Vec<crate::RailInfo> {
+        self.link.rails_info()
+    }
+
     fn close(&self, _cause: &Error, _tokens: &HashSet<Token>) {
-        // Flushes the QP (its requests complete with errors) and fails the backlog with the
-        // link's cause.
+        // Flushes every rail's queue pairs (their requests complete with errors) and fails
+        // the queued slices with the link's cause.
         self.link.close();
     }
 }
@@ -60,7 +78,7 @@ struct VerbsBatch<'a> {
     link: &'a VerbsLink,
     token: Token,
     op: TransferOp,
-    wrs: Vec<WorkRequest>,
+    pieces: Vec<Piece>,
 }
 
 impl Batch for VerbsBatch<'_> {
@@ -72,27 +90,23 @@ impl Batch for VerbsBatch<'_> {
         rkey: u64,
         _keep: &mut Keeps,
     ) -> Result<Option<u32>> {
-        let (Some(lkey), Some(dev)) = (local.lkey, self.link.key(rkey)) else {
+        let (Some(lkeys), Some(rkeys)) = (&local.lkeys, self.link.key(rkey)) else {
             return Ok(None);
         };
-        self.wrs.push(WorkRequest {
-            token: self.token,
-            op: self.op,
-            local: LocalRange {
-                addr: d.local_addr,
-                len: d.len,
-                lkey,
-            },
-            remote: RemoteRange {
-                addr: d.remote_addr,
-                rkey: dev,
-            },
+        self.pieces.push(Piece {
+            local: d.local_addr,
+            remote: d.remote_addr,
+            len: d.len,
+            lkeys: lkeys.clone(),
+            rkeys,
+            numa: local.numa,
         });
-        Ok(Some(1))
+        let n = stripe::count(d.len, self.link.backend.slice_bytes);
+        Ok(Some(u32::try_from(n).unwrap_or(u32::MAX)))
     }
 
     fn post(self: Box<Self>, _sink: &Completions) {
-        // The link completes (or fails) every request through the engine's completions.
-        self.link.submit(self.token, self.wrs);
+        // The link completes (or fails) every slice through the engine's completions.
+        self.link.submit(self.token, self.op, self.pieces);
     }
 }

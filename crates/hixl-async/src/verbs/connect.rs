@@ -1,15 +1,23 @@
-//! Verbs as a [`Transport`]: when both engines have an active RDMA device, an RC queue pair is
-//! connected over the control connection during the handshake — `VerbsConnect` with our
-//! endpoint, the peer's device keys (`VerbsKeys`), then `VerbsAccept` with its endpoint.
+//! Verbs as a [`Transport`]: when both engines have active RDMA devices, the link's rails are
+//! connected over the control connection during the handshake — our devices paired with the
+//! peer's ([`hixl_verbs::pair`]), then per rail a `VerbsConnect` with our queue pairs'
+//! endpoints, the peer's device keys (`VerbsKeys`, once), and a `VerbsAccept` with its
+//! endpoints. A rail that cannot be connected starts paused (its keeper probes it back); the
+//! link needs one rail up.
 
-use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use hixl_core::wire::Message;
 use hixl_core::{RegionTable, Result};
+use hixl_verbs::{NicInfo, QueuePair};
 
 use super::channel::VerbsChannel;
-use super::{Connected, VerbsBackend, VerbsLink};
+use super::health::Health;
+use super::keeper::accepted;
+use super::link::{Connected, VerbsLink};
+use super::rail::Rail;
+use super::VerbsBackend;
 use crate::frame_io::unexpected;
 use crate::memory::{DeviceMr, RegionInner};
 use crate::transport::target::{Session, TargetCx};
@@ -39,7 +47,7 @@ impl Transport for VerbsTransport {
     ) -> BoxFuture<'a, Result<std::result::Result<Opened, Declined>>> {
         // A peer verbs cannot serve is declined without boxing the opening's future.
         match self.eligible(cx) {
-            Ok((backend, peer_device)) => Box::pin(self.open(backend, peer_device, cx)),
+            Ok((backend, remote)) => Box::pin(open(backend, remote, cx)),
             Err(why) => Box::pin(std::future::ready(Ok(Err(why)))),
         }
     }
@@ -51,7 +59,7 @@ impl Transport for VerbsTransport {
 
     fn device(&self) -> Option<std::result::Result<String, String>> {
         Some(match &self.backend {
-            Some(v) => Ok(v.device.clone()),
+            Some(v) => Ok(v.names()),
             None => Err(self.why.clone()),
         })
     }
@@ -73,20 +81,19 @@ impl Transport for VerbsTransport {
         // dropped (deregistration drops it after the region's leases are gone and before the
         // memory is handed back; a dropped region drops it before its owned memory).
         match unsafe { v.register(desc.addr, desc.len, access) } {
-            Ok(mr) => {
-                let keys = (mr.lkey(), mr.rkey());
-                Ok(Some(DeviceMr {
-                    _keep: Box::new(mr),
-                    keys,
-                }))
-            }
+            Ok(mrs) => Ok(Some(DeviceMr {
+                lkeys: mrs.iter().map(|m| m.lkey()).collect(),
+                rkeys: mrs.iter().map(|m| m.rkey()).collect(),
+                numa: super::numa_of(desc.addr),
+                _keep: Box::new(mrs),
+            })),
             Err(e) if v.forced => Err(e),
             Err(e) => {
                 tracing::warn!(
                     "registering {:#x}+{} with {}: {e}; its transfers use another transport",
                     desc.addr,
                     desc.len,
-                    v.device
+                    v.names()
                 );
                 Ok(None)
             }
@@ -96,14 +103,23 @@ impl Transport for VerbsTransport {
     fn offer(&self) -> Option<Message> {
         let v = self.backend.as_ref()?;
         Some(Message::VerbsInfo {
-            device: v.device.clone(),
+            devices: NicInfo::encode_list(&v.infos()),
         })
     }
 
     fn on_control(&self, cx: &TargetCx, sess: &Session, m: &Message) -> bool {
         match m {
-            Message::VerbsConnect { endpoint } => {
-                super::target::accept(self.backend.as_deref(), &self.qps, cx, sess, endpoint);
+            Message::VerbsConnect {
+                rail,
+                device,
+                endpoints,
+            } => {
+                let ask = super::target::Ask {
+                    rail: *rail,
+                    device: *device,
+                    endpoints,
+                };
+                super::target::accept(self.backend.as_deref(), &self.qps, cx, sess, ask);
                 true
             }
             _ => false,
@@ -126,70 +142,131 @@ impl Transport for VerbsTransport {
 }
 
 impl VerbsTransport {
-    /// The backend and the device the peer offers, or why verbs cannot serve the peer.
+    /// The backend and the devices the peer offers, or why verbs cannot serve the peer.
     fn eligible(
         &self,
         cx: &Negotiation<'_>,
-    ) -> std::result::Result<(&Arc<VerbsBackend>, String), Declined> {
+    ) -> std::result::Result<(&Arc<VerbsBackend>, Vec<NicInfo>), Declined> {
         let Some(backend) = &self.backend else {
             return Err(Declined::NoDevice(self.why.clone()));
         };
-        let peer_device = cx
+        let devices = cx
             .offers
             .iter()
             .find_map(|m| match m {
-                Message::VerbsInfo { device } => Some(device.clone()),
+                Message::VerbsInfo { devices } => Some(devices),
                 _ => None,
             })
             .ok_or(Declined::PeerLacks(TransportKind::Verbs))?;
-        Ok((backend, peer_device))
+        let remote = NicInfo::decode_list(devices)
+            .map_err(|e| Declined::Setup(format!("the peer's device list: {e}")))?;
+        Ok((backend, remote))
     }
+}
 
-    async fn open(
-        &self,
-        backend: &Arc<VerbsBackend>,
-        peer_device: String,
-        cx: &mut Negotiation<'_>,
-    ) -> Result<std::result::Result<Opened, Declined>> {
-        let name = cx.peer;
-        let mut qp = match backend.initiator_qp(name) {
+/// Connects the rails of a link to the peer of `cx`, whose devices are `remote`.
+async fn open(
+    backend: &Arc<VerbsBackend>,
+    remote: Vec<NicInfo>,
+    cx: &mut Negotiation<'_>,
+) -> Result<std::result::Result<Opened, Declined>> {
+    let name = cx.peer;
+    let pairing = hixl_verbs::pair(&backend.infos(), &remote);
+    if pairing.rails.is_empty() {
+        let why: Vec<String> = pairing
+            .unpaired
+            .iter()
+            .map(|(i, w)| format!("{}: {w}", backend.nics[*i].info.name))
+            .collect();
+        return Ok(Err(Declined::Setup(format!(
+            "no device of ours reaches one of the peer's ({})",
+            why.join("; ")
+        ))));
+    }
+    let k = backend.qps_per_rail;
+    // Per rail: our queue pairs, asked for; or why not.
+    let mut mine: Vec<std::result::Result<Vec<QueuePair>, String>> = Vec::new();
+    let mut asked = 0;
+    for (i, p) in pairing.rails.iter().enumerate() {
+        let nic = &backend.nics[p.local];
+        let qps = match (0..k)
+            .map(|_| nic.initiator_qp(name))
+            .collect::<Result<Vec<_>>>()
+        {
             Ok(q) => q,
-            Err(e) => return Ok(Err(Declined::Setup(format!("creating a queue pair: {e}")))),
-        };
-        let connect = Message::VerbsConnect {
-            endpoint: qp.endpoint().to_bytes().to_vec(),
-        };
-        cx.control.send(connect).await?;
-        let mut keys = HashMap::new();
-        let remote = loop {
-            match cx.control.recv().await? {
-                Message::VerbsKeys(v) => keys.extend(v),
-                Message::VerbsAccept {
-                    status: 0,
-                    endpoint,
-                    ..
-                } => break hixl_verbs::QpEndpoint::from_bytes(&endpoint)?,
-                Message::VerbsAccept { reason, .. } => return Ok(Err(Declined::Refused(reason))),
-                m => return Err(unexpected(name, &m, "verbs accept")),
+            Err(e) => {
+                mine.push(Err(format!("creating queue pairs: {e}")));
+                continue;
             }
         };
-        if let Err(e) = qp.connect(&remote) {
-            // The peer's QP is connected to ours; it is dropped with the session.
-            return Ok(Err(Declined::Setup(format!(
-                "connecting the queue pair: {e}"
-            ))));
-        }
-        let c = Connected {
-            qp,
-            remote,
-            peer_device,
-            keys,
-        };
-        let link = VerbsLink::start(backend, cx.sink, cx.state.clone(), name.clone(), c);
-        let describe = link.describe.clone();
-        Ok(Ok(Opened {
-            channel: Arc::new(VerbsChannel { link }),
-            describe,
-        }))
+        cx.control
+            .send(Message::VerbsConnect {
+                rail: u32::try_from(i).unwrap_or(u32::MAX),
+                device: u32::try_from(p.remote).unwrap_or(u32::MAX),
+                endpoints: qps.iter().flat_map(|q| q.endpoint().to_bytes()).collect(),
+            })
+            .await?;
+        asked += 1;
+        mine.push(Ok(qps));
     }
+    let mut keys = Vec::new();
+    let mut answers: Vec<Option<Message>> = vec![None; mine.len()];
+    while asked > 0 {
+        match cx.control.recv().await? {
+            Message::VerbsKeys(v) => keys.extend(v),
+            m @ Message::VerbsAccept { rail, .. } => {
+                let slot = usize::try_from(rail)
+                    .ok()
+                    .and_then(|r| answers.get_mut(r))
+                    .filter(|a| a.is_none());
+                let Some(slot) = slot else {
+                    return Err(unexpected(name, &m, "an answer for a rail asked for once"));
+                };
+                *slot = Some(m);
+                asked -= 1;
+            }
+            m => return Err(unexpected(name, &m, "verbs accept")),
+        }
+    }
+    let now = Instant::now();
+    let mut rails = Vec::new();
+    for (i, ((plan, qps), answer)) in pairing.rails.into_iter().zip(mine).zip(answers).enumerate() {
+        let nic = &backend.nics[plan.local];
+        let rname = format!("{}->{}", nic.info.name, remote[plan.remote].name);
+        let connected = qps.and_then(|mut qps| {
+            let m = answer.ok_or_else(|| "not asked".to_owned())?;
+            let eps = accepted(name, m, qps.len()).map_err(|e| e.to_string())?;
+            for (q, ep) in qps.iter_mut().zip(&eps) {
+                q.connect(ep)
+                    .map_err(|e| format!("connecting a queue pair: {e}"))?;
+            }
+            Ok(qps)
+        });
+        let (qps, health) = match connected {
+            Ok(qps) => (qps.into_iter().map(Some).collect(), Health::up(now)),
+            Err(why) => {
+                tracing::warn!(peer = %name, "RDMA rail {i} {rname} starts paused: {why}");
+                ((0..k).map(|_| None).collect(), Health::paused(now, why))
+            }
+        };
+        rails.push(Rail::new(i, plan, rname, nic.info.numa, qps, health));
+    }
+    if !rails.iter().any(Rail::is_up) {
+        let v: Vec<String> = rails.iter().map(|r| r.describe(now)).collect();
+        return Ok(Err(Declined::Refused(v.join("; "))));
+    }
+    for (i, w) in &pairing.unpaired {
+        tracing::info!(peer = %name, "RDMA device {} has no rail: {w}", backend.nics[*i].info.name);
+    }
+    let c = Connected {
+        rails,
+        remote,
+        keys,
+    };
+    let link = VerbsLink::start(backend, cx.sink, cx.state.clone(), name.clone(), c);
+    let describe = link.describe.clone();
+    Ok(Ok(Opened {
+        channel: Arc::new(VerbsChannel { link }),
+        describe,
+    }))
 }

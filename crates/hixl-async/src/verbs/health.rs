@@ -50,10 +50,6 @@ impl Health {
         h
     }
 
-    pub(crate) fn state(&self) -> &RailState {
-        &self.state
-    }
-
     pub(crate) fn is_up(&self) -> bool {
         self.state == RailState::Up
     }

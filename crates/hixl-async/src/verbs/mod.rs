@@ -38,8 +38,8 @@ use std::sync::Arc;
 use hixl_core::options::TransportChoice;
 use hixl_core::{Error, Options, Result};
 use hixl_verbs::{
-    Context, Cq, Device, MemoryRegion, NicInfo, PortState, ProtectionDomain, QpConfig,
-    QpEndpoint, QueuePair,
+    Context, Cq, Device, MemoryRegion, NicInfo, PortState, ProtectionDomain, QpConfig, QpEndpoint,
+    QueuePair,
 };
 
 use self::source::VerbsSource;
@@ -86,7 +86,10 @@ impl Nic {
     pub(crate) fn port_up(&self) -> std::result::Result<(), String> {
         match self.ctx.port_state(self.cfg.port) {
             Ok(PortState::Active) => Ok(()),
-            Ok(s) => Err(format!("port {} of {} is {s}", self.cfg.port, self.info.name)),
+            Ok(s) => Err(format!(
+                "port {} of {} is {s}",
+                self.cfg.port, self.info.name
+            )),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -261,5 +264,7 @@ pub(crate) fn numa_of(addr: u64) -> Option<u32> {
             MPOL_F_NODE | MPOL_F_ADDR,
         )
     };
-    (rc == 0).then_some(node).and_then(|n| u32::try_from(n).ok())
+    (rc == 0)
+        .then_some(node)
+        .and_then(|n| u32::try_from(n).ok())
 }

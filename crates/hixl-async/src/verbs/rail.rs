@@ -61,6 +61,8 @@ pub(crate) struct Rail {
     pub(crate) health: Mutex<Health>,
     /// Mirrors `health.is_up()` for the placement path.
     pub(crate) up: AtomicBool,
+    /// Bumped at every pause: slices placed before it were on queue pairs now dropped.
+    generation: AtomicU64,
     pub(crate) counters: Counters,
     /// Work requests each queue pair may have outstanding.
     pub(crate) capacity: usize,
@@ -76,13 +78,9 @@ impl Rail {
         qps: Vec<Option<QueuePair>>,
         health: Health,
     ) -> Rail {
-        let (capacity, max_msg) = qps
-            .iter()
-            .flatten()
-            .next()
-            .map_or((1, u32::MAX), |q| {
-                (q.config().max_send_wr as usize, q.max_message_size())
-            });
+        let (capacity, max_msg) = qps.iter().flatten().next().map_or((1, u32::MAX), |q| {
+            (q.config().max_send_wr as usize, q.max_message_size())
+        });
         let up = health.is_up();
         Rail {
             index,
@@ -101,25 +99,20 @@ impl Rail {
                 .collect(),
             health: Mutex::new(health),
             up: AtomicBool::new(up),
+            generation: AtomicU64::new(0),
             counters: Counters::default(),
             capacity: capacity.max(1),
             max_msg,
         }
     }
 
-    pub(crate) fn is_up(&self) -> bool {
-        self.up.load(Ordering::Acquire)
+    /// How many times the rail was paused (see [`Slice::generation`](super::source::Slice)).
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
-    /// The queue pair with the fewest bytes outstanding, and its load.
-    pub(crate) fn least_loaded(&self) -> Option<(usize, u64)> {
-        super::stripe::least_loaded(
-            self.load
-                .iter()
-                .enumerate()
-                .map(|(q, l)| (q, l.load(Ordering::Relaxed))),
-        )
-        .map(|q| (q, self.load[q].load(Ordering::Relaxed)))
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::Acquire)
     }
 
     /// Pauses the rail with `cause`: its queue pairs are dropped (what they had outstanding
@@ -130,6 +123,7 @@ impl Rail {
             return None;
         }
         self.up.store(false, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
         let mut waiting = Vec::new();
         for s in &self.slots {
             let (qp, backlog) = {
@@ -222,7 +216,12 @@ impl Rail {
 
     /// The rail's state for `hixl info --peer` and errors: `"rxe0→rxe0 up"`.
     pub(crate) fn describe(&self, now: Instant) -> String {
-        format!("rail {} {}: {}", self.index, self.name, lock(&self.health).describe(now))
+        format!(
+            "rail {} {}: {}",
+            self.index,
+            self.name,
+            lock(&self.health).describe(now)
+        )
     }
 }
 

@@ -31,6 +31,8 @@ pub(crate) struct Slice {
     pub(crate) link: Weak<VerbsLink>,
     /// `(rail, queue pair)` it was placed on.
     pub(crate) at: (usize, usize),
+    /// Its rail's generation when it was placed.
+    pub(crate) generation: u64,
     /// Its op's owner went away: never placed again.
     pub(crate) withdrawn: bool,
 }
@@ -96,22 +98,9 @@ impl VerbsSource {
         id
     }
 
-    /// Moves slice `id` to another queue pair.
-    pub(crate) fn moved(&self, id: u64, at: (usize, usize)) -> Option<Slice> {
-        let mut t = lock(&self.slices);
-        let s = t.get_mut(&id)?;
-        s.at = at;
-        Some(s.clone())
-    }
-
     /// Forgets slice `id` (it was never posted, and is completed by the caller).
     pub(crate) fn remove(&self, id: u64) -> Option<Slice> {
         lock(&self.slices).remove(&id)
-    }
-
-    /// The slice, for placing it again.
-    pub(crate) fn get(&self, id: u64) -> Option<Slice> {
-        lock(&self.slices).get(&id).cloned()
     }
 
     /// Marks every slice of op `op` withdrawn: none is placed again after a failure.

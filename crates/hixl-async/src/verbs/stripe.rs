@@ -27,7 +27,7 @@ pub(crate) fn count(len: u64, slice: u64) -> u64 {
 pub(crate) fn least_loaded<K: Copy>(candidates: impl Iterator<Item = (K, u64)>) -> Option<K> {
     let mut best: Option<(K, u64)> = None;
     for (k, load) in candidates {
-        if best.is_none_or(|(_, b)| load < b) {
+        if best.map_or(true, |(_, b)| load < b) {
             best = Some((k, load));
         }
     }
@@ -60,12 +60,18 @@ mod tests {
             assert_eq!(at, len);
         }
         assert_eq!(cut(1 << 20, 256 << 10).count(), 4);
-        assert_eq!(cut(64 << 10, 256 << 10).collect::<Vec<_>>(), [(0, 64 << 10)]);
+        assert_eq!(
+            cut(64 << 10, 256 << 10).collect::<Vec<_>>(),
+            [(0, 64 << 10)]
+        );
     }
 
     #[test]
     fn the_least_loaded_candidate_wins_and_ties_go_to_the_first() {
-        assert_eq!(least_loaded([(0, 5u64), (1, 3), (2, 3)].into_iter()), Some(1));
+        assert_eq!(
+            least_loaded([(0, 5u64), (1, 3), (2, 3)].into_iter()),
+            Some(1)
+        );
         assert_eq!(least_loaded(std::iter::empty::<(u8, u64)>()), None);
         // Slices placed one by one, each adding its bytes, spread evenly over four queues.
         let mut load = [0u64; 4];

@@ -111,6 +111,15 @@ pub(crate) fn deregistration_revokes_device_access_and_the_peer_can_reconnect() 
             )
             .expect("register");
         let p = if p.is_connected() {
+            // A write the device refused paused the rail it hit (its queue pair is in the
+            // error state); the link's keeper probes it back with new queue pairs.
+            let deadline = Instant::now() + T;
+            while !p.rails().iter().all(|r| r.up) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            for r in p.rails() {
+                println!("  {r}");
+            }
             p
         } else {
             println!("link closed by the device's refusal: {:?}", p.error());

@@ -8,6 +8,7 @@
 #![cfg(feature = "verbs")]
 
 mod lifecycle;
+mod rails;
 mod setup;
 mod target;
 mod transfers;
@@ -16,6 +17,11 @@ use std::time::Duration;
 
 const DEVICE_VAR: &str = "HIXL_VERBS_DEVICE";
 const ROLE_VAR: &str = "HIXL_ENGINE_ROLE";
+/// The target role's `kv` size in bytes ([`KV`] by default).
+const KV_VAR: &str = "HIXL_TARGET_KV";
+/// The devices of the rail tests, e.g. `rxe0,rxe1` (they are skipped without it). They take
+/// the devices' links down and up, so `tools/verbs-tests.sh` runs them alone, one at a time.
+const RAILS_VAR: &str = "HIXL_VERBS_RAILS";
 const KV: usize = 8 << 20;
 const T: Duration = Duration::from_secs(30);
 
@@ -63,4 +69,24 @@ fn killed_target_fails_in_flight_ops_without_hanging() {
 #[test]
 fn auto_transport_without_a_device_uses_tcp_and_says_why() {
     lifecycle::auto_transport_without_a_device_uses_tcp_and_says_why();
+}
+
+#[test]
+fn rails_striped_64mib_write_and_read_over_two_rails_verified() {
+    rails::striped_64mib_write_and_read_over_two_rails_verified();
+}
+
+#[test]
+fn rails_one_rail_down_mid_transfer_completes_on_the_other_and_comes_back() {
+    rails::one_rail_down_mid_transfer_completes_on_the_other_and_comes_back();
+}
+
+#[test]
+fn rails_both_down_fail_with_an_error_naming_each_rail() {
+    rails::both_down_fail_with_an_error_naming_each_rail();
+}
+
+#[test]
+fn rails_different_mtus_are_negotiated() {
+    rails::different_mtus_are_negotiated();
 }

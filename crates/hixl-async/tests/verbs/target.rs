@@ -8,7 +8,7 @@ use futures::StreamExt;
 use hixl_async::HostBuffer;
 
 use crate::setup::{checksum, device, engine, pattern, region_bytes};
-use crate::{DEVICE_VAR, KV, ROLE_VAR, T};
+use crate::{DEVICE_VAR, KV, KV_VAR, ROLE_VAR, T};
 
 /// The target role of the two-process tests (run by `Target::spawn`).
 pub(crate) fn target_role() {
@@ -21,7 +21,11 @@ pub(crate) fn target_role() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async move {
         let e = engine(&dev).await;
-        let mut buf = HostBuffer::zeroed(KV).expect("buffer");
+        let kv_len = std::env::var(KV_VAR)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(KV);
+        let mut buf = HostBuffer::zeroed(kv_len).expect("buffer");
         pattern(1, 0, buf.as_mut_slice());
         let kv = e
             .register_with(buf, hixl_core::Access::REMOTE_RW, Some("kv"))
@@ -75,6 +79,12 @@ pub(crate) struct Target {
 
 impl Target {
     pub(crate) fn spawn(dev: &str) -> Target {
+        Target::spawn_with(dev, KV)
+    }
+
+    /// A target on `dev` (a device list makes it a multi-rail target) whose `kv` region has
+    /// `kv` bytes.
+    pub(crate) fn spawn_with(dev: &str, kv: usize) -> Target {
         let exe = std::env::current_exe().expect("current exe");
         let mut child = Command::new(exe)
             .args([
@@ -86,6 +96,7 @@ impl Target {
             ])
             .env(ROLE_VAR, "target")
             .env(DEVICE_VAR, dev)
+            .env(KV_VAR, kv.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()

@@ -37,6 +37,8 @@ pub const DEFAULT_SPIN_US: u64 = 50;
 
 /// Default `hixl.VerbsQpsPerRail` (see docs/benchmarks.md for the measurement behind it).
 pub const DEFAULT_QPS_PER_RAIL: u8 = 2;
+/// Largest `hixl.VerbsQpsPerRail` (and most queue pairs a target makes for one rail).
+pub const MAX_QPS_PER_RAIL: u8 = 16;
 
 /// Default `hixl.VerbsSliceBytes` (see docs/benchmarks.md for the measurement behind it).
 pub const DEFAULT_SLICE_BYTES: u64 = 256 * 1024;

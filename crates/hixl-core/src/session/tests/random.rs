@@ -99,14 +99,18 @@ fn message() -> impl Strategy<Value = Message> {
                 endpoints,
             }
         }),
-        (0u32..3, prop_oneof![Just(0u32), any::<u32>()], bytes(8), text()).prop_map(
-            |(rail, status, endpoints, reason)| Message::VerbsAccept {
+        (
+            0u32..3,
+            prop_oneof![Just(0u32), any::<u32>()],
+            bytes(8),
+            text()
+        )
+            .prop_map(|(rail, status, endpoints, reason)| Message::VerbsAccept {
                 rail,
                 status,
                 endpoints,
                 reason
-            }
-        ),
+            }),
         proptest::collection::vec((0u64..4, 0u32..3, any::<u32>()), 0..3)
             .prop_map(Message::VerbsKeys),
         prop_oneof![Just(NONCE_T.to_vec()), bytes(40)]
