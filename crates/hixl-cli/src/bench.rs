@@ -10,7 +10,7 @@ use hixl::{Engine, HostBuffer, OpDesc, Peer, TransferOp};
 use hixl_cli::child::Target;
 use serde::Serialize;
 
-use crate::util::{human, parse_size, percentile, CliError, CliResult, PeakRss};
+use crate::util::{human, parse_kv, parse_size, percentile, CliError, CliResult, PeakRss};
 
 /// `hixl bench ...`
 #[derive(clap::Subcommand, Debug)]
@@ -73,6 +73,10 @@ pub struct CommArgs {
     /// Largest piece one request carries (hixl.TcpChunkBytes).
     #[arg(long, value_parser = parse_size)]
     pub chunk: Option<u64>,
+    /// An engine option for both engines, `KEY=VALUE` (repeatable), e.g.
+    /// `--option hixl.VerbsDevices=mlx5_0,mlx5_1 --option hixl.VerbsQpsPerRail=4`.
+    #[arg(long = "option", value_name = "KEY=VALUE", value_parser = parse_kv)]
+    pub options: Vec<(String, String)>,
     /// Skip the baseline measurement.
     #[arg(long)]
     pub no_baseline: bool,
@@ -171,9 +175,13 @@ fn per_call(a: &CommArgs, block: u64) -> u64 {
 fn spawn_target(a: &CommArgs, plan: &Plan, mem: u64) -> CliResult<Option<Target>> {
     let exe: PathBuf = std::env::current_exe()?;
     let spin = a.spin_us.map(|us| format!("hixl.SpinUs={us}"));
+    let given: Vec<String> = a.options.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut args = vec!["--baseline"];
     if let Some(s) = &spin {
         args.extend(["--option", s]);
+    }
+    for o in &given {
+        args.extend(["--option", o.as_str()]);
     }
     Ok(match &a.target {
         Some(_) => None,
@@ -215,6 +223,9 @@ async fn initiator(a: &CommArgs, fabric: bool) -> CliResult<Engine> {
     }
     if let Some(io) = &a.tcp_io {
         builder = builder.option("hixl.TcpIo", io);
+    }
+    for (k, v) in &a.options {
+        builder = builder.option(k, v);
     }
     let e = builder.build().await?;
     if let (Some(_), (_, Some(why))) = (&a.tcp_io, e.tcp_io()) {
@@ -278,6 +289,10 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
     }
     if !a.json {
         print_peaks(&results, mem);
+        // A verbs link's rails: how the bytes spread, and any pause.
+        for r in peer.rails() {
+            println!("{r}");
+        }
     }
     engine.shutdown(Duration::from_secs(1)).await;
     if let Some(t) = target.take() {

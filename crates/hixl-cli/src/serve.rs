@@ -6,7 +6,7 @@ use std::net::{TcpListener, TcpStream};
 use futures::StreamExt;
 use hixl::{Access, Engine, HostBuffer};
 
-use crate::util::{checksum, parse_size, CliResult};
+use crate::util::{checksum, parse_kv, parse_size, CliResult};
 
 /// Arguments of `hixl serve`.
 #[derive(clap::Args, Debug)]
@@ -38,12 +38,6 @@ pub struct Args {
     /// An engine option `KEY=VALUE` (HIXL keys such as `BufferPool=0:0`); repeatable.
     #[arg(long = "option", value_parser = parse_kv)]
     pub options: Vec<(String, String)>,
-}
-
-fn parse_kv(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
 /// Splits `ip:0` into a builder that picks a free port.

@@ -161,3 +161,13 @@ mod tests {
         assert_eq!(human(128 << 20), "128 MiB");
     }
 }
+
+/// `KEY=VALUE` of an `--option` argument.
+///
+/// # Errors
+/// Without `=`, naming what was given.
+pub fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
