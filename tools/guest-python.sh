@@ -29,7 +29,8 @@ read -r exe home site < <("$py" -c '
 import os, sys, hixl
 print(os.path.realpath(sys.executable), sys.base_prefix,
       os.path.dirname(os.path.dirname(hixl.__file__)))')
-run_env=(PATH=/usr/bin:/bin HOME=/tmp PYTHONHOME="$home" PYTHONPATH="$site" PYTHONDONTWRITEBYTECODE=1)
+run_env=(PATH=/usr/bin:/bin HOME=/tmp PYTHONHOME="$home" PYTHONPATH="$site"
+  PYTHONDONTWRITEBYTECODE=1)
 
 # What the pair imports, from both of its processes (same environment as in the guest).
 rm -f "$work/modules"
@@ -52,7 +53,9 @@ print("\n".join(sorted(p for p in files if os.path.isfile(p))))
 LIST
 # Each file goes to its own path in the guest, but for the host's /tmp (a fresh tmpfs there).
 guest() { case $1 in /tmp/*) echo "/host-tmp/${1#/tmp/}" ;; *) echo "$1" ;; esac; }
-! grep -q '[[:blank:]]' "$work/files" || die "a path with a blank in it: $(grep '[[:blank:]]' "$work/files" | head -n 1)"
+if grep -q '[[:blank:]]' "$work/files"; then
+  die "a path with a blank in it: $(grep '[[:blank:]]' "$work/files" | head -n 1)"
+fi
 while read -r f; do echo "$f $(guest "$f")"; done < "$work/files" > "$work/root-files"
 echo "guest-python: $(wc -l < "$work/files") files for the guest's Python ($exe)"
 
