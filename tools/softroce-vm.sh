@@ -169,5 +169,5 @@ case "$cmd" in
   deps) deps ;;
   build) build "$@" ;;
   run) run "$@" ;;
-  *) sed -n '2,22p' "$0"; exit 2 ;;
+  *) sed -n '2,23p' "$0"; exit 2 ;;
 esac
