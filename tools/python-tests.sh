@@ -3,8 +3,9 @@
 # fresh venv (no Rust toolchain on PATH), and runs the Python tests there (pytest; real
 # processes over real sockets and the fabric). Extra arguments go to pytest.
 #
-# Needs python3 >= 3.9 with venv (Debian: python3-venv) and network access to PyPI for
-# maturin, numpy and pytest.
+# Needs python3 >= 3.9 with venv (Debian: python3-venv), libibverbs-dev librdmacm-dev
+# libclang-dev (the wheel carries the verbs transport) and network access to PyPI for maturin,
+# numpy and pytest. tools/guest-python.sh then runs a Python pair over verbs with this venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD

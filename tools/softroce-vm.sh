@@ -11,6 +11,9 @@
 #                                             # exit status = CMD's (124 on timeout, 3 if rxe0 failed)
 #
 # Environment: WORK (default /tmp/hixl-softroce; kernel .deb cached there), MEM (MiB, 1024),
+# ROOT_FILES (build: a file of lines `PATH [GUEST_PATH]`, absolute, no blanks in them: PATH is
+# copied to GUEST_PATH, default PATH, with the shared libs of an ELF file; the guest's /tmp is a
+# fresh tmpfs, so a file from the host's /tmp needs another GUEST_PATH; tools/guest-python.sh),
 # SMP (2), TIMEOUT (s, 900), ACCEL (tcg,thread=multi: the host's /dev/kvm, if any, is not
 # relied on). CMD runs as root in /tmp with /extra on PATH; its output and the guest's console
 # are shown and kept in $WORK/run.log.
@@ -75,6 +78,20 @@ copy_with_libs() {
   done
 }
 
+# Copies each file listed in $1 (lines `PATH [GUEST_PATH]`) to GUEST_PATH (default PATH) under $2,
+# with the shared libs of an ELF file.
+copy_listed() {
+  local list=$1 root=$2 f to
+  while read -r f to; do
+    [ -n "$f" ] || continue
+    to=${to:-$f}
+    [ -f "$f" ] || die "listed in $list, not a file: $f"
+    [ -e "$root$to" ] && continue
+    mkdir -p "$root$(dirname "$to")" && cp -pL "$f" "$root$to"
+    if ldd "$f" >/dev/null 2>&1; then copy_with_libs "$f" "$root"; fi
+  done < "$list"
+}
+
 build() {
   mkdir -p "$WORK"
   fetch_kernel
@@ -96,6 +113,7 @@ build() {
     [ -x "$b" ] || die "not an executable: $b"
     cp "$b" "$root/extra/"; copy_with_libs "$b" "$root"
   done
+  [ -z "${ROOT_FILES:-}" ] || copy_listed "$ROOT_FILES" "$root"
   cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
   cat > "$root/init" <<'INIT'
 #!/bin/busybox sh
@@ -158,5 +176,5 @@ case "$cmd" in
   deps) deps ;;
   build) build "$@" ;;
   run) run "$@" ;;
-  *) sed -n '2,19p' "$0"; exit 2 ;;
+  *) sed -n '2,23p' "$0"; exit 2 ;;
 esac

@@ -300,7 +300,7 @@ impl Engine {
             .collect())
     }
 
-    /// The engine's options, as given and defaulted.
+    /// The engine's options, as given and defaulted, and what its transports can use.
     fn info(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let e = self.get()?;
         let d = PyDict::new(py);
@@ -309,6 +309,14 @@ impl Engine {
         let (io, why) = e.tcp_io();
         d.set_item("tcp_io", io.as_str())?;
         d.set_item("tcp_io_reason", why)?;
+        // The RDMA device, or (None and) why verbs is off: `hixl.Transport`, no device, or no
+        // libibverbs on this host (the wheel loads it at run time).
+        let (device, why) = match e.verbs_status() {
+            Ok(dev) => (Some(dev), None),
+            Err(why) => (None, Some(why)),
+        };
+        d.set_item("verbs_device", device)?;
+        d.set_item("verbs_reason", why)?;
         d.set_item("auto_connect", e.auto_connects())?;
         Ok(d.into_any().unbind())
     }

@@ -5,10 +5,14 @@ use std::ffi::CStr;
 use crate::error::{Result, VerbsError};
 use crate::sys;
 
-/// Runs `f` over the device list, freeing it afterwards.
+/// Runs `f` over the device list, freeing it afterwards. Without a loadable libibverbs (no
+/// rdma-core on the host) there is no device, and the error says why.
 pub(crate) fn with_device_list<T>(
     f: impl FnOnce(&[*mut sys::ibv_device]) -> Result<T>,
 ) -> Result<T> {
+    sys::library().map_err(|why| VerbsError::NoDevice {
+        reason: why.to_owned(),
+    })?;
     let mut n: libc::c_int = 0;
     // SAFETY: n is a valid out-pointer; the returned list is freed below.
     let list = unsafe { sys::ibv_get_device_list(&mut n) };

@@ -436,7 +436,9 @@ class Engine:
         return self._native.closed
 
     def info(self) -> Dict[str, Any]:
-        """Transport facts: listen address, the TCP I/O path and why, AutoConnect."""
+        """Transport facts: listen address, the TCP I/O path and why, AutoConnect, and the
+        RDMA device verbs uses (``verbs_device``) or why verbs is off (``verbs_reason``: the
+        ``hixl.Transport`` option, no active device, or no libibverbs on this host)."""
         return self._native.info()
 
     def metrics_text(self) -> str:

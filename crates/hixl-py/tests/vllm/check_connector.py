@@ -74,6 +74,13 @@ def main() -> int:
         else:
             raise AssertionError(f"{extra} was accepted")
     assert _extra(VC({"wait_ms": 0}))["wait_ms"] == 0
+    # Every transport the wheel has is accepted, and a refusal lists them.
+    for t in ("auto", "tcp", "fabric", "verbs"):
+        assert _extra(VC({"transport": t}))["transport"] == t
+    try:
+        _extra(VC({"transport": "rdma"}))
+    except ValueError as e:
+        assert "verbs" in str(e), e
     print("hixl.vllm checks: ok")
     return 0
 

@@ -30,7 +30,9 @@ for up to ``lease_wait_ms``.
 
 ==================  ====================================================================
 ``transport``       ``auto`` (default: the shared-memory fabric between processes of one
-                    host, tcp otherwise), ``tcp`` or ``fabric``: hixl's ``hixl.Transport``
+                    host, else verbs when both workers have an active RDMA device, else
+                    tcp), ``tcp``, ``fabric`` or ``verbs``: hixl's ``hixl.Transport`` (a
+                    forced transport that cannot serve a peer fails, never falls back)
 ``host``            the address the worker listens on and advertises (default
                     ``VLLM_HOST_IP``, else ``127.0.0.1``)
 ``lease_ms``        how long a prefill keeps a request's blocks for a decode that makes no

@@ -83,8 +83,8 @@ def _extra(vllm_config: Any) -> Dict[str, Any]:
         raise ValueError(f"hixl.vllm: unknown kv_connector_extra_config key(s) {unknown}; "
                          f"known: {sorted(known)}")
     t = extra.get("transport", "auto")
-    if t not in ("auto", "tcp", "fabric"):
-        raise ValueError(f"hixl.vllm: transport = {t!r}: expected auto, tcp or fabric")
+    if t not in ("auto", "tcp", "fabric", "verbs"):
+        raise ValueError(f"hixl.vllm: transport = {t!r}: expected auto, tcp, fabric or verbs")
     for k, d in (("lease_ms", 30000), ("lease_wait_ms", 2000), ("link_timeout_ms", 5000),
                  ("wait_ms", 5)):
         v = extra.get(k, d)
