@@ -38,9 +38,18 @@ perf() { # tool size iterations
 }
 echo "PERFTEST columns: bytes iterations BW-peak[MB/s] BW-average[MB/s] MsgRate[Mpps]"
 for t in ib_write_bw ib_read_bw; do perf $t 1048576 100; perf $t 16777216 10; done
+hixl() { # label, then bench options
+  echo "=== hixl $1"; shift
+  /extra/hixl bench comm --transport verbs --option hixl.VerbsTimeout=18 --no-baseline "$@"
+}
 for rails in rxe0 rxe0,rxe1; do
-  echo "=== hixl rails $rails"
-  /extra/hixl bench comm --transport verbs --option hixl.VerbsDevices=$rails --option hixl.VerbsTimeout=18 \
-    --op both --blocks 1M,16M --total 16M --duration 3 --no-baseline
+  hixl "rails $rails" --option hixl.VerbsDevices=$rails --op both --blocks 1M,16M --total 16M --duration 3
+done
+# The defaults of hixl.VerbsQpsPerRail and hixl.VerbsSliceBytes: two rails, 16 MiB writes.
+for k in 1 4; do
+  hixl "qps per rail $k" --option hixl.VerbsDevices=rxe0,rxe1 --option hixl.VerbsQpsPerRail=$k --blocks 16M --total 16M --duration 3
+done
+for s in 64K 1M; do
+  hixl "slice $s" --option hixl.VerbsDevices=rxe0,rxe1 --option hixl.VerbsSliceBytes=$s --blocks 16M --total 16M --duration 3
 done'
 WORK=$WORK tools/softroce-vm.sh run "$cmd"

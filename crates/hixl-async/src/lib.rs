@@ -33,6 +33,7 @@ mod frame_io;
 mod link;
 mod link_state;
 mod rail_info;
+mod rail_metrics;
 mod server;
 mod tcp;
 mod transfer;

@@ -1,10 +1,6 @@
 //! What a link says of its RDMA rails ([`crate::Peer::rails`], `hixl info --peer`, the
 //! metrics, `hixl bench`): each rail's pairing, state and counters.
 
-use std::fmt::Write as _;
-
-use crate::telemetry::{label_value, Telemetry};
-
 /// One rail of a verbs link: one of our devices paired with one of the peer's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RailInfo {
@@ -51,72 +47,5 @@ impl std::fmt::Display for RailInfo {
             self.errors,
             self.pauses
         )
-    }
-}
-
-/// A series: name, type, help, and its value for one rail.
-type Series = (
-    &'static str,
-    &'static str,
-    &'static str,
-    fn(&RailInfo) -> u64,
-);
-
-/// Appends the rails' series to Prometheus text: `hixl_rail_up` (gauge) and
-/// `hixl_rail_bytes_total`, `hixl_rail_ops_total`, `hixl_rail_errors_total`,
-/// `hixl_rail_pauses_total` per engine, peer, rail and device pair.
-pub(crate) fn prometheus(out: &mut String, engine: &str, t: &Telemetry) {
-    if t.links.iter().all(|l| l.rails.is_empty()) {
-        return;
-    }
-    let e = label_value(engine);
-    let series: [Series; 5] = [
-        (
-            "hixl_rail_up",
-            "gauge",
-            "Whether the RDMA rail takes slices.",
-            |r| u64::from(r.up),
-        ),
-        (
-            "hixl_rail_bytes_total",
-            "counter",
-            "Bytes of slices that landed on the RDMA rail.",
-            |r| r.bytes,
-        ),
-        (
-            "hixl_rail_ops_total",
-            "counter",
-            "Slices that landed on the RDMA rail.",
-            |r| r.ops,
-        ),
-        (
-            "hixl_rail_errors_total",
-            "counter",
-            "Slices that failed on the RDMA rail.",
-            |r| r.errors,
-        ),
-        (
-            "hixl_rail_pauses_total",
-            "counter",
-            "Times the RDMA rail was paused.",
-            |r| r.pauses,
-        ),
-    ];
-    for (name, kind, help, value) in series {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for l in &t.links {
-            for r in &l.rails {
-                let _ = writeln!(
-                    out,
-                    "{name}{{engine=\"{e}\",peer=\"{}\",rail=\"{}\",local=\"{}\",remote=\"{}\"}} {}",
-                    label_value(&l.peer),
-                    r.index,
-                    label_value(&r.local),
-                    label_value(&r.remote),
-                    value(r)
-                );
-            }
-        }
     }
 }

@@ -401,7 +401,6 @@ pub fn prometheus_text(engine: &str, t: &Telemetry) -> String {
             o.count()
         );
     }
-    crate::rail_info::prometheus(&mut out, engine, t);
     out
 }
 

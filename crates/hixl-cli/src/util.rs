@@ -137,6 +137,16 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// `KEY=VALUE` of an `--option` argument.
+///
+/// # Errors
+/// Without `=`, naming what was given.
+pub fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,14 +170,4 @@ mod tests {
         assert!(parse_size("x").is_err());
         assert_eq!(human(128 << 20), "128 MiB");
     }
-}
-
-/// `KEY=VALUE` of an `--option` argument.
-///
-/// # Errors
-/// Without `=`, naming what was given.
-pub fn parse_kv(s: &str) -> Result<(String, String), String> {
-    s.split_once('=')
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }

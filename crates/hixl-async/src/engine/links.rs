@@ -286,6 +286,7 @@ impl Engine {
         let t = self.telemetry();
         let name = self.local_engine().to_string();
         let mut out = crate::telemetry::prometheus_text(&name, &t);
+        crate::rail_metrics::prometheus(&mut out, &name, &t);
         out.push_str(
             "# HELP hixl_links_up Links of this engine that are up, per peer and transport.\n",
         );

@@ -17,7 +17,7 @@ use hixl_verbs::{LocalRange, NicInfo, RemoteRange, WorkRequest};
 use tokio::sync::{oneshot, Notify};
 
 use super::rail::{Pumped, Queued, Rail};
-use super::source::{no_rail, Slice};
+use super::source::{no_rail, Slice, SliceOwner};
 use super::{stripe, VerbsBackend};
 use crate::completion::Completion;
 use crate::link_state::LinkState;
@@ -112,7 +112,8 @@ impl VerbsLink {
             control: Mutex::new(None),
         });
         l.update_keys(&keys);
-        backend.source.add_link(&l);
+        let owner: Weak<dyn SliceOwner> = Arc::downgrade(&l) as Weak<VerbsLink>;
+        backend.source.add_link(owner);
         let weak = Arc::downgrade(&l);
         let st = state.clone();
         st.spawn(async move {
@@ -171,7 +172,7 @@ impl VerbsLink {
                     lkeys: p.lkeys.clone(),
                     rkeys: p.rkeys.clone(),
                     numa: p.numa,
-                    link: self.me.clone(),
+                    link: self.me.clone() as Weak<dyn SliceOwner>,
                     at: (0, 0),
                     generation: 0,
                     withdrawn: false,
@@ -274,43 +275,6 @@ impl VerbsLink {
         if let Some(l) = self.rails.get(s.at.0).and_then(|r| r.load.get(s.at.1)) {
             l.fetch_sub(s.len.min(l.load(Ordering::Relaxed)), Ordering::Relaxed);
         }
-    }
-
-    /// Slice `s` landed (the drain took it out of the table).
-    pub(crate) fn landed(&self, s: &Slice) {
-        self.unload(s);
-        if let Some(r) = self.rails.get(s.at.0) {
-            r.counters.bytes.fetch_add(s.len, Ordering::Relaxed);
-            r.counters.slices.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Slice `s` failed with `e` (the drain took it out of the table): reported in `out`
-    /// when it is final — the link is dead, its op is withdrawn, or the peer refused the
-    /// access itself — and otherwise placed again after its rail is paused.
-    pub(crate) fn slice_failed(&self, s: Slice, e: Error, out: &mut Vec<PartResult>) {
-        self.unload(&s);
-        let Some(rail) = self.rails.get(s.at.0) else {
-            return out.push((s.op, Err(e)));
-        };
-        rail.counters.errors.fetch_add(1, Ordering::Relaxed);
-        if let Some(cause) = self.state.error() {
-            return out.push((s.op, Err(cause)));
-        }
-        let mut touched = Vec::new();
-        // Only a failure on the rail's current queue pairs pauses it: flushes of queue pairs
-        // dropped at an earlier pause come back after it.
-        if s.generation == rail.generation() {
-            self.rail_broken(s.at.0, e.to_string(), &mut touched, out);
-        }
-        if s.withdrawn || e.status() == Status::ParamInvalid {
-            // Refused by a device (a remote access error, a bad local range): the same
-            // request fails on every rail.
-            out.push((s.op, Err(e)));
-        } else {
-            self.place(s, &mut touched, out);
-        }
-        self.pump_slots(touched, out);
     }
 
     /// Pauses rail `r` (a no-op when it is not up) and places what it had queued elsewhere.
@@ -475,6 +439,49 @@ impl VerbsLink {
                 .into_iter()
                 .map(|(token, result)| Completion { token, result }),
         );
+    }
+}
+
+impl SliceOwner for VerbsLink {
+    /// Slice `s` landed (the drain took it out of the table).
+    fn landed(&self, s: &Slice) {
+        self.unload(s);
+        if let Some(r) = self.rails.get(s.at.0) {
+            r.counters.bytes.fetch_add(s.len, Ordering::Relaxed);
+            r.counters.slices.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Slice `s` failed with `e` (the drain took it out of the table): reported in `out`
+    /// when it is final — the link is dead, its op is withdrawn, or the peer refused the
+    /// access itself — and otherwise placed again after its rail is paused.
+    fn slice_failed(&self, s: Slice, e: Error, out: &mut Vec<PartResult>) {
+        self.unload(&s);
+        let Some(rail) = self.rails.get(s.at.0) else {
+            return out.push((s.op, Err(e)));
+        };
+        rail.counters.errors.fetch_add(1, Ordering::Relaxed);
+        if let Some(cause) = self.state.error() {
+            return out.push((s.op, Err(cause)));
+        }
+        let mut touched = Vec::new();
+        // Only a failure on the rail's current queue pairs pauses it: flushes of queue pairs
+        // dropped at an earlier pause come back after it.
+        if s.generation == rail.generation() {
+            self.rail_broken(s.at.0, e.to_string(), &mut touched, out);
+        }
+        if s.withdrawn || e.status() == Status::ParamInvalid {
+            // Refused by a device (a remote access error, a bad local range): the same
+            // request fails on every rail.
+            out.push((s.op, Err(e)));
+        } else {
+            self.place(s, &mut touched, out);
+        }
+        self.pump_slots(touched, out);
+    }
+
+    fn pump_all(&self) {
+        VerbsLink::pump_all(self);
     }
 }
 

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, Weak};
 use hixl_core::{CompletionSource, Error, PartResult, Token, TransferOp};
 use hixl_verbs::Cq;
 
-use super::link::VerbsLink;
 use crate::sync::lock;
 
 /// One slice of an op: a contiguous range of one descriptor, on one queue pair of one rail.
@@ -28,13 +27,24 @@ pub(crate) struct Slice {
     pub(crate) rkeys: Arc<[Option<u32>]>,
     /// The local memory's NUMA node.
     pub(crate) numa: Option<u32>,
-    pub(crate) link: Weak<VerbsLink>,
+    pub(crate) link: Weak<dyn SliceOwner>,
     /// `(rail, queue pair)` it was placed on.
     pub(crate) at: (usize, usize),
     /// Its rail's generation when it was placed.
     pub(crate) generation: u64,
     /// Its op's owner went away: never placed again.
     pub(crate) withdrawn: bool,
+}
+
+/// The link that placed slices: told what became of each (the drain has taken it out of the
+/// table), and asked to post what waits after every drain.
+pub(crate) trait SliceOwner: Send + Sync {
+    /// The slice landed.
+    fn landed(&self, s: &Slice);
+    /// The slice failed with `e`: reported in `out` when final, else placed again.
+    fn slice_failed(&self, s: Slice, e: Error, out: &mut Vec<PartResult>);
+    /// Posts queued slices into freed send-queue room.
+    fn pump_all(&self);
 }
 
 /// Every device's completion queue and the slices in flight on them.
@@ -44,7 +54,7 @@ pub(crate) struct VerbsSource {
     epoll: Option<OwnedFd>,
     slices: Mutex<HashMap<u64, Slice>>,
     next: AtomicU64,
-    links: Mutex<Vec<Weak<VerbsLink>>>,
+    links: Mutex<Vec<Weak<dyn SliceOwner>>>,
 }
 
 impl std::fmt::Debug for VerbsSource {
@@ -112,13 +122,13 @@ impl VerbsSource {
         }
     }
 
-    pub(crate) fn add_link(&self, l: &Arc<VerbsLink>) {
+    pub(crate) fn add_link(&self, l: Weak<dyn SliceOwner>) {
         let mut v = lock(&self.links);
         v.retain(|w| w.strong_count() > 0);
-        v.push(Arc::downgrade(l));
+        v.push(l);
     }
 
-    fn live_links(&self) -> Vec<Arc<VerbsLink>> {
+    fn live_links(&self) -> Vec<Arc<dyn SliceOwner>> {
         lock(&self.links).iter().filter_map(Weak::upgrade).collect()
     }
 }
