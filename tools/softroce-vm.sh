@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Boots a throw-away qemu guest (TCG, no NIC, no disk) whose kernel has Soft-RoCE (rdma_rxe),
-# creates rxe0 and rxe1 on two dummy netdevs, runs one command in it and exits with that command's status.
+# creates rxe0 and rxe1 on two dummy netdevs and rxe2 and rxe3 on the two ends of a veth pair,
+# runs one command in it and exits with that command's status.
 # For running the hixl-verbs tests on hosts without RDMA in their kernel (like CI here).
 #
 #   tools/softroce-vm.sh deps                 # apt-get the host tools (Debian 12)
@@ -28,7 +29,7 @@ MEM=${MEM:-1024}
 SMP=${SMP:-2}
 TIMEOUT=${TIMEOUT:-900}
 ACCEL=${ACCEL:-tcg,thread=multi}
-MODULES="crc32_generic rdma_rxe ib_uverbs dummy"
+MODULES="crc32_generic rdma_rxe ib_uverbs dummy veth"
 LIBDIR=/usr/lib/x86_64-linux-gnu
 
 die() { echo "softroce-vm: $*" >&2; exit 2; }
@@ -104,11 +105,13 @@ build() {
   cp "$WORK/kernel/lib/modules/$kver"/modules.{order,builtin,builtin.modinfo} "$root/lib/modules/$kver/"
   depmod -b "$root" "$kver"
   # userspace verbs: the rxe provider (dlopen'ed by libibverbs, so ldd of a test binary misses
-  # it), its driver file, the `rdma` tool and ibv_devinfo for the log
+  # it), its driver file, the `rdma` tool and ibv_devinfo for the log; iproute2's `ip` as
+  # /usr/sbin/ip for the veth pair and its routing rules (busybox's `ip` has neither)
   cp /etc/libibverbs.d/rxe.driver "$root/etc/libibverbs.d/"
   cp "$LIBDIR"/libibverbs/librxe-rdmav*.so "$root/$LIBDIR/libibverbs/"
   copy_with_libs "$(ls "$LIBDIR"/libibverbs/librxe-rdmav*.so | head -1)" "$root"
   for b in "$(command -v rdma)" "$(command -v ibv_devinfo)"; do cp "$b" "$root/bin/"; copy_with_libs "$b" "$root"; done
+  cp "$(command -v ip)" "$root/usr/sbin/ip"; copy_with_libs "$(command -v ip)" "$root"
   for b in "$@"; do
     [ -x "$b" ] || die "not an executable: $b"
     cp "$b" "$root/extra/"; copy_with_libs "$b" "$root"
@@ -128,11 +131,34 @@ modprobe crc32_generic && modprobe rdma_rxe && modprobe ib_uverbs && modprobe du
 # rail of the rail tests and the other end of the MTU test.
 ip addr add 192.0.2.1/24 dev dummy0 && ip link set dummy0 up
 ip addr add 198.51.100.1/24 dev dummy1 && ip link set dummy1 mtu 9000 && ip link set dummy1 up
+# rxe2 and rxe3, the two ends of the MTU test: on the veth pair mtu0 (203.0.113.1, MTU 1500:
+# active MTU 1024) and mtu1 (203.0.113.2, MTU 9000: 4096), both in this network namespace, as
+# this kernel's rdma_rxe sends and receives only in the initial one. Between two local addresses
+# a packet would leave through `lo`, which no rxe device serves; so two rules, looked up before
+# the local table, send what leaves from mtu0 or mtu1 out of that end (neighbours fixed, no ARP),
+# and the ends accept packets from a local source. Other traffic is routed as before.
+mtu_pair() {
+  local ip=/usr/sbin/ip d
+  modprobe veth && $ip link add mtu0 mtu 1500 type veth peer name mtu1 mtu 9000 || return 1
+  $ip addr add 203.0.113.1/24 dev mtu0 && $ip addr add 203.0.113.2/24 dev mtu1 || return 1
+  for d in mtu0 mtu1; do
+    echo 1 > /proc/sys/net/ipv4/conf/$d/accept_local && echo 0 > /proc/sys/net/ipv4/conf/$d/rp_filter || return 1
+    $ip link set $d up || return 1
+  done
+  $ip neigh replace 203.0.113.2 lladdr "$(cat /sys/class/net/mtu1/address)" dev mtu0 nud permanent &&
+  $ip neigh replace 203.0.113.1 lladdr "$(cat /sys/class/net/mtu0/address)" dev mtu1 nud permanent &&
+  $ip route add 203.0.113.2 dev mtu0 src 203.0.113.1 table 100 &&
+  $ip route add 203.0.113.1 dev mtu1 src 203.0.113.2 table 101 &&
+  $ip rule add pref 10 oif mtu0 lookup 100 && $ip rule add pref 10 oif mtu1 lookup 101 &&
+  $ip rule add pref 100 lookup local && $ip rule del pref 0 &&
+  rdma link add rxe2 type rxe netdev mtu0 && rdma link add rxe3 type rxe netdev mtu1
+}
 active() { n=0; until grep -q ACTIVE /sys/class/infiniband/$1/ports/1/state 2>/dev/null || [ $n -ge 50 ]; do sleep 0.1; n=$((n+1)); done; }
 if rdma link add rxe0 type rxe netdev dummy0; then
   active rxe0
   if rdma link add rxe1 type rxe netdev dummy1; then active rxe1; else say "rxe1 setup failed"; fi
-  for d in rxe0 rxe1; do
+  if mtu_pair; then active rxe2; active rxe3; else say "rxe2/rxe3 (the MTU test's pair) setup failed"; fi
+  for d in rxe0 rxe1 rxe2 rxe3; do
     ibv_devinfo -v -d $d 2>/dev/null | grep -E "hca_id|state:|active_mtu|max_mr_size|max_qp_wr|max_cqe|max_msg_sz|GID\[" | sed 's/^/  /'
   done
   say "rxe0 ready"
@@ -176,5 +202,5 @@ case "$cmd" in
   deps) deps ;;
   build) build "$@" ;;
   run) run "$@" ;;
-  *) sed -n '2,23p' "$0"; exit 2 ;;
+  *) sed -n '2,24p' "$0"; exit 2 ;;
 esac

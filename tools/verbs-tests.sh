@@ -32,11 +32,14 @@ args="--test-threads=2 $*"
 cmd="export HIXL_VERBS_DEVICE=rxe0 RUST_BACKTRACE=1; rc=0"
 for b in $bins; do
   n=$(basename "$b")
-  cmd="$cmd; echo '=== $n'; /extra/$n $args || rc=\$?"
+  # hixl-verbs' MTU test reads between rxe2 (MTU 1024) and rxe3 (4096), the ends of a veth pair.
+  case $n in mtu-*) pre="HIXL_VERBS_MTU_PAIR=rxe2,rxe3 " ;; *) pre="" ;; esac
+  cmd="$cmd; echo '=== $n'; $pre/extra/$n $args || rc=\$?"
   # The engine's rail tests take rxe0's and rxe1's links down and up: alone, one at a time.
+  # The MTU test among them uses rxe2 (MTU 1024) and rxe3 (4096), the ends of a veth pair.
   case $n in verbs-*)
-    cmd="$cmd; echo '=== $n (rails over rxe0,rxe1)'"
-    cmd="$cmd; HIXL_VERBS_RAILS=rxe0,rxe1 /extra/$n rails_ --test-threads=1 $* || rc=\$?" ;;
+    cmd="$cmd; echo '=== $n (rails over rxe0,rxe1; MTUs over rxe2,rxe3)'"
+    cmd="$cmd; HIXL_VERBS_RAILS=rxe0,rxe1 HIXL_VERBS_MTU_PAIR=rxe2,rxe3 /extra/$n rails_ --test-threads=1 $* || rc=\$?" ;;
   esac
 done
 # The command over real verbs: what it sees, then a short benchmark (in a TCG guest these

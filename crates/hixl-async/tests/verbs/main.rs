@@ -22,6 +22,10 @@ const KV_VAR: &str = "HIXL_TARGET_KV";
 /// The devices of the rail tests, e.g. `rxe0,rxe1` (they are skipped without it). They take
 /// the devices' links down and up, so `tools/verbs-tests.sh` runs them alone, one at a time.
 const RAILS_VAR: &str = "HIXL_VERBS_RAILS";
+/// The MTU test's two devices, `near,far` (e.g. `rxe2,rxe3`), whose netdevs have different
+/// MTUs and reach each other (the test is skipped without it): we use the near one, the target
+/// the far one.
+const MTU_PAIR_VAR: &str = "HIXL_VERBS_MTU_PAIR";
 const KV: usize = 8 << 20;
 const T: Duration = Duration::from_secs(30);
 

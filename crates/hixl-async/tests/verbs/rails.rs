@@ -1,7 +1,8 @@
 //! Rails: transfers striped over two RDMA devices, one device's link taken down mid-transfer
 //! and brought back, both down, and two ends with different MTUs. The devices come from
 //! `HIXL_VERBS_RAILS` (the Soft-RoCE guest has rxe0 on dummy0, MTU 1500, and rxe1 on dummy1,
-//! MTU 9000); the tests take their netdevs down and up with `ip link`.
+//! MTU 9000); the tests take their netdevs down and up with `ip link`. The MTU test's two ends
+//! come from `HIXL_VERBS_MTU_PAIR` (in the guest rxe2 and rxe3, on a veth pair).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -11,7 +12,7 @@ use hixl_core::OpDesc;
 
 use crate::setup::{checksum, connect, engine, pattern, region_bytes, rt};
 use crate::target::Target;
-use crate::{RAILS_VAR, T};
+use crate::{MTU_PAIR_VAR, RAILS_VAR, T};
 
 const BIG: usize = 64 << 20;
 
@@ -264,51 +265,84 @@ fn ib_mtu(netdev_mtu: u32) -> u32 {
         .unwrap_or(256)
 }
 
+/// A counter of a netdev (`/sys/class/net/<netdev>/statistics/<name>`, or `mtu`).
+fn net_stat(netdev: &str, name: &str) -> u64 {
+    let p = if name == "mtu" {
+        format!("/sys/class/net/{netdev}/mtu")
+    } else {
+        format!("/sys/class/net/{netdev}/statistics/{name}")
+    };
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{p}: {e}"))
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{p}: {e}"))
+}
+
 pub(crate) fn different_mtus_are_negotiated() {
-    // Two rxe devices of one kernel do not reach each other (a packet to a local address
-    // leaves through `lo`, which no rxe device serves), so the two ends need two network
-    // namespaces; until the guest has them the test is skipped.
-    if std::env::var("HIXL_VERBS_MTU_PEER").is_err() {
-        eprintln!("different_mtus_are_negotiated: skipped (HIXL_VERBS_MTU_PEER is not set)");
-        return;
-    }
-    let Some(devs) = rail_devices("different_mtus_are_negotiated") else {
+    // Two devices whose netdevs reach each other over a wire (not `lo`: two rxe devices on
+    // local addresses do not reach each other through it), with different MTUs; in the guest,
+    // the two ends of a veth pair with MTUs 1500 and 9000.
+    let pair = std::env::var(MTU_PAIR_VAR).unwrap_or_default();
+    let Some((near, far)) = pair.split_once(',') else {
+        eprintln!("different_mtus_are_negotiated: skipped ({MTU_PAIR_VAR} does not name two devices; tools/verbs-tests.sh runs it in the Soft-RoCE guest)");
         return;
     };
-    let mtu = |d: &str| -> u32 {
-        let p = format!("/sys/class/net/{}/mtu", netdev(d));
-        std::fs::read_to_string(&p)
-            .unwrap_or_else(|e| panic!("{p}: {e}"))
-            .trim()
-            .parse()
-            .expect("mtu")
-    };
-    let (ours, theirs) = (ib_mtu(mtu(&devs[0])), ib_mtu(mtu(&devs[1])));
+    const LEN: usize = 8 << 20;
+    let (near_net, far_net) = (netdev(near), netdev(far));
+    let ours = ib_mtu(net_stat(&near_net, "mtu") as u32);
+    let theirs = ib_mtu(net_stat(&far_net, "mtu") as u32);
+    println!("{near} on {near_net}: active MTU {ours}; {far} on {far_net}: {theirs}");
     assert_ne!(
         ours, theirs,
         "the two devices have the same MTU: nothing to negotiate"
     );
-    // The target has only the second device, we only the first.
-    let mut t = Target::spawn_with(&devs[1], 8 << 20);
+    let agreed = ours.min(theirs);
+    // The target has only the far device, we only the near one.
+    let mut t = Target::spawn_with(far, LEN);
     rt().block_on(async {
-        let e = engine(&devs[0]).await;
+        let e = engine(near).await;
         let local = e
-            .register(HostBuffer::zeroed(8 << 20).expect("buffer"))
+            .register(HostBuffer::zeroed(LEN).expect("buffer"))
             .expect("register");
         let p = connect(&e, &t.addr).await;
         let rails = show(&p);
-        assert_eq!(rails.len(), 1);
-        assert_eq!(rails[0].mtu, ours.min(theirs), "{}", rails[0]);
+        assert_eq!(rails.len(), 1, "one device each: one rail");
+        assert_eq!(
+            (rails[0].local.as_str(), rails[0].remote.as_str()),
+            (near, far)
+        );
+        assert_eq!(rails[0].mtu, agreed, "{}", rails[0]);
         let kv = p.region("kv").expect("kv");
-        let descs = quarters(local.addr(), kv.addr, 8 << 20);
+        let descs = quarters(local.addr(), kv.addr, LEN);
+        // READ: the far end sends the data. Every packet of it crossed our netdev, and it took
+        // at least one per `agreed` bytes: the far end sent no packet of its own larger MTU.
+        let (bytes0, pkts0) = (
+            net_stat(&near_net, "rx_bytes"),
+            net_stat(&near_net, "rx_packets"),
+        );
         p.read(&descs).timeout(T).await.expect("read");
-        let mut want = vec![0u8; 8 << 20];
+        let (bytes, pkts) = (
+            net_stat(&near_net, "rx_bytes") - bytes0,
+            net_stat(&near_net, "rx_packets") - pkts0,
+        );
+        println!("READ of {LEN} bytes: {bytes} bytes in {pkts} packets into {near_net}");
+        assert!(bytes >= LEN as u64, "the READ did not cross {near_net}");
+        assert!(pkts >= (LEN / agreed as usize) as u64, "{pkts} packets");
+        let mut want = vec![0u8; LEN];
         pattern(1, 0, &mut want);
-        assert!(region_bytes(&local, 0, 8 << 20) == want, "READ");
+        assert!(region_bytes(&local, 0, LEN) == want, "READ of 8 MiB");
+        // WRITE: we send the data.
         pattern(3, 0, &mut want);
         local.write_at(0, &want).expect("fill");
+        let bytes0 = net_stat(&near_net, "tx_bytes");
         p.write(&descs).timeout(T).await.expect("write");
-        assert_eq!(t.sum(0, 8 << 20), checksum(&want), "WRITE");
+        let bytes = net_stat(&near_net, "tx_bytes") - bytes0;
+        println!("WRITE of {LEN} bytes: {bytes} bytes out of {near_net}");
+        assert!(bytes >= LEN as u64, "the WRITE did not cross {near_net}");
+        assert_eq!(t.sum(0, LEN as u64), checksum(&want), "WRITE of 8 MiB");
+        let rails = show(&p);
+        assert_eq!(rails[0].errors, 0);
         e.shutdown(Duration::from_secs(1)).await;
     });
 }
