@@ -128,10 +128,18 @@ impl VerbsLink {
             lock(&self.answers).remove(&rail_id);
             return Err(lost("the control connection is closed"));
         }
-        let answer = match tokio::time::timeout(ANSWER, rx).await {
-            Ok(Ok(m)) => m,
-            Ok(Err(_)) => return Err(lost("the link closed during the probe")),
-            Err(_) => {
+        // Bounded, and never past the link's death (its tasks end with it).
+        let waited = tokio::select! {
+            r = tokio::time::timeout(ANSWER, rx) => Some(r),
+            _ = self.state.dead() => None,
+        };
+        let answer = match waited {
+            Some(Ok(Ok(m))) => m,
+            Some(Ok(Err(_))) | None => {
+                lock(&self.answers).remove(&rail_id);
+                return Err(lost("the link closed during the probe"));
+            }
+            Some(Err(_)) => {
                 lock(&self.answers).remove(&rail_id);
                 return Err(lost("the peer did not answer the probe within 5 s"));
             }

@@ -377,6 +377,8 @@ impl VerbsLink {
             }
         }
         self.report(fails);
+        // A probe waiting for its answer ends now.
+        lock(&self.answers).clear();
         self.wake.notify_one();
     }
 
