@@ -1,4 +1,5 @@
-//! Engine addresses in HIXL's forms: `ip`, `ip:port`, `[ipv6]`, `[ipv6]:port`.
+//! Engine addresses in HIXL's forms: `ip`, `ip:port`, `[ipv6]`, `[ipv6]:port`; and, looked up
+//! through the system's resolver, `host` and `host:port`.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -49,6 +50,47 @@ impl EngineAddr {
         Self::with_port(ip, port).ok_or_else(|| bad("port must be 0-65535"))
     }
 
+    /// As [`EngineAddr::parse`], and a host name (`localhost:26000`, `prefill-0.svc:26000`)
+    /// is resolved through the system's resolver (its first IPv4 address, else its first).
+    ///
+    /// # Errors
+    /// [`Error::InvalidAddress`] naming the input: not an address nor a host name, or a name
+    /// that does not resolve (with the resolver's reason).
+    pub async fn lookup(s: &str) -> Result<EngineAddr> {
+        let e = match EngineAddr::parse(s) {
+            Ok(a) => return Ok(a),
+            Err(e) => e,
+        };
+        let Some((host, port)) = host_port(s) else {
+            return Err(e);
+        };
+        let found = tokio::net::lookup_host((host, port))
+            .await
+            .map(Iterator::collect::<Vec<_>>);
+        pick(s, host, found)
+    }
+
+    /// [`EngineAddr::lookup`] on the calling thread (the resolver may block on the network:
+    /// for callers that are not on a runtime's worker, or that name an engine already
+    /// connected by that name).
+    ///
+    /// # Errors
+    /// As [`EngineAddr::lookup`].
+    pub fn lookup_blocking(s: &str) -> Result<EngineAddr> {
+        use std::net::ToSocketAddrs;
+        let e = match EngineAddr::parse(s) {
+            Ok(a) => return Ok(a),
+            Err(e) => e,
+        };
+        let Some((host, port)) = host_port(s) else {
+            return Err(e);
+        };
+        let found = (host, port)
+            .to_socket_addrs()
+            .map(Iterator::collect::<Vec<_>>);
+        pick(s, host, found)
+    }
+
     fn with_port(ip: IpAddr, port: &str) -> Option<EngineAddr> {
         let p: u16 = port.parse().ok()?;
         Some(EngineAddr {
@@ -61,6 +103,39 @@ impl EngineAddr {
     pub fn socket_addr(&self) -> Option<SocketAddr> {
         self.port.map(|p| SocketAddr::new(self.ip, p))
     }
+}
+
+/// `host` or `host:port` with a host name (letters, digits, `-`, `.`, `_`; not an IP form).
+fn host_port(s: &str) -> Option<(&str, u16)> {
+    let t = s.trim();
+    let (host, port) = match t.rsplit_once(':') {
+        Some((h, p)) => (h, p.parse().ok()?),
+        None => (t, 0),
+    };
+    let name = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_');
+    let ok = !host.is_empty()
+        && host.len() <= 253
+        && host.chars().all(name)
+        && host.chars().any(|c| c.is_ascii_alphabetic());
+    ok.then_some((host, port))
+}
+
+/// The address `host` resolved to (its first IPv4 address, else its first), or why not.
+fn pick(s: &str, host: &str, found: std::io::Result<Vec<SocketAddr>>) -> Result<EngineAddr> {
+    let bad = |reason: String| Error::InvalidAddress {
+        addr: s.to_string(),
+        reason,
+    };
+    let v = found.map_err(|e| bad(format!("the host name {host:?} does not resolve: {e}")))?;
+    let sa = v
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| v.first())
+        .ok_or_else(|| bad(format!("the host name {host:?} resolves to no address")))?;
+    Ok(EngineAddr {
+        ip: sa.ip(),
+        port: (sa.port() > 0).then_some(sa.port()),
+    })
 }
 
 /// Formats a socket address the way HIXL names engines.
@@ -99,5 +174,25 @@ mod tests {
         }
         let sa: SocketAddr = "[::1]:5".parse().unwrap();
         assert_eq!(engine_name(sa), "[::1]:5");
+    }
+
+    #[test]
+    fn host_names_are_looked_up_and_a_name_that_does_not_resolve_is_named() {
+        assert_eq!(host_port("localhost:26000"), Some(("localhost", 26000)));
+        assert_eq!(host_port("prefill-0.svc"), Some(("prefill-0.svc", 0)));
+        for not_a_name in ["", "1.2.3.4:5", "host:99999", "a b:1", "[::1]:2", "::1"] {
+            assert_eq!(host_port(not_a_name), None, "{not_a_name:?}");
+        }
+        let a = EngineAddr::lookup_blocking("localhost:26000").unwrap();
+        assert!(a.ip.is_loopback() && a.port == Some(26000), "{a:?}");
+        assert_eq!(EngineAddr::lookup_blocking("localhost").unwrap().port, None);
+        let e = EngineAddr::lookup_blocking("no-such-host.invalid:26000").unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("\"no-such-host.invalid\" does not resolve"),
+            "{msg}"
+        );
+        let e = EngineAddr::lookup_blocking("not an address").unwrap_err();
+        assert!(e.to_string().contains("not an IP address"), "{e}");
     }
 }

@@ -67,3 +67,43 @@ async fn a_refused_read_that_carries_a_payload_fails_its_op() {
     assert_eq!(e.ops_in_flight(), 0);
     fake.abort();
 }
+
+/// A web server (or a metrics endpoint) on the port: the connect fails at once, and the error
+/// says the peer speaks HTTP, not a bare "bad magic"; a host name is resolved on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_server_on_the_port_is_named_and_a_host_name_is_resolved() {
+    use tokio::io::AsyncReadExt;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    let http = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.expect("accept");
+        let mut b = [0u8; 256];
+        let _ = s.read(&mut b).await;
+        let _ = s
+            .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            .await;
+    });
+    let e = Engine::builder("localhost")
+        .option("hixl.Transport", "tcp")
+        .build()
+        .await
+        .expect("an engine named by a host name");
+    let err = e
+        .connect(&format!("localhost:{port}"), Duration::from_secs(5))
+        .await
+        .expect_err("not a hixl engine");
+    let msg = err.to_string();
+    assert!(msg.contains("speaks HTTP"), "{msg}");
+    let _ = http.await;
+    let err = e
+        .connect("no-such-host.invalid:26000", Duration::from_secs(5))
+        .await
+        .expect_err("does not resolve");
+    assert!(
+        matches!(err, Error::InvalidAddress { .. })
+            && err.to_string().contains("no-such-host.invalid"),
+        "{err:?}"
+    );
+}

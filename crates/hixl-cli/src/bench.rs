@@ -127,19 +127,24 @@ struct Plan {
 
 /// Checks the arguments.
 fn plan(a: &CommArgs) -> CliResult<Plan> {
-    let fabric = match a.transport.as_str() {
-        "tcp" | "auto" => false,
-        "fabric" => true,
-        "verbs" if cfg!(feature = "verbs") => false,
-        t => {
-            return Err(CliError(format!(
-                "transport {t:?} is not available in this build (it has tcp, fabric{} and auto; see `hixl info`)",
-                if cfg!(feature = "verbs") { ", verbs" } else { "" }
-            )))
-        }
-    };
-    let verbs = a.transport == "verbs";
-    let ops: Vec<TransferOp> = match a.op.as_str() {
+    let transport = a.transport.to_ascii_lowercase();
+    let fabric =
+        match transport.as_str() {
+            "tcp" | "auto" => false,
+            "fabric" => true,
+            "verbs" if cfg!(feature = "verbs") => false,
+            "verbs" => return Err(CliError(
+                "--transport verbs: this build has no verbs (build hixl-cli with --features verbs)"
+                    .into(),
+            )),
+            t => {
+                return Err(CliError(format!(
+                    "--transport {t:?} is not a transport: use tcp, fabric, verbs or auto"
+                )))
+            }
+        };
+    let verbs = transport == "verbs";
+    let ops: Vec<TransferOp> = match a.op.to_ascii_lowercase().as_str() {
         "write" => vec![TransferOp::Write],
         "read" => vec![TransferOp::Read],
         "both" => vec![TransferOp::Write, TransferOp::Read],
@@ -149,10 +154,33 @@ fn plan(a: &CommArgs) -> CliResult<Plan> {
             )))
         }
     };
-    if a.blocks.contains(&0) || a.total == 0 || a.batch == Some(0) {
-        return Err(CliError(
-            "block sizes, --total and --batch must be > 0".into(),
-        ));
+    let zero = |what: &str| CliError(format!("{what} 0: it must be at least 1 (e.g. 16K)"));
+    if a.blocks.contains(&0) {
+        return Err(zero("--blocks"));
+    }
+    if a.total == 0 {
+        return Err(zero("--total"));
+    }
+    if a.batch == Some(0) {
+        return Err(zero("--batch"));
+    }
+    // Each side registers the largest call's bytes: more than the machine has fails late.
+    let need = a
+        .blocks
+        .iter()
+        .map(|&b| per_call(a, b))
+        .max()
+        .unwrap_or(a.total);
+    let have = crate::util::physical_memory();
+    if have.is_some_and(|m| need > m / 2) {
+        return Err(CliError(format!(
+            "the cases need {} registered on each side (the largest of --blocks {} with --total {}{}), but this machine has {} of memory",
+            human(need),
+            a.blocks.iter().map(|&b| human(b)).collect::<Vec<_>>().join(","),
+            human(a.total),
+            a.batch.map(|n| format!(", --batch {n}")).unwrap_or_default(),
+            have.map_or("?".into(), human)
+        )));
     }
     if a.duration.is_nan() || a.duration <= 0.0 {
         return Err(CliError(format!(
@@ -166,8 +194,8 @@ fn plan(a: &CommArgs) -> CliResult<Plan> {
 /// Bytes one call moves with blocks of `block` bytes.
 fn per_call(a: &CommArgs, block: u64) -> u64 {
     match a.batch {
-        Some(n) => n * block,
-        None => (a.total / block).max(1) * block,
+        Some(n) => n.saturating_mul(block),
+        None => (a.total / block).max(1).saturating_mul(block),
     }
 }
 
@@ -201,7 +229,8 @@ fn spawn_target(a: &CommArgs, plan: &Plan, mem: u64) -> CliResult<Option<Target>
 
 /// The initiator engine, with the transport options of the arguments.
 async fn initiator(a: &CommArgs, fabric: bool) -> CliResult<Engine> {
-    let mut builder = Engine::builder("127.0.0.1").option("hixl.Transport", &a.transport);
+    let mut builder =
+        Engine::builder("127.0.0.1").option("hixl.Transport", a.transport.to_ascii_lowercase());
     match (a.streams, fabric) {
         (Some(s), false) => builder = builder.option("hixl.TcpStreams", s.to_string()),
         (Some(s), true) => {
@@ -393,7 +422,7 @@ impl Run<'_> {
         };
         Ok(CaseResult {
             bench: "comm",
-            transport: a.transport.clone(),
+            transport: a.transport.to_ascii_lowercase(),
             op: op.to_string(),
             block_bytes: block,
             batch: n,

@@ -113,8 +113,9 @@ impl Target {
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let st = self.child.try_wait().ok().flatten();
+                    let st = st.map_or("still running".to_owned(), |s| s.to_string());
                     return Err(CliError(format!(
-                        "target exited before printing {prefix} (status {st:?})"
+                        "the target exited before printing {prefix} ({st}; its own error is above)"
                     )));
                 }
             }

@@ -137,6 +137,19 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// This machine's physical memory in bytes, when the system says.
+pub fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let (p, s) = (u64::try_from(pages).ok()?, u64::try_from(size).ok()?);
+    p.checked_mul(s)
+}
+
 /// `KEY=VALUE` of an `--option` argument.
 ///
 /// # Errors

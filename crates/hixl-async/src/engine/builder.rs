@@ -56,7 +56,7 @@ impl EngineBuilder {
     /// # Errors
     /// [`Error::InvalidAddress`], option errors naming the key, or the OS error of `bind`.
     pub async fn build(self) -> Result<Engine> {
-        let addr = EngineAddr::parse(&self.local)?;
+        let addr = EngineAddr::lookup(&self.local).await?;
         crate::rng::probe().map_err(|e| Error::io("drawing the engine's rkeys", e))?;
         let options = match self.options {
             None => Options::from_pairs(self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?,

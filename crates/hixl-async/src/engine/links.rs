@@ -48,7 +48,7 @@ impl Engine {
         if timeout.is_zero() {
             return Err(Error::InvalidTimeout { millis: 0 });
         }
-        let ra = EngineAddr::parse(remote)?;
+        let ra = EngineAddr::lookup(remote).await?;
         let sa = ra.socket_addr().ok_or_else(|| Error::InvalidAddress {
             addr: remote.to_string(),
             reason: "a remote engine needs a port".into(),

@@ -181,7 +181,7 @@ impl Engine {
     }
 
     fn key(&self, remote: &str) -> Result<String> {
-        let ra = EngineAddr::parse(remote)?;
+        let ra = EngineAddr::lookup_blocking(remote)?;
         Ok(match ra.socket_addr() {
             Some(sa) => engine_name(sa),
             None => remote.to_string(),

@@ -40,17 +40,24 @@ fn check(a: &KvArgs) -> CliResult {
         return Err(CliError("--layerwise moves contiguous blocks only".into()));
     }
     if a.block_tokens == Some(0) {
-        return Err(CliError("--block-tokens must be > 0".into()));
-    }
-    if a.tokens == 0
-        || a.duration.is_nan()
-        || a.duration <= 0.0
-        || a.layer_ms.is_nan()
-        || a.layer_ms < 0.0
-    {
         return Err(CliError(
-            "--tokens and --duration must be > 0, --layer-ms ≥ 0".into(),
+            "--block-tokens 0: a block holds at least 1 token".into(),
         ));
+    }
+    if a.tokens == 0 {
+        return Err(CliError("--tokens 0: it must be at least 1".into()));
+    }
+    if a.duration.is_nan() || a.duration <= 0.0 {
+        return Err(CliError(format!(
+            "--duration {}: it must be > 0 s",
+            a.duration
+        )));
+    }
+    if a.layer_ms.is_nan() || a.layer_ms < 0.0 {
+        return Err(CliError(format!(
+            "--layer-ms {}: it must be ≥ 0",
+            a.layer_ms
+        )));
     }
     Ok(())
 }

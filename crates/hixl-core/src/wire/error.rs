@@ -3,8 +3,9 @@
 /// Why bytes are not a valid frame.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
-    /// The magic is wrong: not a hixl peer, or the stream lost sync.
-    #[error("bad magic {0:#010x}")]
+    /// The magic is wrong: not a hixl peer, or the stream lost sync. A peer speaking another
+    /// protocol the first bytes give away (HTTP, TLS, SSH) is named.
+    #[error("bad magic {:#010x}{}", .0, other_protocol(*.0))]
     BadMagic(u32),
     /// A version this build does not speak.
     #[error("unsupported protocol version {0}")]
@@ -32,4 +33,17 @@ pub enum WireError {
         /// The value seen.
         value: u64,
     },
+}
+
+/// `": …"` naming the protocol whose first four bytes (as the magic, little-endian) `magic`
+/// is, or nothing.
+fn other_protocol(magic: u32) -> &'static str {
+    match &magic.to_le_bytes() {
+        b"HTTP" | b"GET " | b"POST" | b"PUT " | b"HEAD" => {
+            ": the peer speaks HTTP, not hixl (a web server or a metrics endpoint on that port?)"
+        }
+        b"SSH-" => ": the peer speaks SSH, not hixl",
+        [0x16, 0x03, _, _] => ": the peer speaks TLS, not hixl (hixl does not use TLS)",
+        _ => ": not a hixl peer, or the stream lost sync",
+    }
 }

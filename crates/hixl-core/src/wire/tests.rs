@@ -238,3 +238,17 @@ proptest! {
         let _ = Message::decode(&mut b);
     }
 }
+
+#[test]
+fn another_protocols_first_bytes_are_named() {
+    let said = |b: &[u8; 4]| WireError::BadMagic(u32::from_le_bytes(*b)).to_string();
+    assert!(said(b"HTTP").contains("speaks HTTP"), "{}", said(b"HTTP"));
+    assert!(said(b"GET ").contains("speaks HTTP"));
+    assert!(said(b"SSH-").contains("speaks SSH"));
+    assert!(said(&[0x16, 0x03, 0x01, 0x02]).contains("speaks TLS"));
+    let other = said(&[1, 2, 3, 4]);
+    assert!(
+        other.starts_with("bad magic 0x04030201") && other.contains("not a hixl peer"),
+        "{other}"
+    );
+}
