@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 
 use hixl::{Engine, HostBuffer, OpDesc, Peer, TransferOp};
 use hixl_cli::child::Target;
-use serde::Serialize;
 
+mod table;
+
+pub use self::table::CaseResult;
+use self::table::{print_case, print_header, print_peaks, FEW};
 use crate::util::{human, parse_kv, parse_size, percentile, CliError, CliResult, PeakRss};
 
 /// `hixl bench ...`
@@ -83,27 +86,6 @@ pub struct CommArgs {
     /// One JSON object per case instead of a table.
     #[arg(long)]
     pub json: bool,
-}
-
-/// One measured case.
-#[derive(Serialize, Debug, Clone)]
-pub struct CaseResult {
-    bench: &'static str,
-    transport: String,
-    op: String,
-    block_bytes: u64,
-    batch: u64,
-    bytes_per_call: u64,
-    calls: u64,
-    gbps: f64,
-    p50_us: f64,
-    p99_us: f64,
-    baseline: &'static str,
-    baseline_gbps: Option<f64>,
-    ratio_to_baseline: Option<f64>,
-    initiator_peak_rss_mib: Option<f64>,
-    target_peak_rss_mib: Option<f64>,
-    registered_mib_each_side: f64,
 }
 
 /// Runs a benchmark.
@@ -311,12 +293,18 @@ pub async fn comm(a: CommArgs) -> CliResult<Vec<CaseResult>> {
     }
     for &op in &plan.ops {
         for &block in &a.blocks {
+            let progress =
+                crate::progress::Progress::spinner(format!("{op} {} blocks", human(block)), a.json);
             let r = run.case(op, block).await?;
+            drop(progress);
             print_case(&r, a.json)?;
             results.push(r);
         }
     }
     if !a.json {
+        if results.iter().any(|r| r.calls < FEW) {
+            println!("* fewer than {FEW} calls: p99 is the slowest call (use a longer --duration)");
+        }
         print_peaks(&results, mem);
         // A verbs link's rails: how the bytes spread, and any pause.
         for r in peer.rails() {
@@ -443,64 +431,6 @@ impl Run<'_> {
             registered_mib_each_side: self.mem as f64 / 1048576.0,
         })
     }
-}
-
-/// The header of the table of cases.
-fn print_header() {
-    println!(
-        "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8} {:>9} {:>9} {:>13} {:>6}",
-        "transport",
-        "op",
-        "block",
-        "batch",
-        "calls",
-        "GB/s",
-        "p50 us",
-        "p99 us",
-        "baseline GB/s",
-        "ratio"
-    );
-}
-
-/// One case: a JSON object, or a row of the table.
-fn print_case(r: &CaseResult, json: bool) -> CliResult {
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string(r).map_err(|e| CliError(e.to_string()))?
-        );
-    } else {
-        println!(
-            "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8.2} {:>9.1} {:>9.1} {:>13} {:>6}",
-            r.transport,
-            r.op,
-            human(r.block_bytes),
-            r.batch,
-            r.calls,
-            r.gbps,
-            r.p50_us,
-            r.p99_us,
-            r.baseline_gbps
-                .map(|b| format!("{b:.2}"))
-                .unwrap_or_else(|| "-".into()),
-            r.ratio_to_baseline
-                .map(|x| format!("{x:.2}"))
-                .unwrap_or_else(|| "-".into()),
-        );
-    }
-    Ok(())
-}
-
-/// The peak memory of both processes over all cases.
-fn print_peaks(results: &[CaseResult], mem: u64) {
-    let peak =
-        |f: fn(&CaseResult) -> Option<f64>| results.iter().filter_map(f).fold(0.0f64, f64::max);
-    println!(
-        "peak RSS during hixl transfers (sampled every 2 ms): initiator {:.1} MiB, target {:.1} MiB; each registers {}",
-        peak(|r| r.initiator_peak_rss_mib),
-        peak(|r| r.target_peak_rss_mib),
-        human(mem)
-    );
 }
 
 /// memcpy of the same footprint: `per_call` bytes in `block`-sized copies between two distinct

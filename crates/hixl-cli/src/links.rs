@@ -120,7 +120,12 @@ pub async fn run(a: LinksArgs) -> CliResult {
         );
     }
     for n in counts {
+        let progress = crate::progress::Progress::spinner(
+            format!("{n} peers: connecting, then holding and idling"),
+            a.json,
+        );
         let r = measure(&a, n).await?;
+        drop(progress);
         if a.json {
             println!(
                 "{}",

@@ -5,6 +5,7 @@ mod demo;
 mod info;
 mod kv;
 mod links;
+mod progress;
 mod serve;
 mod soak;
 

@@ -133,7 +133,9 @@ pub async fn run(a: Args) -> CliResult {
         },
         a.json,
     );
+    let progress = crate::progress::Progress::timed("hixl soak", duration, a.json);
     let scratch = drive(&a, &plan, &lanes, launched.receivers, stop_at, &gone, &v).await;
+    drop(progress);
     let secs = start.elapsed().as_secs_f64();
 
     let in_flight = finish::account(&lanes).await;
