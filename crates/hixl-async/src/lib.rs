@@ -34,6 +34,7 @@ mod link;
 mod link_state;
 mod rail_info;
 mod rail_metrics;
+mod served;
 mod server;
 mod tcp;
 mod transfer;

@@ -719,6 +719,18 @@ async fn telemetry_counts_each_transfer_and_serves_prometheus_text() {
             line.is_some_and(|l| l.ends_with(&format!("transport=\"{transport}\"}} 1"))),
             "{tm}"
         );
+        if transport == "tcp" {
+            // What the target served over its TCP data path: the one read, all of it.
+            let served = |name: &str| {
+                tm.lines()
+                    .find(|l| l.starts_with(name) && l.contains("op=\"read\""))
+                    .map(str::to_owned)
+            };
+            let bytes = served("hixl_served_bytes_total{");
+            assert!(bytes.is_some_and(|l| l.ends_with("} 65536")), "{tm}");
+            let ops = served("hixl_served_ops_total{");
+            assert!(ops.is_some_and(|l| l.ends_with("} 1")), "{tm}");
+        }
         let mut s = tokio::net::TcpStream::connect(srv.local_addr())
             .await
             .unwrap();

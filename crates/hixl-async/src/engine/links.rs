@@ -287,6 +287,9 @@ impl Engine {
         let name = self.local_engine().to_string();
         let mut out = crate::telemetry::prometheus_text(&name, &t);
         crate::rail_metrics::prometheus(&mut out, &name, &t);
+        if let Some(s) = self.inner.server.as_ref() {
+            s.cx.served.prometheus(&mut out, &name);
+        }
         out.push_str(
             "# HELP hixl_links_up Links of this engine that are up, per peer and transport.\n",
         );

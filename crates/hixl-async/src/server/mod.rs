@@ -48,6 +48,7 @@ impl Server {
             sessions: Arc::new(Sessions::default()),
             regions,
             notifies,
+            served: Arc::default(),
             tasks,
         };
         Arc::new(Server {

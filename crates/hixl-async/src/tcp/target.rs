@@ -145,6 +145,7 @@ pub(crate) async fn serve(
     peer: Arc<str>,
     regions: Regions,
     config: Arc<EngineConfig>,
+    served: Arc<crate::served::PeerServed>,
 ) {
     let mut sock = match Sock::new(stream) {
         Ok(s) => s,
@@ -154,7 +155,7 @@ pub(crate) async fn serve(
         }
     };
     let mut answers = Answers::default();
-    let r = serve_loop(&mut sock, &peer, &regions, &config, &mut answers).await;
+    let r = serve_loop(&mut sock, &peer, &regions, &config, &mut answers, &served).await;
     if r.is_err() {
         // What was answered before the stream went bad still goes out (as when each read
         // was answered at once), if the socket takes it.
@@ -315,6 +316,7 @@ async fn serve_loop(
     regions: &Regions,
     config: &EngineConfig,
     answers: &mut Answers,
+    served: &crate::served::PeerServed,
 ) -> Result<(), Error> {
     let mut stage = Stage::default();
     loop {
@@ -412,10 +414,12 @@ async fn serve_loop(
                             .map_err(|e| io("reading write payload", e))?;
                     }
                     drop(lease);
+                    served.served(true, total);
                     0
                 }
                 Err(e) => {
                     tracing::info!(peer, "refused write {:#x}+{total}: {e}", pieces.addr);
+                    served.refused(true, e.status().name());
                     discard(sock, &mut stage, total)
                         .await
                         .map_err(|e| io("draining refused payload", e))?;
@@ -425,9 +429,13 @@ async fn serve_loop(
             answers.push(&encode_ack(id, status));
         } else {
             match checked {
-                Ok(lease) => answers.push_read(&encode_read_resp(id, 0, total), lease, pieces),
+                Ok(lease) => {
+                    served.served(false, total);
+                    answers.push_read(&encode_read_resp(id, 0, total), lease, pieces)
+                }
                 Err(e) => {
                     tracing::info!(peer, "refused read {:#x}+{total}: {e}", pieces.addr);
+                    served.refused(false, e.status().name());
                     answers.push(&encode_read_resp(id, e.status().code(), 0));
                 }
             }
@@ -492,7 +500,13 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let client = tokio::net::TcpStream::connect(addr).await.unwrap();
         let (server, _) = listener.accept().await.unwrap();
-        let task = tokio::spawn(serve(server, "test".into(), regions, config.clone()));
+        let task = tokio::spawn(serve(
+            server,
+            "test".into(),
+            regions,
+            config.clone(),
+            Arc::default(),
+        ));
         // It takes the slot at once (waiting for its first request), spins 50 ms and parks.
         let mut held = false;
         for _ in 0..2000 {

@@ -105,9 +105,10 @@ impl Transport for TcpTransport {
                 return;
             }
             let (st, regions, spin) = (sess.state.clone(), cx.regions.clone(), config.clone());
+            let served = cx.served.peer(&sess.peer);
             st.spawn(async move {
                 tokio::select! {
-                    _ = super::target::serve(stream, sess.peer.clone(), regions, spin) => {}
+                    _ = super::target::serve(stream, sess.peer.clone(), regions, spin, served) => {}
                     _ = sess.state.dead() => {}
                 }
             });

@@ -124,6 +124,8 @@ pub(crate) struct TargetCx {
     pub(crate) sessions: Arc<Sessions>,
     pub(crate) regions: Arc<Mutex<RegionTable<Arc<RegionInner>>>>,
     pub(crate) notifies: Arc<NotifyQueue>,
+    /// What this engine served each initiator, and what it refused.
+    pub(crate) served: Arc<crate::served::Served>,
     /// The engine's own tasks (its accept loops and each accepted connection's), which
     /// `Engine::shutdown` joins.
     pub(crate) tasks: TaskTracker,
