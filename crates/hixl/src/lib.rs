@@ -22,3 +22,8 @@ pub use hixl_datadist as datadist;
 /// want to look below the engine, such as `hixl info`.
 #[cfg(feature = "verbs")]
 pub use hixl_verbs as verbs;
+
+/// The user guide's examples, compiled as doctests.
+#[doc = include_str!("../../../docs/guide.md")]
+#[cfg(doctest)]
+pub struct UserGuide;
