@@ -146,11 +146,17 @@ pub async fn bench(a: KvArgs) -> CliResult {
         );
     }
     let mut peer = peer;
+    let progress = crate::progress::Progress::timed(
+        format!("{} requests", m.name),
+        std::time::Duration::from_secs_f64(a.duration),
+        a.json,
+    );
     let result = if a.layerwise {
         layerwise(&a, &dd, &m, &local, &ids, bytes).await?
     } else {
         pull(&a, &dd, &m, &local, (&src, &ids), bytes, &hpeer, &mut peer).await?
     };
+    drop(progress);
     if a.json {
         println!("{}", serde_json::to_string(&result).map_err(cli)?);
     } else {
