@@ -7,7 +7,9 @@
 //! Threads: one tokio runtime per process ([`runtime`]) runs every engine's tasks. No thread of
 //! it ever takes the GIL: a finished op is pushed onto its waker's queue and the waker's eventfd
 //! is written; the event loop's thread (which watches the eventfd with `add_reader`) resolves
-//! the asyncio futures. Blocking calls release the GIL while Rust waits or copies.
+//! the asyncio futures. Blocking calls release the GIL while Rust waits or copies. The one
+//! exception is logging ([`logging`]): a record that passes the Python logger's level takes the
+//! GIL on the thread that logs it.
 
 use std::sync::OnceLock;
 
@@ -18,6 +20,7 @@ mod descs;
 mod dlpack;
 mod engine;
 mod errors;
+mod logging;
 mod op;
 mod waker;
 
@@ -64,6 +67,7 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
 #[pymodule]
 fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    logging::init(m)?;
     engine::add(m)?;
     op::add(m)?;
     waker::add(m)?;
