@@ -7,9 +7,8 @@
 //! Threads: one tokio runtime per process ([`runtime`]) runs every engine's tasks. No thread of
 //! it ever takes the GIL: a finished op is pushed onto its waker's queue and the waker's eventfd
 //! is written; the event loop's thread (which watches the eventfd with `add_reader`) resolves
-//! the asyncio futures. Blocking calls release the GIL while Rust waits or copies. The one
-//! exception is logging ([`logging`]): a record that passes the Python logger's level takes the
-//! GIL on the thread that logs it.
+//! the asyncio futures. Blocking calls release the GIL while Rust waits or copies. Log records
+//! are handed to Python by a thread of their own ([`logging`]).
 
 use std::sync::OnceLock;
 
