@@ -49,10 +49,15 @@ enum Cmd {
 }
 
 fn main() {
+    // HIXL_LOG, else RUST_LOG (tracing_subscriber's filter syntax), else warnings; colour only
+    // on a terminal.
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("HIXL_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

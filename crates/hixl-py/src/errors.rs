@@ -32,6 +32,36 @@ fn offending(py: Python<'_>, e: &Error) -> PyResult<Py<PyAny>> {
     Ok(v.unbind())
 }
 
+/// Which typed exception `e` becomes (a subclass of the one its status picks), with the peer
+/// and the cause it names; `None` for an error that names no peer.
+fn kind(e: &Error) -> Option<(&'static str, &str, String)> {
+    Some(match e {
+        Error::Cancelled { .. } => ("cancelled", "", String::new()),
+        Error::HeartbeatLost { peer, .. } => ("heartbeat_lost", peer, lost_cause(e, peer)),
+        Error::PeerLost { peer, .. }
+        | Error::ConnectionLost { peer, .. }
+        | Error::Transport { peer, .. }
+        | Error::Evicted { peer }
+        | Error::RevokeUnacknowledged { peer, .. } => ("peer_lost", peer, lost_cause(e, peer)),
+        Error::AuthFailed { peer, reason } => ("auth", peer, reason.clone()),
+        Error::Timeout { what, peer, after } => {
+            ("timeout", peer, format!("{what} timed out after {after:?}"))
+        }
+        Error::Remote { peer, message, .. } => ("refused", peer, message.clone()),
+        _ => return None,
+    })
+}
+
+/// Why a link was lost: the message without its `link to PEER lost: ` head, which every
+/// link-lost variant's message starts with.
+fn lost_cause(e: &Error, peer: &str) -> String {
+    let msg = e.to_string();
+    match msg.strip_prefix(&format!("link to {peer} lost: ")) {
+        Some(cause) => cause.to_owned(),
+        None => msg,
+    }
+}
+
 /// A `hixl.HixlError` subclass for `e` (by its HIXL status).
 pub(crate) fn hixl_err(e: Error) -> PyErr {
     Python::attach(|py| match make(py, &e) {
@@ -42,15 +72,20 @@ pub(crate) fn hixl_err(e: Error) -> PyErr {
 
 fn make(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
     let status = e.status();
-    let cancelled = matches!(e, Error::Cancelled { .. });
     let value = offending(py, e)?;
+    let (kind, peer, cause) = match kind(e) {
+        Some((k, p, c)) => (Some(k), Some(p), Some(c)),
+        None => (None, None, None),
+    };
     let errors = py.import("hixl._errors")?;
     let exc = errors.getattr("_make")?.call1((
         status.code(),
         status.name(),
         e.to_string(),
         value,
-        cancelled,
+        kind,
+        peer,
+        cause,
     ))?;
     Ok(PyErr::from_value(exc))
 }

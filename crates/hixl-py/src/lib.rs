@@ -7,7 +7,8 @@
 //! Threads: one tokio runtime per process ([`runtime`]) runs every engine's tasks. No thread of
 //! it ever takes the GIL: a finished op is pushed onto its waker's queue and the waker's eventfd
 //! is written; the event loop's thread (which watches the eventfd with `add_reader`) resolves
-//! the asyncio futures. Blocking calls release the GIL while Rust waits or copies.
+//! the asyncio futures. Blocking calls release the GIL while Rust waits or copies. Log records
+//! are handed to Python by a thread of their own ([`logging`]).
 
 use std::sync::OnceLock;
 
@@ -18,6 +19,7 @@ mod descs;
 mod dlpack;
 mod engine;
 mod errors;
+mod logging;
 mod op;
 mod waker;
 
@@ -64,6 +66,7 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
 #[pymodule]
 fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    logging::init(m)?;
     engine::add(m)?;
     op::add(m)?;
     waker::add(m)?;

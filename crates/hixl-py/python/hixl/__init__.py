@@ -3,15 +3,21 @@ prefill/decode-disaggregated LLM inference.
 
 ``hixl.Engine`` is the engine API (asyncio awaitables, blocking ``.wait()``);
 ``hixl.llm_datadist`` is a drop-in for HIXL's ``llm_datadist`` package.
+
+The native code logs through Python's ``logging``, to loggers under ``hixl`` (e.g.
+``hixl.hixl_async.server``); a level set on one after it first logged takes effect after
+``hixl.reset_log_cache()``.
 """
 
 from . import _errors
-from ._errors import (AlreadyConnectedError, FailedError, HixlError, HixlTimeoutError,
-                      NotConnectedError, NotifyFailedError, ParamInvalidError,
-                      ResourceExhaustedError, TransferCancelledError, UnsupportedError)
+from ._errors import (AlreadyConnectedError, AuthError, FailedError, HeartbeatLostError,
+                      HixlError, HixlTimeoutError, NotConnectedError, NotifyFailedError,
+                      ParamInvalidError, PeerLostError, RefusedError, ResourceExhaustedError,
+                      TransferCancelledError, TransferTimeoutError, UnsupportedError)
 from ._engine import (Access, Engine, Notify, Op, Peer, Region, RemoteRegion, Transfer,
                       TransferOp, TransferStatus)
 from ._hixl import __version__
+from ._hixl import _reset_log_cache as reset_log_cache
 
 __all__ = [
     "__version__",
@@ -25,5 +31,6 @@ __all__ = [
     "TransferStatus",
     "Access",
     "Notify",
+    "reset_log_cache",
     *_errors.__all__,
 ]

@@ -340,11 +340,14 @@ class Peer:
         return [RemoteRegion(a, n, k, Access(acc), nm) for a, n, k, acc, nm in self._native.regions()]
 
     def region(self, name: str) -> RemoteRegion:
-        """The peer's region registered as ``name`` (raises KeyError)."""
-        for r in self.regions:
+        """The peer's region registered as ``name`` (raises KeyError naming those it has)."""
+        regions = self.regions
+        for r in regions:
             if r.name == name:
                 return r
-        raise KeyError(name)
+        names = sorted(repr(r.name) for r in regions if r.name is not None)
+        raise KeyError(f"the peer has no region named {name!r}; its named regions: "
+                       f"{', '.join(names) if names else 'none'}")
 
     def transfer(self, op: Union[TransferOp, int], descs: Descs,
                  timeout: Optional[float] = None) -> Transfer:

@@ -15,6 +15,11 @@ __all__ = [
     "ResourceExhaustedError",
     "FailedError",
     "TransferCancelledError",
+    "PeerLostError",
+    "HeartbeatLostError",
+    "AuthError",
+    "TransferTimeoutError",
+    "RefusedError",
 ]
 
 
@@ -97,6 +102,43 @@ class TransferCancelledError(FailedError):
     """Work of an op that was cancelled before it started was withdrawn."""
 
 
+class _PeerError(HixlError):
+    """An error about one peer: ``peer`` names it, ``cause`` says why."""
+
+    peer: str = ""
+    cause: str = ""
+
+
+class PeerLostError(_PeerError, FailedError, ConnectionError):
+    """The link to a peer broke: it died, closed, reset the socket, or a transport below the
+    link failed. The peer may be connected again.
+
+    Attributes:
+        peer: the peer.
+        cause: why the link was lost.
+    """
+
+
+class HeartbeatLostError(PeerLostError):
+    """The peer answered no heartbeat in time: it is dead, hung, or the network is cut."""
+
+
+class AuthError(_PeerError, FailedError, PermissionError):
+    """Mutual authentication with a peer failed: the ``hixl.AuthSecret`` differs or is
+    missing on one side. ``cause`` says what did not match."""
+
+
+class TransferTimeoutError(_PeerError, HixlTimeoutError):
+    """An operation with a peer (a transfer, a connect, a notify...) did not finish in its
+    timeout; ``cause`` names the operation and the timeout."""
+
+
+class RefusedError(_PeerError):
+    """The peer refused a request; ``status``/``status_name`` are the status it answered and
+    ``cause`` its explanation. Each raised one is also an instance of the class that status
+    picks (e.g. ``ParamInvalidError`` for ``PARAM_INVALID``)."""
+
+
 _BY_STATUS: Dict[int, Type[HixlError]] = {
     c.status: c
     for c in (
@@ -112,7 +154,39 @@ _BY_STATUS: Dict[int, Type[HixlError]] = {
 }
 
 
-def _make(status: int, name: str, message: str, value: Any, cancelled: bool) -> HixlError:
-    """Called by the native module: the exception for a Rust error."""
-    cls = TransferCancelledError if cancelled else _BY_STATUS.get(status, HixlError)
-    return cls(message, status=status, status_name=name, value=value)
+_KINDS: Dict[str, Type[HixlError]] = {
+    "cancelled": TransferCancelledError,
+    "peer_lost": PeerLostError,
+    "heartbeat_lost": HeartbeatLostError,
+    "auth": AuthError,
+    "timeout": TransferTimeoutError,
+}
+
+_REFUSED: Dict[Type[HixlError], Type[HixlError]] = {}
+
+
+def _refused(base: Type[HixlError]) -> Type[HixlError]:
+    """``RefusedError`` joined with the class the refusal's status picks (made once)."""
+    if base is HixlError:
+        return RefusedError
+    cls = _REFUSED.get(base)
+    if cls is None:
+        name = "Refused" + base.__name__
+        cls = _REFUSED[base] = type(name, (RefusedError, base), {"__module__": __name__})
+    return cls
+
+
+def _make(status: int, name: str, message: str, value: Any, kind: Optional[str] = None,
+          peer: Optional[str] = None, cause: Optional[str] = None) -> HixlError:
+    """Called by the native module: the exception for a Rust error. ``kind`` picks a typed
+    subclass (``"peer_lost"``, ``"auth"``...); ``peer`` and ``cause`` are its attributes."""
+    base = _BY_STATUS.get(status, HixlError)
+    if kind == "refused":
+        cls = _refused(base)
+    else:
+        cls = _KINDS.get(kind or "", base)
+    exc = cls(message, status=status, status_name=name, value=value)
+    if isinstance(exc, _PeerError):
+        exc.peer = peer or ""
+        exc.cause = cause or ""
+    return exc
