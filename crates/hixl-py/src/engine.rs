@@ -45,7 +45,7 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    fn get(&self) -> PyResult<RsEngine> {
+    pub(crate) fn get(&self) -> PyResult<RsEngine> {
         lock(&self.engine).clone().ok_or_else(|| {
             crate::hixl_err(Error::ShutDown {
                 engine: self.name.clone(),

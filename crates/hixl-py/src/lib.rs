@@ -20,6 +20,7 @@ mod dlpack;
 mod engine;
 mod errors;
 mod logging;
+mod metrics;
 mod op;
 mod waker;
 
@@ -71,6 +72,7 @@ fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     op::add(m)?;
     waker::add(m)?;
     datadist::add(m)?;
+    metrics::add(m)?;
     m.add_function(wrap_pyfunction!(dlpack::dlpack_span, m)?)?;
     Ok(())
 }

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -138,6 +139,14 @@ def test_telemetry_records_and_prometheus_text(spawn, transport):
         assert f"hixl_transfer_bytes_total{{{labels}}} 4096" in text, text
         assert f'hixl_transfers_total{{{labels},outcome="completed"}} 1' in text, text
         assert "# TYPE hixl_transfer_duration_seconds histogram" in text
+        # The same text over HTTP, for Prometheus.
+        srv = eng.serve_metrics("127.0.0.1:0")
+        try:
+            with urllib.request.urlopen(f"http://{srv.local_addr}/metrics", timeout=5) as r:
+                body = r.read().decode()
+            assert f"hixl_transfer_bytes_total{{{labels}}} 4096" in body, body
+        finally:
+            srv.close()
     finally:
         eng.close()
 

@@ -450,6 +450,12 @@ class Engine:
         duration histogram (post → end seen); the links up and the initiators connected."""
         return self._native.metrics_text()
 
+    def serve_metrics(self, listen: str) -> "_hixl.MetricsServer":
+        """Serves :meth:`metrics_text` as Prometheus text at ``GET /metrics`` on ``listen``
+        (``ip:port``; port 0 picks one) until the returned server is closed or dropped; its
+        ``local_addr`` is where it listens."""
+        return _hixl.serve_metrics(self._native, listen)
+
     def take_transfer_records(self) -> List[Dict[str, Any]]:
         """The transfers that ended since the last call (the last 1024 per link at most), each
         a dict: ``peer``, ``transport``, ``op`` (``"read"``/``"write"``), ``bytes``,
