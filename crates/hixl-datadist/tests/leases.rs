@@ -369,6 +369,24 @@ async fn leases_end_by_done_expiry_and_revocation_and_refuse_late_pulls() {
     owner
         .lease_blocks(5, &[&cache], &b, Duration::from_secs(1))
         .unwrap();
+
+    // The metrics count them: four granted before this one, ended done, expired, revoked.
+    let m = owner.metrics_text().unwrap();
+    let has = |series: &str, tail: &str| {
+        m.lines()
+            .any(|l| l.starts_with(series) && l.ends_with(tail))
+    };
+    assert!(has("hixl_leases_live{", "} 1"), "{m}");
+    assert!(has("hixl_leases_granted_total{", "} 4"), "{m}");
+    for (reason, n) in [
+        ("done", 1),
+        ("expired", 1),
+        ("revoked", 1),
+        ("link_down", 0),
+    ] {
+        let tail = format!("reason=\"{reason}\"}} {n}");
+        assert!(has("hixl_leases_ended_total{", &tail), "{tail}\n{m}");
+    }
 }
 
 /// A decode peer killed while it pulls: the lease ends (LinkDown) within the liveness bound.

@@ -48,6 +48,7 @@ pub(super) fn stop(inner: &Inner) {
 
 fn emit(inner: &Inner, ended: Vec<EndedLease>) {
     for e in ended {
+        inner.lease_counts.ended(e.why);
         tracing::debug!(
             request = e.request_id,
             lease = e.lease_id,
@@ -186,6 +187,7 @@ impl LlmDataDist {
             minted.map_or_else(random_u64, |m| m.1),
             now(),
         )?;
+        inner.lease_counts.granted();
         inner.reaper_wake.notify_one();
         Ok(grant)
     }
@@ -225,6 +227,23 @@ impl LlmDataDist {
                 "the lease event stream was taken already",
             )
         })
+    }
+
+    /// The engine's metrics ([`hixl_async::Engine::metrics_text`]) and this cluster's
+    /// leases: `hixl_leases_live`, `hixl_leases_granted_total` and `hixl_leases_ended_total`
+    /// by reason (`done`, `expired`, `link_down`, `revoked`).
+    ///
+    /// # Errors
+    /// `LLM_FAILED` before initialize.
+    pub fn metrics_text(&self) -> Result<String> {
+        let inner = self.inner()?;
+        let mut out = inner.engine.metrics_text();
+        let live = lock(&inner.leases).len();
+        let name = inner.engine.local_engine().to_string();
+        inner
+            .lease_counts
+            .prometheus(&mut out, &name, self.cluster_id, live);
+        Ok(out)
     }
 
     /// Leases this cluster granted that are live.

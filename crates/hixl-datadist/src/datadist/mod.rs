@@ -16,6 +16,7 @@ use crate::table::{CacheEntry, CacheTable, TABLE_REGION};
 use hixl_async::sync::lock;
 
 mod caches;
+mod lease_metrics;
 mod leases;
 pub use leases::LeaseEvents;
 mod links;
@@ -89,6 +90,8 @@ struct Inner {
     state: Mutex<State>,
     /// The leases this cluster granted (it owns their blocks).
     leases: Mutex<LeaseTable>,
+    /// Leases granted and ended, for the metrics.
+    lease_counts: lease_metrics::LeaseCounts,
     /// Ended leases, to [`LlmDataDist::lease_events`]' stream.
     ended_tx: futures::channel::mpsc::UnboundedSender<EndedLease>,
     ended_rx: Mutex<Option<futures::channel::mpsc::UnboundedReceiver<EndedLease>>>,
@@ -197,6 +200,7 @@ impl LlmDataDist {
                 ..State::default()
             }),
             leases: Mutex::new(LeaseTable::default()),
+            lease_counts: lease_metrics::LeaseCounts::default(),
             ended_tx,
             ended_rx: Mutex::new(Some(ended_rx)),
             reaper_wake: Arc::new(tokio::sync::Notify::new()),

@@ -1,0 +1,72 @@
+//! The leases a cluster granted, counted for its metrics: granted, and ended by reason; with
+//! the live count from the lease table, rendered as Prometheus text beside the engine's.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::lease::LeaseEnd;
+
+/// Counters of the leases this cluster granted.
+#[derive(Debug, Default)]
+pub(crate) struct LeaseCounts {
+    granted: AtomicU64,
+    /// By [`LeaseEnd`], in [`REASONS`] order.
+    ended: [AtomicU64; 4],
+}
+
+/// The reasons, as the series label them.
+const REASONS: [(LeaseEnd, &str); 4] = [
+    (LeaseEnd::Done, "done"),
+    (LeaseEnd::Expired, "expired"),
+    (LeaseEnd::LinkDown, "link_down"),
+    (LeaseEnd::Revoked, "revoked"),
+];
+
+impl LeaseCounts {
+    pub(crate) fn granted(&self) {
+        self.granted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn ended(&self, why: LeaseEnd) {
+        if let Some(i) = REASONS.iter().position(|(r, _)| *r == why) {
+            self.ended[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `hixl_leases_live` (gauge), `hixl_leases_granted_total` and `hixl_leases_ended_total`
+    /// by reason, labelled with `engine` and `cluster`.
+    pub(crate) fn prometheus(&self, out: &mut String, engine: &str, cluster: u64, live: usize) {
+        let l = format!(
+            "engine=\"{}\",cluster=\"{cluster}\"",
+            hixl_async::telemetry::label_value(engine)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP hixl_leases_live Leases this cluster granted that are live."
+        );
+        let _ = writeln!(out, "# TYPE hixl_leases_live gauge");
+        let _ = writeln!(out, "hixl_leases_live{{{l}}} {live}");
+        let _ = writeln!(
+            out,
+            "# HELP hixl_leases_granted_total Leases this cluster granted."
+        );
+        let _ = writeln!(out, "# TYPE hixl_leases_granted_total counter");
+        let _ = writeln!(
+            out,
+            "hixl_leases_granted_total{{{l}}} {}",
+            self.granted.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP hixl_leases_ended_total Leases this cluster granted that ended, by reason."
+        );
+        let _ = writeln!(out, "# TYPE hixl_leases_ended_total counter");
+        for (i, (_, name)) in REASONS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "hixl_leases_ended_total{{{l},reason=\"{name}\"}} {}",
+                self.ended[i].load(Ordering::Relaxed)
+            );
+        }
+    }
+}
