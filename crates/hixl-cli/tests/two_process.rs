@@ -355,7 +355,13 @@ async fn malformed_frames_close_only_that_connection() {
 /// the exported region or with a wrong rkey. The target must refuse them before a byte moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn target_refuses_out_of_bounds_and_wrong_rkey_before_a_byte_moves() {
-    let mut target = Target::spawn(exe(), 1 << 20, &[]).unwrap();
+    let mut target = Target::spawn(exe(), 1 << 20, &["--metrics", "127.0.0.1:0"]).unwrap();
+    let metrics = target
+        .wait_line("METRICS", T)
+        .unwrap()
+        .trim_start_matches("METRICS http://")
+        .trim_end_matches("/metrics")
+        .to_string();
     let engine = target.engine.clone();
     let (table, statuses) = tokio::task::spawn_blocking(move || {
         let mut c = TcpStream::connect(&engine).unwrap();
@@ -443,6 +449,25 @@ async fn target_refuses_out_of_bounds_and_wrong_rkey_before_a_byte_moves() {
         statuses.iter().all(|&s| s == Status::ParamInvalid.code()),
         "{statuses:?}"
     );
+    // The target counts what it refused, by op and the status it answered.
+    let body = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(&metrics).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    })
+    .await
+    .unwrap();
+    for (op, n) in [("write", 3), ("read", 1)] {
+        let tail = format!("op=\"{op}\",reason=\"PARAM_INVALID\"}} {n}");
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with("hixl_refused_total{") && l.ends_with(&tail)),
+            "{tail} not in\n{body}"
+        );
+    }
     // nothing landed: the region is still all zeroes
     let (e, _local) = initiator(4096).await;
     let peer = e.connect(&target.engine, T).await.unwrap();
