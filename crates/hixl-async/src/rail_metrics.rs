@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::rail_info::RailInfo;
-use crate::telemetry::{label_value, Telemetry};
+use crate::telemetry::{label_value, metric_head, Telemetry};
 
 /// A series: name, type, help, and its value for one rail.
 type Series = (
@@ -54,8 +54,7 @@ pub(crate) fn prometheus(out: &mut String, engine: &str, t: &Telemetry) {
         ),
     ];
     for (name, kind, help, value) in series {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
+        metric_head(out, name, kind, help);
         for l in &t.links {
             for r in &l.rails {
                 let _ = writeln!(

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::sync::lock;
-use crate::telemetry::label_value;
+use crate::telemetry::{label_value, metric_head};
 
 /// One initiator's counters (shared by its data connections: atomics, no lock per request).
 #[derive(Debug, Default)]
@@ -67,43 +67,32 @@ impl Served {
                 label_value(p)
             )
         };
-        let head = |out: &mut String, name: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-        };
-        head(
-            out,
-            "hixl_served_bytes_total",
-            "Bytes this engine served to an initiator as a target (TCP data path).",
-        );
-        for (p, s) in &peers {
-            for (op, v) in [("read", &s.read_bytes), ("write", &s.write_bytes)] {
-                let _ = writeln!(
-                    out,
-                    "hixl_served_bytes_total{{{}}} {}",
-                    base(p, op),
-                    v.load(Ordering::Relaxed)
-                );
+        type Pick = fn(&PeerServed) -> [&AtomicU64; 2];
+        let series: [(&str, &str, Pick); 2] = [
+            (
+                "hixl_served_bytes_total",
+                "Bytes this engine served to an initiator as a target (TCP data path).",
+                |s| [&s.read_bytes, &s.write_bytes],
+            ),
+            (
+                "hixl_served_ops_total",
+                "Requests this engine served to an initiator as a target (TCP data path).",
+                |s| [&s.read_ops, &s.write_ops],
+            ),
+        ];
+        for (name, help, pick) in series {
+            metric_head(out, name, "counter", help);
+            for (p, s) in &peers {
+                for (op, v) in ["read", "write"].into_iter().zip(pick(s)) {
+                    let n = v.load(Ordering::Relaxed);
+                    let _ = writeln!(out, "{name}{{{}}} {n}", base(p, op));
+                }
             }
         }
-        head(
-            out,
-            "hixl_served_ops_total",
-            "Requests this engine served to an initiator as a target (TCP data path).",
-        );
-        for (p, s) in &peers {
-            for (op, v) in [("read", &s.read_ops), ("write", &s.write_ops)] {
-                let _ = writeln!(
-                    out,
-                    "hixl_served_ops_total{{{}}} {}",
-                    base(p, op),
-                    v.load(Ordering::Relaxed)
-                );
-            }
-        }
-        head(
+        metric_head(
             out,
             "hixl_refused_total",
+            "counter",
             "Requests this engine refused as a target, by reason (the status it answered).",
         );
         for (p, s) in &peers {

@@ -313,16 +313,19 @@ fn float(v: f64) -> String {
     }
 }
 
+/// Appends a series' `# HELP` and `# TYPE` lines to Prometheus text.
+pub fn metric_head(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
 /// Renders telemetry in the Prometheus text exposition format (version 0.0.4): per peer,
 /// transport and operation, `hixl_transfers_total{outcome}`, `hixl_transfer_bytes_total`,
 /// `hixl_transfer_descriptors_total`, `hixl_transfer_post_seconds_total` and the histogram
 /// `hixl_transfer_duration_seconds`; `engine` labels every series.
 pub fn prometheus_text(engine: &str, t: &Telemetry) -> String {
     let mut out = String::new();
-    let head = |out: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-    };
+    let head = metric_head;
     let e = label_value(engine);
     let base = |l: &LinkSnapshot, o: &OpSnapshot| {
         format!(

@@ -134,11 +134,8 @@ impl Context {
         self.inner.ctx
     }
 
-    /// Attributes and GIDs of one port.
-    ///
-    /// # Errors
-    /// The errno of `ibv_query_port` (e.g. `EINVAL` for a port that does not exist).
-    pub fn port(&self, port: u8) -> Result<PortInfo> {
+    /// `ibv_query_port` of one port.
+    fn query_port(&self, port: u8) -> Result<sys::ibv_port_attr> {
         let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
         // SAFETY: the context is open; attr points to a zeroed ibv_port_attr of the size the
         // extended query is told (rdma-sys passes size_of_val).
@@ -151,7 +148,15 @@ impl Context {
             ));
         }
         // SAFETY: zero-initialised and then filled by the driver; every field is an integer.
-        let attr = unsafe { attr.assume_init() };
+        Ok(unsafe { attr.assume_init() })
+    }
+
+    /// Attributes and GIDs of one port.
+    ///
+    /// # Errors
+    /// The errno of `ibv_query_port` (e.g. `EINVAL` for a port that does not exist).
+    pub fn port(&self, port: u8) -> Result<PortInfo> {
+        let attr = self.query_port(port)?;
         let mut info = PortInfo::from_attr(port, &attr);
         let len = u32::try_from(attr.gid_tbl_len).unwrap_or(0).min(256);
         for index in 0..len {
@@ -168,18 +173,7 @@ impl Context {
     /// # Errors
     /// The errno of `ibv_query_port`.
     pub fn port_state(&self, port: u8) -> Result<crate::attr::PortState> {
-        let mut attr = MaybeUninit::<sys::ibv_port_attr>::zeroed();
-        // SAFETY: as in `port`.
-        let rc = unsafe { sys::ibv_query_port_ex(self.raw(), port, attr.as_mut_ptr()) };
-        if rc != 0 {
-            return Err(VerbsError::verb(
-                "ibv_query_port",
-                self.name(),
-                sys::error_from_rc(rc),
-            ));
-        }
-        // SAFETY: zero-initialised and then filled by the driver; every field is an integer.
-        let attr = unsafe { attr.assume_init() };
+        let attr = self.query_port(port)?;
         Ok(crate::attr::PortState::from_code(attr.state))
     }
 

@@ -304,35 +304,41 @@ impl VerbsLink {
             touched.dedup();
             let mut next = Vec::new();
             for (r, q) in touched {
-                let rail = &self.rails[r];
-                match rail.pump(q, &self.peer) {
-                    Pumped::Done => {}
-                    Pumped::NoQp(v) => {
-                        for w in v {
-                            self.replace(w.wr.token.0, &mut next, fails);
-                        }
-                    }
-                    Pumped::Broken { cause, unposted } => {
-                        self.rail_broken(r, cause.to_string(), &mut next, fails);
-                        for w in unposted {
-                            self.replace(w.wr.token.0, &mut next, fails);
-                        }
-                    }
-                }
+                self.pump_one(r, q, &mut next, fails);
             }
             touched = next;
         }
     }
 
-    /// Posts queued slices into freed send-queue room (after every drain).
+    /// Posts what queue pair `q` of rail `r` has queued; what it cannot take is placed again
+    /// (the queue pairs that placing touched go to `next`).
+    fn pump_one(&self, r: usize, q: usize, next: &mut Vec<(usize, usize)>, fails: &mut Fails) {
+        match self.rails[r].pump(q, &self.peer) {
+            Pumped::Done => {}
+            Pumped::NoQp(v) => {
+                for w in v {
+                    self.replace(w.wr.token.0, next, fails);
+                }
+            }
+            Pumped::Broken { cause, unposted } => {
+                self.rail_broken(r, cause.to_string(), next, fails);
+                for w in unposted {
+                    self.replace(w.wr.token.0, next, fails);
+                }
+            }
+        }
+    }
+
+    /// Posts queued slices into freed send-queue room (after every drain): nothing is
+    /// allocated unless a queue pair could not take its backlog.
     pub(crate) fn pump_all(&self) {
-        let touched: Vec<(usize, usize)> = self
-            .rails
-            .iter()
-            .flat_map(|r| (0..r.slots.len()).map(move |q| (r.index, q)))
-            .collect();
-        let mut fails = Fails::new();
-        self.pump_slots(touched, &mut fails);
+        let (mut next, mut fails) = (Vec::new(), Fails::new());
+        for r in &self.rails {
+            for q in 0..r.slots.len() {
+                self.pump_one(r.index, q, &mut next, &mut fails);
+            }
+        }
+        self.pump_slots(next, &mut fails);
         self.report(fails);
     }
 

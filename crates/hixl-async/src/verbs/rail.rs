@@ -124,22 +124,18 @@ impl Rail {
         }
         self.up.store(false, Ordering::Release);
         self.generation.fetch_add(1, Ordering::AcqRel);
-        let mut waiting = Vec::new();
-        for s in &self.slots {
-            let (qp, backlog) = {
-                let mut s = lock(s);
-                (s.qp.take(), std::mem::take(&mut s.backlog))
-            };
-            // Dropped outside the lock: a QP with work outstanding is flushed.
-            drop(qp);
-            waiting.extend(backlog);
-        }
-        Some(waiting)
+        Some(self.take_all())
     }
 
     /// Takes every queue pair and everything waiting (the link closed).
     pub(crate) fn close(&self) -> Vec<Queued> {
         self.up.store(false, Ordering::Release);
+        self.take_all()
+    }
+
+    /// Drops every queue pair (outside its slot's lock: a QP with work outstanding is
+    /// flushed) and returns every backlog.
+    fn take_all(&self) -> Vec<Queued> {
         let mut waiting = Vec::new();
         for s in &self.slots {
             let (qp, backlog) = {

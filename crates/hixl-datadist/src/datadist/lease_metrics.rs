@@ -4,6 +4,8 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use hixl_async::telemetry::{label_value, metric_head};
+
 use crate::lease::LeaseEnd;
 
 /// Counters of the leases this cluster granted.
@@ -36,37 +38,36 @@ impl LeaseCounts {
     /// `hixl_leases_live` (gauge), `hixl_leases_granted_total` and `hixl_leases_ended_total`
     /// by reason, labelled with `engine` and `cluster`.
     pub(crate) fn prometheus(&self, out: &mut String, engine: &str, cluster: u64, live: usize) {
-        let l = format!(
-            "engine=\"{}\",cluster=\"{cluster}\"",
-            hixl_async::telemetry::label_value(engine)
-        );
-        let _ = writeln!(
+        let l = format!("engine=\"{}\",cluster=\"{cluster}\"", label_value(engine));
+        let (granted, live) = (self.granted.load(Ordering::Relaxed), live as u64);
+        let single = [
+            (
+                "hixl_leases_live",
+                "gauge",
+                "Leases this cluster granted that are live.",
+                live,
+            ),
+            (
+                "hixl_leases_granted_total",
+                "counter",
+                "Leases this cluster granted.",
+                granted,
+            ),
+        ];
+        for (name, kind, help, v) in single {
+            metric_head(out, name, kind, help);
+            let _ = writeln!(out, "{name}{{{l}}} {v}");
+        }
+        let name = "hixl_leases_ended_total";
+        metric_head(
             out,
-            "# HELP hixl_leases_live Leases this cluster granted that are live."
+            name,
+            "counter",
+            "Leases this cluster granted that ended, by reason.",
         );
-        let _ = writeln!(out, "# TYPE hixl_leases_live gauge");
-        let _ = writeln!(out, "hixl_leases_live{{{l}}} {live}");
-        let _ = writeln!(
-            out,
-            "# HELP hixl_leases_granted_total Leases this cluster granted."
-        );
-        let _ = writeln!(out, "# TYPE hixl_leases_granted_total counter");
-        let _ = writeln!(
-            out,
-            "hixl_leases_granted_total{{{l}}} {}",
-            self.granted.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP hixl_leases_ended_total Leases this cluster granted that ended, by reason."
-        );
-        let _ = writeln!(out, "# TYPE hixl_leases_ended_total counter");
-        for (i, (_, name)) in REASONS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "hixl_leases_ended_total{{{l},reason=\"{name}\"}} {}",
-                self.ended[i].load(Ordering::Relaxed)
-            );
+        for ((_, reason), n) in REASONS.iter().zip(&self.ended) {
+            let n = n.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}{{{l},reason=\"{reason}\"}} {n}");
         }
     }
 }
