@@ -485,6 +485,33 @@ pub enum Error {
         #[source]
         source: Arc<dyn std::error::Error + Send + Sync>,
     },
+    /// Another live engine holds the name this engine asked the directory for.
+    #[error("the name {name:?} is taken in the directory: held by {holder}")]
+    NameTaken {
+        /// The name.
+        name: String,
+        /// Who holds it: its incarnation and addresses.
+        holder: String,
+    },
+    /// No live engine of that name is in the directory.
+    #[error("no engine named {name:?} in the directory {directory}")]
+    UnknownName {
+        /// The name looked up.
+        name: String,
+        /// The directory (endpoints and prefix).
+        directory: String,
+    },
+    /// The directory (etcd) could not be reached or refused a request, or holds an entry
+    /// hixl cannot read.
+    #[error("directory {directory}: {what}: {reason}")]
+    Directory {
+        /// The directory (endpoints and prefix).
+        directory: String,
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        reason: String,
+    },
     /// Any other invalid parameter.
     #[error("invalid parameter: {what}")]
     InvalidParam {

@@ -38,6 +38,8 @@ impl Error {
             | Error::AlreadyFinished { .. }
             | Error::Device { .. }
             | Error::InvalidParam { .. }
+            | Error::NameTaken { .. }
+            | Error::UnknownName { .. }
             | Error::NoDescriptors
             | Error::SessionOutOfPhase { .. }
             | Error::SessionNotPending { .. }
@@ -59,7 +61,8 @@ impl Error {
             | Error::RevokeUnacknowledged { .. }
             | Error::Protocol { .. }
             | Error::Io { .. }
-            | Error::AuthFailed { .. } => Status::Failed,
+            | Error::AuthFailed { .. }
+            | Error::Directory { .. } => Status::Failed,
             Error::Remote { status, .. } => *status,
         }
     }

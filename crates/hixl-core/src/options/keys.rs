@@ -51,6 +51,8 @@ const UINT_KEYS: &[UintKey] = &[
         empty: None, store: |o, v| o.verbs_qps_per_rail = v as u8 },
     UintKey { key: "hixl.VerbsSliceBytes", min: 4096, max: GIB, multiple_of: 1, size: true,
         empty: None, store: |o, v| o.verbs_slice_bytes = v },
+    UintKey { key: "hixl.DirectoryTtlSec", min: 2, max: 3600, multiple_of: 1, size: false,
+        empty: None, store: |o, v| o.directory.ttl_sec = v },
     UintKey { key: "hixl.VerbsRetryCount", min: 0, max: 7, multiple_of: 1, size: false,
         empty: None, store: |o, v| o.verbs_retry_count = v as u8 },
 ];
@@ -84,6 +86,7 @@ impl Options {
         "hixl.Transport", "hixl.TcpStreams", "hixl.TcpChunkBytes", "hixl.TcpIo", "hixl.HeartbeatIntervalMs",
         "hixl.HeartbeatMissLimit", "hixl.HeartbeatIdleMs", "hixl.FabricBusyPollUs", "hixl.SpinUs", "hixl.VerbsDevice", "hixl.VerbsDevices",
         "hixl.VerbsPort", "hixl.VerbsQpsPerRail", "hixl.VerbsSliceBytes", "hixl.VerbsGidIndex", "hixl.VerbsTimeout", "hixl.VerbsRetryCount", "hixl.AuthSecret",
+        "hixl.Directory", "hixl.DirectoryPrefix", "hixl.Name", "hixl.DirectoryUser", "hixl.DirectoryPassword", "hixl.DirectoryTtlSec",
     ];
 
     /// Parses and stores one option. Only this key's own value is checked; the cross-key check
@@ -141,6 +144,11 @@ impl Options {
                     self.auth_secret = Some(crate::auth::Secret::new(v.as_bytes()));
                 }
             }
+            "hixl.Directory"
+            | "hixl.DirectoryPrefix"
+            | "hixl.Name"
+            | "hixl.DirectoryUser"
+            | "hixl.DirectoryPassword" => return self.set_directory(key, canon, v),
             "hixl.VerbsDevice" | "hixl.VerbsDevices" => {
                 self.verbs_devices = parse_devices(v).map_err(err)?;
             }
@@ -191,7 +199,7 @@ impl Options {
                 } else {
                     format!("given more than once (also as {first:?})")
                 };
-                let shown = if canon == "hixl.AuthSecret" {
+                let shown = if matches!(canon, "hixl.AuthSecret" | "hixl.DirectoryPassword") {
                     "<redacted>"
                 } else {
                     v

@@ -14,12 +14,14 @@
 //!   an empty RDMA value means "the default", as it does in HIXL when the variable is unset.
 
 mod buffer_pool;
+pub mod directory;
 mod global;
 mod keys;
 mod size;
 mod transport;
 
 pub use buffer_pool::BufferPool;
+pub use directory::DirectoryOptions;
 pub use global::{
     ChannelPool, CommResourceConfig, ConnectPool, FabricMemory, GlobalResourceConfig,
     PROTOCOL_DESCS,
@@ -122,6 +124,10 @@ pub struct Options {
     /// connect run a mutual HMAC-SHA256 challenge-response before any memory table is sent.
     /// When unset, the engine reads `HIXL_AUTH_SECRET` from the environment at build.
     pub auth_secret: Option<crate::auth::Secret>,
+    /// `hixl.Directory`, `hixl.Name`, `hixl.DirectoryPrefix`, `hixl.DirectoryUser`,
+    /// `hixl.DirectoryPassword`, `hixl.DirectoryTtlSec` (hixl extensions): publish this engine
+    /// under a name in an etcd directory and find peers by name. Unset: by address only.
+    pub directory: DirectoryOptions,
 }
 
 impl Default for Options {
@@ -151,6 +157,7 @@ impl Default for Options {
             verbs_timeout: 14,
             verbs_retry_count: 7,
             auth_secret: None,
+            directory: DirectoryOptions::new(),
         }
     }
 }

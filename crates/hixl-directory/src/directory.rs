@@ -1,0 +1,282 @@
+//! [`Directory`]: the engine's handle on the directory: its watched cache, its publication,
+//! lookups, and the stream of changes.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use etcd_client::Client;
+use hixl_core::options::DirectoryOptions;
+use hixl_core::{Error, Result};
+use tokio::sync::{broadcast, watch, Notify};
+use tokio::task::JoinHandle;
+
+use crate::cache::{Cache, Change};
+use crate::connect::{describe, failed, request};
+use crate::entry::{Entry, Malformed};
+use crate::publish::{self, Publication, PublishState};
+use crate::sync::lock;
+
+/// What the tasks and the handle share.
+pub(crate) struct Shared {
+    pub(crate) opts: DirectoryOptions,
+    pub(crate) client: Client,
+    pub(crate) cache: Mutex<Cache>,
+    changes: broadcast::Sender<Change>,
+    /// `true` once the watch is established (the cache is current).
+    pub(crate) synced: watch::Sender<bool>,
+    /// Whether etcd answered last time the watch loop asked.
+    pub(crate) etcd_up: AtomicBool,
+    pub(crate) publication: Mutex<Option<Publication>>,
+    /// Wakes the keeper: the watch saw this engine's entry go.
+    pub(crate) entry_gone: Notify,
+    /// etcd requests this handle made (unary calls, stream opens, keep-alives).
+    pub(crate) requests: AtomicU64,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("opts", &self.opts)
+            .field("entries", &lock(&self.cache).len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn key_of(&self, name: &str) -> String {
+        format!("{}{name}", self.opts.prefix)
+    }
+
+    /// The name a key under the prefix stands for.
+    pub(crate) fn name_of(&self, key: &[u8]) -> Option<String> {
+        let rest = key.strip_prefix(self.opts.prefix.as_bytes())?;
+        Some(String::from_utf8_lossy(rest).into_owned())
+    }
+
+    pub(crate) fn emit(&self, changes: Vec<Change>) {
+        for ch in changes {
+            let ours = lock(&self.publication).as_ref().is_some_and(|p| {
+                p.entry.name == ch.name()
+                    && match &ch {
+                        Change::Removed(_) => true,
+                        Change::Replaced { new, .. }
+                        | Change::Added(new)
+                        | Change::Updated(new) => new.incarnation != p.entry.incarnation,
+                    }
+            });
+            if ours {
+                self.entry_gone.notify_one();
+            }
+            let _ = self.changes.send(ch);
+        }
+    }
+
+    pub(crate) fn set_state(&self, lease: i64, state: PublishState) {
+        if let Some(p) = lock(&self.publication).as_mut() {
+            p.lease = lease;
+            p.state = state;
+        }
+    }
+}
+
+/// A directory of engines in etcd: this engine's entry (if it publishes one), and a cache of
+/// every live entry under the prefix, kept current by a watch. The directory is never in the
+/// data path: when etcd is unreachable, lookups are served from the cache and the entry is
+/// published again when etcd is back. Dropping the handle stops its tasks (the entry then
+/// expires with its lease); [`Directory::close`] deletes the entry at once.
+#[derive(Debug)]
+pub struct Directory {
+    sh: Arc<Shared>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Directory {
+    fn drop(&mut self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Directory {
+    /// Connects to etcd, lists the entries under the prefix and starts watching them.
+    ///
+    /// # Errors
+    /// [`Error::Directory`] naming the endpoints when etcd cannot be reached or refuses (bad
+    /// credentials); [`Error::InvalidOption`] for a user without a password.
+    pub async fn open(opts: &DirectoryOptions) -> Result<Directory> {
+        if !opts.is_enabled() {
+            return Err(Error::InvalidOption {
+                key: "hixl.Directory".into(),
+                value: String::new(),
+                reason: "no directory configured (etcd://host:port,...)".into(),
+            });
+        }
+        let client = crate::connect::client(opts).await?;
+        let (changes, _) = broadcast::channel(1024);
+        let sh = Arc::new(Shared {
+            opts: opts.clone(),
+            client,
+            cache: Mutex::new(Cache::default()),
+            changes,
+            synced: watch::channel(false).0,
+            etcd_up: AtomicBool::new(true),
+            publication: Mutex::new(None),
+            entry_gone: Notify::new(),
+            requests: AtomicU64::new(0),
+        });
+        let rev = crate::watch::list(&sh).await?;
+        let d = Directory {
+            tasks: Mutex::new(vec![tokio::spawn(crate::watch::run(sh.clone(), Some(rev)))]),
+            sh,
+        };
+        Ok(d)
+    }
+
+    /// Publishes `entry` under its name, under a lease of `hixl.DirectoryTtlSec` kept alive
+    /// until [`Directory::close`] (or the process dies: then it expires within the TTL).
+    ///
+    /// # Errors
+    /// [`Error::NameTaken`] naming the live holder when another incarnation holds the name;
+    /// [`Error::Directory`] when etcd fails; [`Error::InvalidParam`] if already publishing.
+    pub async fn publish(&self, entry: Entry) -> Result<()> {
+        if lock(&self.sh.publication).is_some() {
+            return Err(Error::InvalidParam {
+                what: format!("this directory handle already publishes {:?}", entry.name),
+            });
+        }
+        let lease = publish::claim(&self.sh, &entry, 0).await?;
+        *lock(&self.sh.publication) = Some(Publication {
+            entry,
+            lease,
+            state: PublishState::Live,
+        });
+        lock(&self.tasks).push(tokio::spawn(publish::keep(self.sh.clone())));
+        Ok(())
+    }
+
+    /// Replaces the published entry with `entry` (same name and incarnation; e.g. a new
+    /// memory-table digest). If etcd is away, the keeper publishes it when etcd is back.
+    pub async fn update(&self, entry: Entry) {
+        let lease = {
+            let mut p = lock(&self.sh.publication);
+            let Some(p) = p.as_mut() else { return };
+            if p.entry.name != entry.name || p.entry.incarnation != entry.incarnation {
+                return;
+            }
+            p.entry = entry.clone();
+            p.lease
+        };
+        let key = self.sh.key_of(&entry.name);
+        let put = etcd_client::TxnOp::put(
+            key.clone(),
+            entry.encode(),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        );
+        let txn = etcd_client::Txn::new()
+            .when([etcd_client::Compare::lease(
+                key,
+                etcd_client::CompareOp::Equal,
+                lease,
+            )])
+            .and_then([put]);
+        self.sh.requests.fetch_add(1, Ordering::Relaxed);
+        let r = request(&self.sh.opts, "updating the entry", || {
+            let (mut c, txn) = (self.sh.client.clone(), txn.clone());
+            async move { c.txn(txn).await }
+        });
+        match r.await {
+            Ok(r) if r.succeeded() => {}
+            Ok(_) => self.sh.entry_gone.notify_one(),
+            Err(e) => tracing::warn!("directory: {e}; the keeper publishes it when etcd is back"),
+        }
+    }
+
+    /// Deletes this engine's entry at once (revoking its lease) and stops watching.
+    pub async fn close(&self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+        let p = lock(&self.sh.publication).take();
+        if let Some(p) = p {
+            publish::revoke(&self.sh, p.lease).await;
+        }
+    }
+
+    /// The live entry named `name`, from the cache (no round trip).
+    pub fn lookup(&self, name: &str) -> Option<Entry> {
+        lock(&self.sh.cache).get(name).cloned()
+    }
+
+    /// The entry named `name`: from the cache, else asked of etcd (the cache may not have
+    /// seen a brand-new entry yet).
+    ///
+    /// # Errors
+    /// [`Error::UnknownName`]; [`Error::Directory`] naming the key for an entry hixl cannot
+    /// read, or when etcd fails and the cache does not have it.
+    pub async fn resolve(&self, name: &str) -> Result<Entry> {
+        if let Some(e) = self.lookup(name) {
+            return Ok(e);
+        }
+        self.resolve_cold(name).await
+    }
+
+    /// The entry named `name`, asked of etcd (one round trip; the cache is not consulted).
+    ///
+    /// # Errors
+    /// As [`Directory::resolve`].
+    pub async fn resolve_cold(&self, name: &str) -> Result<Entry> {
+        let o = &self.sh.opts;
+        let key = self.sh.key_of(name);
+        self.sh.requests.fetch_add(1, Ordering::Relaxed);
+        let r = request(o, "looking up a name", || {
+            let (mut c, key) = (self.sh.client.clone(), key.clone());
+            async move { c.get(key, None).await }
+        })
+        .await?;
+        let Some(kv) = r.kvs().first() else {
+            return Err(Error::UnknownName {
+                name: name.to_owned(),
+                directory: describe(o),
+            });
+        };
+        Entry::decode(name, kv.value())
+            .map_err(|Malformed(why)| failed(o, &format!("reading {}", self.sh.key_of(name)), &why))
+    }
+
+    /// Why the value under `name`'s key cannot be read, if the cache holds one it cannot.
+    pub fn malformed(&self, name: &str) -> Option<String> {
+        lock(&self.sh.cache).malformed(name).map(str::to_owned)
+    }
+
+    /// Every live entry, by name, from the cache.
+    pub fn entries(&self) -> Vec<Entry> {
+        lock(&self.sh.cache).entries().cloned().collect()
+    }
+
+    /// Changes as the watch sees them (a receiver that lags past 1024 changes loses the
+    /// oldest; [`Directory::entries`] is always current).
+    pub fn changes(&self) -> broadcast::Receiver<Change> {
+        self.sh.changes.subscribe()
+    }
+
+    /// This engine's publication, if it publishes one.
+    pub fn publication(&self) -> Option<Publication> {
+        lock(&self.sh.publication).clone()
+    }
+
+    /// Whether etcd answered the watch last time (the cache is being kept current).
+    pub fn etcd_reachable(&self) -> bool {
+        self.sh.etcd_up.load(Ordering::SeqCst)
+    }
+
+    /// etcd requests made through this handle so far (calls, stream opens, keep-alives).
+    pub fn requests(&self) -> u64 {
+        self.sh.requests.load(Ordering::Relaxed)
+    }
+
+    /// `etcd://a:2379,b:2379 under /hixl/engines/`.
+    pub fn describe(&self) -> String {
+        describe(&self.sh.opts)
+    }
+}
