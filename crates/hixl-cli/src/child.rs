@@ -20,6 +20,8 @@ pub struct Target {
     pub baseline: Option<String>,
     /// Its process id.
     pub pid: u32,
+    /// Its READY line, as printed.
+    pub ready: String,
 }
 
 impl Target {
@@ -77,6 +79,7 @@ impl Target {
             engine: String::new(),
             baseline: None,
             pid,
+            ready: String::new(),
         };
         let ready = t.wait_line("READY", Duration::from_secs(30))?;
         for kv in ready.split_whitespace() {
@@ -87,6 +90,7 @@ impl Target {
                 t.baseline = Some(v.to_string());
             }
         }
+        t.ready = ready.clone();
         if t.engine.is_empty() {
             return Err(CliError(format!(
                 "target printed no engine address: {ready}"
@@ -142,6 +146,13 @@ impl Target {
     pub fn take_lines(&mut self) -> Receiver<String> {
         let (_closed, none) = mpsc::channel();
         std::mem::replace(&mut self.lines, none)
+    }
+
+    /// The `key=value` field `key` of the READY line.
+    pub fn ready_field(&self, key: &str) -> Option<&str> {
+        self.ready
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
     }
 
     /// Kills the process at once (SIGKILL), as a crash would.

@@ -1,10 +1,11 @@
-//! The `hixl` command: a loopback demo, a target server, benchmarks, a soak and machine info.
+//! The `hixl` command: a loopback demo, a target server, a directory listing, benchmarks, a soak and machine info.
 
 mod bench;
 mod demo;
 mod info;
 mod kv;
 mod links;
+mod peers;
 mod progress;
 mod serve;
 mod soak;
@@ -36,6 +37,8 @@ enum Cmd {
     Bench(bench::Bench),
     /// Version, and which transports this machine can use and why.
     Info(info::Args),
+    /// The live engines of a directory: names, incarnations, addresses, transports.
+    Peers(peers::Args),
     /// Mixed workload (sizes, READ/WRITE, batches, notifies, drops, tiny timeouts, disconnects)
     /// against a target process over tcp and fabric for a set time; every byte verified, every
     /// op accounted for, memory of both processes watched. Exits non-zero on any violation.
@@ -84,6 +87,7 @@ fn main() {
             Cmd::Serve(a) => serve::run(a).await,
             Cmd::Bench(b) => bench::run(b).await,
             Cmd::Info(a) => info::run(a).await,
+            Cmd::Peers(a) => peers::run(a).await,
             Cmd::KvServe(a) => kv::serve(a).await,
             Cmd::Soak(a) => soak::run(a).await,
             Cmd::SoakServe(a) => soak::serve(a).await,

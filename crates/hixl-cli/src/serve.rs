@@ -19,7 +19,14 @@ pub struct Args {
     pub mem: u64,
     /// Name under which the region is exported to peers.
     #[arg(long, default_value = "kv")]
-    pub name: String,
+    pub region: String,
+    /// Publish this engine under NAME in the directory (`--directory`), so peers connect by
+    /// name (`hixl.Name`).
+    #[arg(long, value_name = "NAME", requires = "directory")]
+    pub name: Option<String>,
+    /// The etcd directory, `etcd://host:port[,host:port...]` (`hixl.Directory`).
+    #[arg(long, value_name = "URL")]
+    pub directory: Option<String>,
     /// Take the region from the engine's fabric pool (sealed shared memory that same-host
     /// peers map) instead of the heap.
     #[arg(long)]
@@ -62,14 +69,20 @@ pub async fn run(a: Args) -> CliResult {
     for (k, v) in &a.options {
         b = b.option(k, v);
     }
+    if let Some(d) = &a.directory {
+        b = b.option("hixl.Directory", d);
+    }
+    if let Some(n) = &a.name {
+        b = b.option("hixl.Name", n);
+    }
     let engine = b.build().await?;
     let region = if a.pool {
-        engine.register_pooled(a.mem, Access::REMOTE_RW, Some(&a.name))?
+        engine.register_pooled(a.mem, Access::REMOTE_RW, Some(&a.region))?
     } else {
         engine.register_with(
             HostBuffer::zeroed(a.mem as usize)?,
             Access::REMOTE_RW,
-            Some(&a.name),
+            Some(&a.region),
         )?
     };
     let baseline = if a.baseline {
@@ -84,8 +97,12 @@ pub async fn run(a: Args) -> CliResult {
         Some(addr) => Some(engine.serve_metrics(addr).await?),
         None => None,
     };
+    let published = match engine.directory().and_then(|d| d.publication()) {
+        Some(p) => format!(" name={} incarnation={}", p.entry.name, p.entry.incarnation),
+        None => String::new(),
+    };
     say(format!(
-        "READY engine={} region={:#x}:{} pid={}{baseline}",
+        "READY engine={} region={:#x}:{} pid={}{baseline}{published}",
         engine.local_engine(),
         region.addr(),
         region.len(),

@@ -503,11 +503,9 @@ pub enum Error {
     },
     /// The directory (etcd) could not be reached or refused a request, or holds an entry
     /// hixl cannot read.
-    #[error("directory {directory}: {what}: {reason}")]
+    #[error("directory {what}: {reason}")]
     Directory {
-        /// The directory (endpoints and prefix).
-        directory: String,
-        /// What was being done.
+        /// The directory (endpoints and prefix), and what was being done.
         what: String,
         /// Why it failed.
         reason: String,

@@ -51,6 +51,11 @@ impl Cache {
         self.malformed.get(name).map(String::as_str)
     }
 
+    /// Every key hixl cannot read: name and why.
+    pub fn unreadable(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.malformed.iter().map(|(n, w)| (n.as_str(), w.as_str()))
+    }
+
     /// Every live entry, by name.
     pub fn entries(&self) -> impl Iterator<Item = &Entry> {
         self.entries.values()

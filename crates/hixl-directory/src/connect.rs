@@ -50,8 +50,7 @@ pub(crate) async fn client(o: &DirectoryOptions) -> Result<Client> {
 /// [`Error::Directory`] for `what` failing with `e`.
 pub(crate) fn failed(o: &DirectoryOptions, what: &str, e: &dyn std::fmt::Display) -> Error {
     Error::Directory {
-        directory: describe(o),
-        what: what.to_owned(),
+        what: format!("{}: {what}", describe(o)),
         reason: e.to_string(),
     }
 }

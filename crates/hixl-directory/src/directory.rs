@@ -4,7 +4,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use etcd_client::Client;
 use hixl_core::options::DirectoryOptions;
 use hixl_core::{Error, Result};
 use tokio::sync::{broadcast, watch, Notify};
@@ -13,71 +12,9 @@ use tokio::task::JoinHandle;
 use crate::cache::{Cache, Change};
 use crate::connect::{describe, failed, request};
 use crate::entry::{Entry, Malformed};
-use crate::publish::{self, Publication, PublishState};
+use crate::publish;
+use crate::shared::{Publication, PublishState, Shared};
 use crate::sync::lock;
-
-/// What the tasks and the handle share.
-pub(crate) struct Shared {
-    pub(crate) opts: DirectoryOptions,
-    pub(crate) client: Client,
-    pub(crate) cache: Mutex<Cache>,
-    changes: broadcast::Sender<Change>,
-    /// `true` once the watch is established (the cache is current).
-    pub(crate) synced: watch::Sender<bool>,
-    /// Whether etcd answered last time the watch loop asked.
-    pub(crate) etcd_up: AtomicBool,
-    pub(crate) publication: Mutex<Option<Publication>>,
-    /// Wakes the keeper: the watch saw this engine's entry go.
-    pub(crate) entry_gone: Notify,
-    /// etcd requests this handle made (unary calls, stream opens, keep-alives).
-    pub(crate) requests: AtomicU64,
-}
-
-impl std::fmt::Debug for Shared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
-            .field("opts", &self.opts)
-            .field("entries", &lock(&self.cache).len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Shared {
-    pub(crate) fn key_of(&self, name: &str) -> String {
-        format!("{}{name}", self.opts.prefix)
-    }
-
-    /// The name a key under the prefix stands for.
-    pub(crate) fn name_of(&self, key: &[u8]) -> Option<String> {
-        let rest = key.strip_prefix(self.opts.prefix.as_bytes())?;
-        Some(String::from_utf8_lossy(rest).into_owned())
-    }
-
-    pub(crate) fn emit(&self, changes: Vec<Change>) {
-        for ch in changes {
-            let ours = lock(&self.publication).as_ref().is_some_and(|p| {
-                p.entry.name == ch.name()
-                    && match &ch {
-                        Change::Removed(_) => true,
-                        Change::Replaced { new, .. }
-                        | Change::Added(new)
-                        | Change::Updated(new) => new.incarnation != p.entry.incarnation,
-                    }
-            });
-            if ours {
-                self.entry_gone.notify_one();
-            }
-            let _ = self.changes.send(ch);
-        }
-    }
-
-    pub(crate) fn set_state(&self, lease: i64, state: PublishState) {
-        if let Some(p) = lock(&self.publication).as_mut() {
-            p.lease = lease;
-            p.state = state;
-        }
-    }
-}
 
 /// A directory of engines in etcd: this engine's entry (if it publishes one), and a cache of
 /// every live entry under the prefix, kept current by a watch. The directory is never in the
@@ -188,7 +125,7 @@ impl Directory {
         match r.await {
             Ok(r) if r.succeeded() => {}
             Ok(_) => self.sh.entry_gone.notify_one(),
-            Err(e) => tracing::warn!("directory: {e}; the keeper publishes it when etcd is back"),
+            Err(e) => tracing::warn!("{e}; the keeper publishes it when etcd is back"),
         }
     }
 
@@ -247,6 +184,14 @@ impl Directory {
     /// Why the value under `name`'s key cannot be read, if the cache holds one it cannot.
     pub fn malformed(&self, name: &str) -> Option<String> {
         lock(&self.sh.cache).malformed(name).map(str::to_owned)
+    }
+
+    /// Every key under the prefix hixl cannot read, with why, from the cache.
+    pub fn unreadable(&self) -> Vec<(String, String)> {
+        let c = lock(&self.sh.cache);
+        c.unreadable()
+            .map(|(n, w)| (n.to_owned(), w.to_owned()))
+            .collect()
     }
 
     /// Every live entry, by name, from the cache.

@@ -15,6 +15,7 @@ mod connect;
 mod directory;
 pub mod entry;
 mod publish;
+mod shared;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -23,4 +24,4 @@ mod watch;
 pub use cache::Change;
 pub use directory::Directory;
 pub use entry::{incarnation_hex, table_digest, Entry, ENTRY_VERSION};
-pub use publish::{Publication, PublishState};
+pub use shared::{Publication, PublishState};

@@ -10,32 +10,9 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use hixl_core::{Error, Result};
 
 use crate::connect::{failed, request, REQUEST_TIMEOUT};
-use crate::directory::Shared;
 use crate::entry::{Entry, Malformed};
+use crate::shared::{PublishState, Shared};
 use crate::sync::lock;
-
-/// How the engine's own entry stands.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PublishState {
-    /// Published, its lease kept alive.
-    Live,
-    /// etcd cannot be reached (or refused): the keeper retries; links are unaffected.
-    Retrying(String),
-    /// While etcd was away, another incarnation took the name; this engine stopped
-    /// publishing it.
-    Lost(String),
-}
-
-/// This engine's publication: the entry, the lease it lives under, how it stands.
-#[derive(Debug, Clone)]
-pub struct Publication {
-    /// What is published.
-    pub entry: Entry,
-    /// The etcd lease the entry lives under (0 while none is granted).
-    pub lease: i64,
-    /// How it stands.
-    pub state: PublishState,
-}
 
 /// Writes `entry` under its name with `lease` (granting one if `lease` is 0) unless another
 /// incarnation holds the name. Returns the lease.
@@ -135,7 +112,7 @@ pub(crate) async fn revoke(sh: &Shared, lease: i64) {
     })
     .await
     {
-        tracing::warn!("directory: {e}; the entry expires with its lease instead");
+        tracing::warn!("{e}; the entry expires with its lease instead");
     }
 }
 
@@ -161,7 +138,7 @@ pub(crate) async fn keep(sh: Arc<Shared>) {
         let lease = match r {
             Ok(()) => continue,
             Err(Some(e)) => {
-                tracing::debug!("directory: {e}");
+                tracing::debug!("{e}");
                 p.lease
             }
             Err(None) => 0,
@@ -182,7 +159,7 @@ pub(crate) async fn keep(sh: Arc<Shared>) {
                 return;
             }
             Err(e) => {
-                tracing::debug!("directory: publishing again: {e}");
+                tracing::debug!("publishing again: {e}");
                 sh.set_state(0, PublishState::Retrying(e.to_string()));
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));

@@ -9,7 +9,7 @@ use etcd_client::{EventType, GetOptions, WatchOptions};
 use hixl_core::Result;
 
 use crate::connect::{failed, request};
-use crate::directory::Shared;
+use crate::shared::Shared;
 use crate::sync::lock;
 
 /// Longest wait between two attempts while etcd is unreachable.
@@ -47,9 +47,7 @@ pub(crate) async fn run(sh: Arc<Shared>, mut listed: Option<i64>) {
         };
         if let Err(e) = r {
             if sh.etcd_up.swap(false, Ordering::SeqCst) {
-                tracing::warn!(
-                    "directory: {e}; lookups are served from the cache until etcd is back"
-                );
+                tracing::warn!("{e}; lookups are served from the cache until etcd is back");
             }
         }
         tokio::time::sleep(backoff).await;

@@ -18,6 +18,9 @@ pub use hixl_core::{
 #[cfg(feature = "datadist")]
 pub use hixl_datadist as datadist;
 
+/// The etcd directory of engines (entries, the watched cache, publication state).
+#[cfg(feature = "directory")]
+pub use hixl_directory as directory;
 /// The RDMA verbs layer (devices, ports, GIDs, memory regions, queue pairs), for tools that
 /// want to look below the engine, such as `hixl info`.
 #[cfg(feature = "verbs")]

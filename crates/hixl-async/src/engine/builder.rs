@@ -67,6 +67,18 @@ impl EngineBuilder {
                 o
             }
         };
+        // The directory first: an engine that cannot reach it is refused before it listens.
+        #[cfg(feature = "directory")]
+        let directory = match options.directory.is_enabled() {
+            true => Some(hixl_directory::Directory::open(&options.directory).await?),
+            false => None,
+        };
+        #[cfg(not(feature = "directory"))]
+        if options.directory.is_enabled() {
+            return Err(Error::Unsupported {
+                what: "hixl.Directory: this build has no directory (feature `directory`)".into(),
+            });
+        }
         let listener = match (addr.socket_addr(), self.ephemeral) {
             (Some(sa), _) => Some(sa),
             (None, true) => Some(SocketAddr::new(addr.ip, 0)),
@@ -154,7 +166,7 @@ impl EngineBuilder {
             None => None,
         };
         tracing::debug!(engine = %lcx.config.name, "engine started");
-        Ok(Engine {
+        let engine = Engine {
             inner: Arc::new(EngineInner {
                 lcx,
                 notifies,
@@ -169,8 +181,18 @@ impl EngineBuilder {
                 async_conn: Mutex::new(HashMap::new()),
                 async_pending: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
                 options,
+                #[cfg(feature = "directory")]
+                named: std::sync::OnceLock::new(),
             }),
-        })
+        };
+        #[cfg(feature = "directory")]
+        if let Some(dir) = directory {
+            if let Err(e) = engine.start_directory(dir).await {
+                engine.shutdown(Duration::ZERO).await;
+                return Err(e);
+            }
+        }
+        Ok(engine)
     }
 }
 

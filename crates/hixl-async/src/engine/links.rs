@@ -43,7 +43,19 @@ impl Engine {
     /// [`Error::ConnectToSelf`], [`Error::AlreadyConnected`], [`Error::InvalidAddress`] (also for
     /// an address without a port), [`Error::Timeout`], [`Error::Io`] (refused), or the peer's
     /// refusal.
+    ///
+    /// With a directory (`hixl.Directory`), a `remote` without a `:` is an engine name:
+    /// see [`Engine::connect_named`].
     pub async fn connect(&self, remote: &str, timeout: Duration) -> Result<Peer> {
+        #[cfg(feature = "directory")]
+        if self.named().is_some() && super::named::is_name(remote) {
+            return self.connect_named(remote, timeout).await;
+        }
+        self.connect_addr(remote, timeout).await
+    }
+
+    /// [`Engine::connect`] to an address (never a directory name).
+    pub(super) async fn connect_addr(&self, remote: &str, timeout: Duration) -> Result<Peer> {
         self.check_open("connect refused")?;
         if timeout.is_zero() {
             return Err(Error::InvalidTimeout { millis: 0 });

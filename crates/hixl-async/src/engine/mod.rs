@@ -3,6 +3,8 @@
 mod async_connect;
 mod builder;
 mod links;
+#[cfg(feature = "directory")]
+mod named;
 mod pool;
 mod registry;
 
@@ -56,10 +58,19 @@ struct EngineInner {
     async_conn: Mutex<HashMap<String, AsyncQueue>>,
     /// Tasks queued on all of them (bounded by `connect_pool.task_queue_capacity`).
     async_pending: Arc<std::sync::atomic::AtomicUsize>,
+    /// The directory (`hixl.Directory`), once started.
+    #[cfg(feature = "directory")]
+    named: std::sync::OnceLock<named::Named>,
 }
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
+        // The entry goes at once rather than with its lease, when a runtime is there to say so.
+        #[cfg(feature = "directory")]
+        if let (Some(n), Ok(rt)) = (self.named.get(), tokio::runtime::Handle::try_current()) {
+            let dir = n.dir.clone();
+            rt.spawn(async move { dir.close().await });
+        }
         // The reactor runs on until the ops of the closed links have resolved.
         self.shutdown.send_replace(true);
         for (_, s) in lock(&self.links).drain() {
@@ -181,6 +192,10 @@ impl Engine {
     }
 
     fn key(&self, remote: &str) -> Result<String> {
+        #[cfg(feature = "directory")]
+        if self.named().is_some() && named::is_name(remote) {
+            return Ok(self.named_key(remote).unwrap_or_else(|| remote.to_string()));
+        }
         let ra = EngineAddr::lookup_blocking(remote)?;
         Ok(match ra.socket_addr() {
             Some(sa) => engine_name(sa),
@@ -242,7 +257,13 @@ impl Engine {
     /// ends notify streams. Waits up to `grace` for the ops in flight to resolve. Calling it
     /// again is harmless.
     pub async fn shutdown(&self, grace: Duration) {
-        self.inner.shutdown.send_replace(true);
+        let first = !self.inner.shutdown.send_replace(true);
+        // Peers looking this engine up stop finding it before its links close.
+        #[cfg(feature = "directory")]
+        if first {
+            self.close_directory().await;
+        }
+        let _ = first;
         let links: Vec<_> = lock(&self.inner.links).drain().map(|(_, v)| v).collect();
         let mut up = Vec::new();
         for l in links {

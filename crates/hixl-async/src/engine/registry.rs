@@ -157,6 +157,8 @@ impl Engine {
             if let Some(s) = &self.inner.server {
                 s.broadcast_table(true);
             }
+            #[cfg(feature = "directory")]
+            self.table_changed();
         }
         Ok(Region { inner: region })
     }
@@ -225,6 +227,8 @@ impl Engine {
                 s.broadcast_table(false);
                 s.revoke(e.rkey).await;
             }
+            #[cfg(feature = "directory")]
+            self.table_changed();
         }
         Ok(e.data.revoke_and_drain().await)
     }
