@@ -25,6 +25,9 @@ pub enum Bench {
     /// What links cost at scale: N client engines connect at once to one target (connect
     /// p50/p99, fds and memory per link, idle CPU).
     Links(crate::links::LinksArgs),
+    /// The etcd directory at fleet size: N engines publish and resolve each other's names
+    /// (publish p99, convergence, cached and cold lookups, etcd requests per idle engine).
+    Directory(crate::dirbench::DirArgs),
 }
 
 /// Arguments of `hixl bench comm`.
@@ -94,6 +97,7 @@ pub async fn run(b: Bench) -> CliResult {
         Bench::Comm(a) => comm(a).await.map(|_| ()),
         Bench::Kv(a) => crate::kv::bench(a).await,
         Bench::Links(a) => crate::links::run(a).await,
+        Bench::Directory(a) => crate::dirbench::run(a).await,
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod bench;
 mod demo;
+mod dirbench;
 mod info;
 mod kv;
 mod links;

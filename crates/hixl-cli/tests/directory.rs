@@ -207,3 +207,26 @@ async fn engines_find_each_other_by_name_through_etcd() {
     assert!(matches!(e3, Error::UnknownName { .. }), "{e3}");
     e.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_engine_disappears_within_its_lease() {
+    if !available() {
+        return;
+    }
+    let etcd = Etcd::start(1);
+    let mut t = serve(&etcd, "decode-0", 2).unwrap();
+    let e = Engine::builder("127.0.0.1")
+        .option("hixl.Directory", etcd.url())
+        .build()
+        .await
+        .unwrap();
+    let d = e.directory().unwrap();
+    until("listed", 5, || d.lookup("decode-0").is_some()).await;
+    t.kill(); // SIGKILL: no goodbye, no revoke
+    let gone = until("expired", 10, || d.lookup("decode-0").is_none()).await;
+    // The lease's TTL is 2 s, plus etcd's expiry check (every 500 ms).
+    assert!(gone < Duration::from_secs(4), "gone after {gone:?}");
+    let listing = peers_listing(&etcd);
+    assert!(listing.starts_with("0 engine(s)"), "{listing}");
+    e.shutdown(Duration::from_secs(1)).await;
+}

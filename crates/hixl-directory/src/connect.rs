@@ -17,12 +17,14 @@ pub(crate) fn describe(o: &DirectoryOptions) -> String {
 }
 
 /// A client of the etcd members `o.endpoints` (balanced over them; HTTP/2 keep-alive pings
-/// find a dead member in about 4 s; requests need a leader, so a member cut off from its
-/// cluster answers with an error instead of stale data).
+/// find a silently dead member in about 10 s, and are no more frequent than etcd's
+/// `--grpc-keepalive-min-time` of 5 s allows, past which etcd closes the connection;
+/// requests need a leader, so a member cut off from its cluster answers with an error
+/// instead of stale data).
 pub(crate) async fn client(o: &DirectoryOptions) -> Result<Client> {
     let mut opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+        .with_keep_alive(Duration::from_secs(6), Duration::from_secs(4))
         .with_keep_alive_while_idle(true)
         .with_require_leader(true);
     if let (Some(u), Some(p)) = (&o.user, &o.password) {

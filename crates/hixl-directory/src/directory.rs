@@ -50,10 +50,12 @@ impl Directory {
             });
         }
         let client = crate::connect::client(opts).await?;
+        let watcher = crate::connect::client(opts).await?;
         let (changes, _) = broadcast::channel(1024);
         let sh = Arc::new(Shared {
             opts: opts.clone(),
             client,
+            watcher,
             cache: Mutex::new(Cache::default()),
             changes,
             synced: watch::channel(false).0,
@@ -192,6 +194,16 @@ impl Directory {
         c.unreadable()
             .map(|(n, w)| (n.to_owned(), w.to_owned()))
             .collect()
+    }
+
+    /// How many live entries the cache holds.
+    pub fn len(&self) -> usize {
+        lock(&self.sh.cache).len()
+    }
+
+    /// Whether the cache holds no live entry.
+    pub fn is_empty(&self) -> bool {
+        lock(&self.sh.cache).is_empty()
     }
 
     /// Every live entry, by name, from the cache.

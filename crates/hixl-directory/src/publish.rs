@@ -9,7 +9,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use hixl_core::{Error, Result};
 
-use crate::connect::{failed, request, REQUEST_TIMEOUT};
+use crate::connect::{failed, request};
 use crate::entry::{Entry, Malformed};
 use crate::shared::{PublishState, Shared};
 use crate::sync::lock;
@@ -168,8 +168,10 @@ pub(crate) async fn keep(sh: Arc<Shared>) {
     }
 }
 
-/// Keeps `lease` alive. `Err(None)`: the lease is gone (expired or revoked) or the entry
-/// vanished; `Err(Some(e))`: etcd failed.
+/// Keeps `lease` alive: a keep-alive every third of the TTL, whether or not the last one was
+/// answered yet (a busy etcd answers late; the lease lives as long as requests reach it).
+/// `Err(None)`: the lease is gone (expired or revoked) or the entry vanished; `Err(Some(e))`:
+/// etcd failed, or answered nothing for a whole TTL.
 async fn keep_lease(sh: &Shared, lease: i64) -> std::result::Result<(), Option<Error>> {
     let o = &sh.opts;
     sh.requests.fetch_add(1, Ordering::Relaxed);
@@ -179,35 +181,34 @@ async fn keep_lease(sh: &Shared, lease: i64) -> std::result::Result<(), Option<E
     })
     .await
     .map_err(Some)?;
-    // A keep-alive every third of the TTL, each answered within a third: two can fail before
-    // the lease does.
-    let period = Duration::from_millis(o.ttl_sec * 1000 / 3);
-    let answer = period.min(REQUEST_TIMEOUT);
+    let ttl = Duration::from_secs(o.ttl_sec);
+    let period = ttl / 3;
+    let fail = |why: &dyn std::fmt::Display| Some(failed(o, "keeping the lease alive", why));
+    let mut answered = tokio::time::Instant::now();
+    let mut next = answered + period;
     loop {
-        let r = tokio::time::timeout(answer, stream.message()).await;
-        match r {
-            Ok(Ok(Some(m))) if m.ttl() > 0 => {}
-            Ok(Ok(Some(_))) => return Err(None),
-            Ok(Ok(None)) => {
-                return Err(Some(failed(o, "keeping the lease alive", &"stream ended")))
-            }
-            Ok(Err(e)) => return Err(Some(failed(o, "keeping the lease alive", &e))),
-            Err(_) => {
-                let why = format!("no answer in {answer:?}");
-                return Err(Some(failed(o, "keeping the lease alive", &why)));
-            }
-        }
-        if !matches!(lock(&sh.publication).as_ref(), Some(p) if p.state == PublishState::Live) {
-            sh.set_state(lease, PublishState::Live);
-        }
         tokio::select! {
-            _ = tokio::time::sleep(period) => {}
+            m = stream.message() => match m {
+                Ok(Some(m)) if m.ttl() > 0 => {
+                    answered = tokio::time::Instant::now();
+                    let live = matches!(lock(&sh.publication).as_ref(), Some(p) if p.state == PublishState::Live);
+                    if !live {
+                        sh.set_state(lease, PublishState::Live);
+                    }
+                }
+                Ok(Some(_)) => return Err(None),
+                Ok(None) => return Err(fail(&"the stream ended")),
+                Err(e) => return Err(fail(&e)),
+            },
+            _ = tokio::time::sleep_until(next) => {
+                if answered.elapsed() >= ttl {
+                    return Err(fail(&format!("no answer for a whole TTL ({ttl:?})")));
+                }
+                next += period;
+                sh.requests.fetch_add(1, Ordering::Relaxed);
+                keeper.keep_alive().await.map_err(|e| fail(&e))?;
+            }
             _ = sh.entry_gone.notified() => return Err(None),
         }
-        sh.requests.fetch_add(1, Ordering::Relaxed);
-        keeper
-            .keep_alive()
-            .await
-            .map_err(|e| Some(failed(o, "keeping the lease alive", &e)))?;
     }
 }

@@ -38,6 +38,9 @@ pub struct Publication {
 pub(crate) struct Shared {
     pub(crate) opts: DirectoryOptions,
     pub(crate) client: Client,
+    /// A second connection for the watch alone: a flood of watch events must never hold
+    /// keep-alives and lookups up behind HTTP/2 flow control.
+    pub(crate) watcher: Client,
     pub(crate) cache: Mutex<Cache>,
     pub(crate) changes: broadcast::Sender<Change>,
     /// `true` once the watch is established (the cache is current).

@@ -59,7 +59,7 @@ pub(crate) async fn run(sh: Arc<Shared>, mut listed: Option<i64>) {
 async fn watch_from(sh: &Shared, rev: i64) -> Result<()> {
     sh.requests.fetch_add(1, Ordering::Relaxed);
     let mut stream = request(&sh.opts, "watching the engines", || {
-        let (mut c, prefix) = (sh.client.clone(), sh.opts.prefix.clone());
+        let (mut c, prefix) = (sh.watcher.clone(), sh.opts.prefix.clone());
         let opts = WatchOptions::new()
             .with_prefix()
             .with_start_revision(rev + 1);

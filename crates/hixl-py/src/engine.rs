@@ -371,7 +371,7 @@ impl Notifications {
 /// `hixl._hixl.Peer`: a link.
 #[pyclass(module = "hixl._hixl", frozen)]
 pub(crate) struct Peer {
-    peer: RsPeer,
+    pub(crate) peer: RsPeer,
 }
 
 #[pymethods]

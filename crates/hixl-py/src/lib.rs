@@ -16,6 +16,7 @@ use pyo3::prelude::*;
 
 mod datadist;
 mod descs;
+mod directory;
 mod dlpack;
 mod engine;
 mod errors;

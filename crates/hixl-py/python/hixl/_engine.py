@@ -13,6 +13,7 @@ from typing import (Any, AsyncIterator, Callable, Dict, Generator, Generic, List
                     Optional, Sequence, Tuple, TypeVar, Union)
 
 from . import _hixl
+from ._directory import DirectoryMixin
 from ._errors import ParamInvalidError, UnsupportedError
 
 __all__ = [
@@ -335,6 +336,11 @@ class Peer:
         return bool(self._native.is_connected)
 
     @property
+    def incarnation(self) -> int:
+        """The peer's incarnation (its directory entry shows it as 16 hex digits)."""
+        return int(self._native.incarnation)
+
+    @property
     def regions(self) -> List[RemoteRegion]:
         """The peer's registered regions."""
         return [RemoteRegion(a, n, k, Access(acc), nm) for a, n, k, acc, nm in self._native.regions()]
@@ -414,7 +420,7 @@ _engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
 _engines_lock = threading.Lock()
 
 
-class Engine:
+class Engine(DirectoryMixin):
     """A hixl engine (HIXL ``Hixl``): registers memory, links to peers, moves bytes.
 
     ``local_engine`` is ``"ip"`` (initiator only), ``"ip:port"`` (also accepts links) or
@@ -513,6 +519,10 @@ class Engine:
     def connect(self, remote: str, timeout: float = 3.0) -> Op[Peer]:
         """Links to ``remote`` (``ip:port``); the op yields the `Peer`."""
         return Op(self._native.connect(remote, timeout), Peer)
+
+    def connect_named(self, name: str, timeout: float = 3.0) -> Op[Peer]:
+        """Links to the engine published as ``name`` in ``hixl.Directory``; yields the `Peer`."""
+        return Op(self._native.connect_named(name, timeout), Peer)
 
     def disconnect(self, remote: str) -> Op[None]:
         """Closes the link to ``remote``; its ops in flight fail."""
