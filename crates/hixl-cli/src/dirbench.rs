@@ -112,10 +112,7 @@ pub async fn run(a: DirArgs) -> CliResult {
     for (round, n) in counts.into_iter().enumerate() {
         let r = one(&a, &url, n, round).await?;
         if a.json {
-            println!(
-                "{}",
-                serde_json::to_string(&r).map_err(|e| CliError(e.to_string()))?
-            );
+            println!("{}", crate::util::json_line(&r)?);
         } else {
             println!(
                 "{:>7} {:>6.1}/{:>6.1}ms {:>5.1}/{:>5.1}/{:>5.1}ms {:>9.0}ms {:>6.2}/{:>6.2}us {:>5.2}/{:>5.2}ms {:>16.3} {:>11.0}",

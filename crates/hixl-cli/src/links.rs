@@ -127,10 +127,7 @@ pub async fn run(a: LinksArgs) -> CliResult {
         let r = measure(&a, n).await?;
         drop(progress);
         if a.json {
-            println!(
-                "{}",
-                serde_json::to_string(&r).map_err(|e| CliError(e.to_string()))?
-            );
+            println!("{}", crate::util::json_line(&r)?);
         } else {
             println!(
                 "{:>6} {:>9} {:>9.2} {:>9.2} {:>9.2} {:>8.1} {:>9.1} {:>8.2}% {:>8.2}% {:>6}",

@@ -160,6 +160,14 @@ pub fn parse_kv(s: &str) -> Result<(String, String), String> {
         .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))
 }
 
+/// `v` as one line of JSON (the `--json` output of the commands).
+///
+/// # Errors
+/// If `v` cannot be serialized (a map with non-string keys, say).
+pub fn json_line<T: serde::Serialize>(v: &T) -> CliResult<String> {
+    serde_json::to_string(v).map_err(|e| CliError(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

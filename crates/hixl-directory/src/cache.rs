@@ -126,19 +126,11 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::{incarnation_hex, table_digest, ENTRY_VERSION};
+    use crate::entry::table_digest;
+    use crate::entry::tests::sample_with;
 
     fn entry(name: &str, inc: u64, digest: &str) -> Vec<u8> {
-        Entry {
-            v: ENTRY_VERSION,
-            name: name.into(),
-            incarnation: incarnation_hex(inc),
-            addrs: vec!["10.0.0.1:26000".into()],
-            transports: vec!["tcp".into()],
-            table_digest: digest.into(),
-            wire: 3,
-        }
-        .encode()
+        sample_with(name, inc, digest).encode()
     }
 
     #[test]

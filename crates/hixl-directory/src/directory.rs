@@ -119,12 +119,7 @@ impl Directory {
                 lease,
             )])
             .and_then([put]);
-        self.sh.requests.fetch_add(1, Ordering::Relaxed);
-        let r = request(&self.sh.opts, "updating the entry", || {
-            let (mut c, txn) = (self.sh.client.clone(), txn.clone());
-            async move { c.txn(txn).await }
-        });
-        match r.await {
+        match self.sh.txn("updating the entry", txn).await {
             Ok(r) if r.succeeded() => {}
             Ok(_) => self.sh.entry_gone.notify_one(),
             Err(e) => tracing::warn!("{e}; the keeper publishes it when etcd is back"),

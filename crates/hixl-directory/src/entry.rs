@@ -125,19 +125,24 @@ pub fn table_digest(ranges: impl IntoIterator<Item = (u64, u64)>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    pub(crate) fn sample(name: &str, inc: u64) -> Entry {
+    /// An entry of `name` and incarnation `inc` with the memory-table digest `digest`.
+    pub(crate) fn sample_with(name: &str, inc: u64, digest: &str) -> Entry {
         Entry {
             v: ENTRY_VERSION,
             name: name.into(),
             incarnation: incarnation_hex(inc),
             addrs: vec!["10.0.0.1:26000".into()],
             transports: vec!["tcp".into()],
-            table_digest: table_digest([(4096, 1 << 20)]),
+            table_digest: digest.into(),
             wire: 3,
         }
+    }
+
+    fn sample(name: &str, inc: u64) -> Entry {
+        sample_with(name, inc, &table_digest([(4096, 1 << 20)]))
     }
 
     #[test]

@@ -17,7 +17,6 @@ pub mod entry;
 mod publish;
 mod shared;
 mod sync;
-#[cfg(feature = "testing")]
 pub mod testing;
 mod watch;
 

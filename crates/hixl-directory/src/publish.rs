@@ -39,13 +39,7 @@ pub(crate) async fn claim(sh: &Shared, entry: &Entry, lease: i64) -> Result<i64>
     let txn = Txn::new()
         .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then([put.clone()]);
-    sh.requests.fetch_add(1, Ordering::Relaxed);
-    let r = request(o, "publishing", || {
-        let (mut c, txn) = (sh.client.clone(), txn.clone());
-        async move { c.txn(txn).await }
-    })
-    .await?;
-    if r.succeeded() {
+    if sh.txn("publishing", txn).await?.succeeded() {
         return Ok(lease);
     }
     // Someone holds the key: ours from before (a lease lost while etcd was away, or this
@@ -70,13 +64,7 @@ pub(crate) async fn claim(sh: &Shared, entry: &Entry, lease: i64) -> Result<i64>
             let txn = Txn::new()
                 .when([Compare::mod_revision(key, CompareOp::Equal, mod_rev)])
                 .and_then([put]);
-            sh.requests.fetch_add(1, Ordering::Relaxed);
-            let r = request(o, "publishing", || {
-                let (mut c, txn) = (sh.client.clone(), txn.clone());
-                async move { c.txn(txn).await }
-            })
-            .await?;
-            if r.succeeded() {
+            if sh.txn("publishing", txn).await?.succeeded() {
                 Ok(lease)
             } else {
                 Err(failed(

@@ -92,6 +92,21 @@ impl Shared {
         }
     }
 
+    /// Runs `txn` (see [`crate::connect::request`]), counted among this handle's requests.
+    pub(crate) async fn txn(
+        &self,
+        what: &str,
+        txn: etcd_client::Txn,
+    ) -> hixl_core::Result<etcd_client::TxnResponse> {
+        self.requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::connect::request(&self.opts, what, || {
+            let (mut c, txn) = (self.client.clone(), txn.clone());
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
     pub(crate) fn set_state(&self, lease: i64, state: PublishState) {
         if let Some(p) = lock(&self.publication).as_mut() {
             p.lease = lease;

@@ -1,4 +1,4 @@
-//! Real etcd for tests (feature `testing`): members started on free loopback ports in a temp
+//! Real etcd for tests and benchmarks: members started on free loopback ports in a temp
 //! dir, killed and restarted at will. Tests skip when `etcd` is not installed, unless
 //! `HIXL_REQUIRE_ETCD=1` (as CI sets), which makes a missing etcd a failure.
 

@@ -67,6 +67,15 @@ impl EngineBuilder {
                 o
             }
         };
+        if let (Some(name), false) = (&options.directory.name, options.directory.is_enabled()) {
+            return Err(Error::InvalidOption {
+                key: "hixl.Name".into(),
+                value: name.clone(),
+                reason:
+                    "a name is published in a directory: set hixl.Directory (etcd://host:port) too"
+                        .into(),
+            });
+        }
         // The directory first: an engine that cannot reach it is refused before it listens.
         #[cfg(feature = "directory")]
         let directory = match options.directory.is_enabled() {

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::util::{human, CliError, CliResult};
+use crate::util::{human, CliResult};
 
 /// One measured case.
 #[derive(Serialize, Debug, Clone)]
@@ -57,10 +57,7 @@ fn latency(us: f64) -> String {
 /// One case: a JSON object, or a row of the table.
 pub(super) fn print_case(r: &CaseResult, json: bool) -> CliResult {
     if json {
-        println!(
-            "{}",
-            serde_json::to_string(r).map_err(|e| CliError(e.to_string()))?
-        );
+        println!("{}", crate::util::json_line(r)?);
     } else {
         println!(
             "{:<9} {:<5} {:>8} {:>6} {:>7} {:>8.2} {:>10} {:>10} {:>13} {:>6}",

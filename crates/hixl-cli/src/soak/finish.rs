@@ -13,7 +13,7 @@ use super::region_bytes;
 use super::report::{mib, print_report, proc_mem, LaneReport, Report, RssReport, Sample};
 use super::state::{get, lock, Violations};
 use super::{FD_GROWTH, RSS_EVERY};
-use crate::util::{CliError, CliResult};
+use crate::util::CliResult;
 
 /// Waits (up to 10 s) for each lane's engine to have nothing in flight, and checks that
 /// every op submitted completed, failed or was dropped. Returns the ops still in flight.
@@ -120,10 +120,7 @@ pub(super) fn conclude(
         violations: lock(&v.list).clone(),
     };
     if a.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).map_err(|e| CliError(e.to_string()))?
-        );
+        println!("{}", crate::util::json_line(&report)?);
     } else {
         print_report(&report);
     }
