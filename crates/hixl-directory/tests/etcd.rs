@@ -219,3 +219,66 @@ async fn bad_input_is_refused_and_named() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn etcd_users_are_honoured_and_a_refusal_is_named() {
+    if !available() {
+        return;
+    }
+    let etcd = Etcd::start(1);
+    let ep = etcd.url()[7..].to_owned();
+    let ctl = |args: &[&str]| {
+        let out = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &ep])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ctl(&["user", "add", "root:rootpw"]);
+    ctl(&["user", "add", "hixl:s3cret-pw"]);
+    ctl(&["role", "add", "engines"]);
+    ctl(&[
+        "role",
+        "grant-permission",
+        "engines",
+        "--prefix=true",
+        "readwrite",
+        "/hixl/engines/",
+    ]);
+    ctl(&["user", "grant-role", "hixl", "engines"]);
+    ctl(&["--user", "root:rootpw", "auth", "enable"]);
+    let with = |user: &str, pw: &str| {
+        let mut o = opts(&etcd.url(), 5);
+        o.user = Some(user.into());
+        o.password = Some(pw.into());
+        o
+    };
+    // The right user publishes and looks up.
+    let d = Directory::open(&with("hixl", "s3cret-pw")).await.unwrap();
+    d.publish(entry("p", 1, 26000)).await.unwrap();
+    assert_eq!(d.resolve_cold("p").await.unwrap().incarnation_id(), 1);
+    // A wrong password, or no user at all, is refused with etcd's reason; the password is
+    // never shown.
+    let e = Directory::open(&with("hixl", "wrong-pw"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("authentication failed") && !e.contains("wrong-pw"),
+        "{e}"
+    );
+    let e = Directory::open(&opts(&etcd.url(), 5))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("user name is empty") || e.contains("permission denied"),
+        "{e}"
+    );
+}
