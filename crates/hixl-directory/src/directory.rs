@@ -133,7 +133,7 @@ impl Directory {
         }
         let p = lock(&self.sh.publication).take();
         if let Some(p) = p {
-            publish::revoke(&self.sh, p.lease).await;
+            publish::withdraw(&self.sh, &p.entry, p.lease).await;
         }
     }
 

@@ -104,6 +104,36 @@ pub(crate) async fn revoke(sh: &Shared, lease: i64) {
     }
 }
 
+/// Takes `entry` out of the directory: revokes `lease`, and deletes the key if it still holds
+/// this incarnation (under a lease this handle lost track of while etcd was away, say) —
+/// never another engine's entry. A failure only costs the TTL.
+pub(crate) async fn withdraw(sh: &Shared, entry: &Entry, lease: i64) {
+    revoke(sh, lease).await;
+    let key = sh.key_of(&entry.name);
+    sh.requests.fetch_add(1, Ordering::Relaxed);
+    let held = request(&sh.opts, "reading the entry to delete", || {
+        let (mut c, k) = (sh.client.clone(), key.clone());
+        async move { c.get(k, None).await }
+    })
+    .await;
+    let Ok(held) = held else { return };
+    let Some(kv) = held.kvs().first() else { return };
+    let ours =
+        Entry::decode(&entry.name, kv.value()).is_ok_and(|e| e.incarnation == entry.incarnation);
+    if ours {
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                kv.mod_revision(),
+            )])
+            .and_then([TxnOp::delete(key, None)]);
+        if let Err(e) = sh.txn("deleting the entry", txn).await {
+            tracing::warn!("{e}; the entry expires with its lease instead");
+        }
+    }
+}
+
 /// Keeps the publication alive until the directory is closed: keep-alives every third of the
 /// TTL; on failure retries (the lease may outlive an etcd restart); when the lease is gone or
 /// the entry vanished, claims the name again.

@@ -282,3 +282,26 @@ async fn etcd_users_are_honoured_and_a_refusal_is_named() {
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn a_close_right_after_etcd_returns_deletes_the_entry() {
+    if !available() {
+        return;
+    }
+    let mut etcd = Etcd::start(1);
+    let o = opts(&etcd.url(), 10);
+    let a = Directory::open(&o).await.unwrap();
+    a.publish(entry("p", 1, 26000)).await.unwrap();
+    etcd.kill(0);
+    until(15, "a notices etcd is gone", || {
+        matches!(a.publication().unwrap().state, PublishState::Retrying(_))
+    })
+    .await;
+    // etcd keeps the entry and its 10 s lease across the restart; the handle closes before
+    // its keeper has taken the lease back.
+    etcd.restart(0);
+    a.close().await;
+    let b = Directory::open(&o).await.unwrap();
+    let e = b.resolve_cold("p").await.unwrap_err();
+    assert!(matches!(e, Error::UnknownName { .. }), "{e}");
+}
