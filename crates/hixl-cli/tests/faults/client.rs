@@ -60,6 +60,7 @@ pub(crate) fn ctx(
                 ^ u64::from(std::process::id()),
         ),
         outstanding: Arc::default(),
+        posted: Arc::default(),
     }
 }
 

@@ -104,6 +104,8 @@ pub(crate) struct Ctx {
     pub(crate) seed: u64,
     /// Transfers posted and not finished yet.
     pub(crate) outstanding: Arc<AtomicU64>,
+    /// Transfers posted so far.
+    pub(crate) posted: Arc<AtomicU64>,
 }
 
 pub(crate) fn descs(c: &Ctx, slot: u64, local_base: u64) -> Vec<OpDesc> {
@@ -133,6 +135,7 @@ pub(crate) async fn write_and_read_back(
     fate.src = vec![seed];
     let posted = c.start.elapsed();
     c.outstanding.fetch_add(1, Ordering::SeqCst);
+    c.posted.fetch_add(1, Ordering::SeqCst);
     let r = c.peer.write(&descs(c, slot, 0)).timeout(c.timeout).await;
     c.outstanding.fetch_sub(1, Ordering::SeqCst);
     ops.push(Op {
@@ -157,6 +160,7 @@ pub(crate) async fn write_and_read_back(
     fate.dst = vec![junk];
     let posted = c.start.elapsed();
     c.outstanding.fetch_add(1, Ordering::SeqCst);
+    c.posted.fetch_add(1, Ordering::SeqCst);
     let r = c.peer.read(&descs(c, slot, mem)).timeout(c.timeout).await;
     c.outstanding.fetch_sub(1, Ordering::SeqCst);
     ops.push(Op {
@@ -307,14 +311,32 @@ pub(crate) fn wait_stopped(pid: u32) {
 
 /// Injects `f` while transfers are certainly in flight: a cut or a kill that lands between
 /// two transfers of a fast link would prove nothing, so the target is first paused (SIGSTOP)
-/// until every worker has a transfer outstanding (the paused target answers none), then the
-/// action runs, then the target resumes (SIGCONT).
-pub(crate) fn inject(start: Instant, outstanding: &AtomicU64, f: Fault) -> FaultTimes {
+/// until every worker has a transfer outstanding that the target cannot have answered (a
+/// transfer outstanding at the pause may have its answer already in our socket, unread on a
+/// loaded machine: such a one completes within moments, and its worker posts another), then
+/// the action runs, then the target resumes (SIGCONT).
+pub(crate) fn inject(
+    start: Instant,
+    counters: &(Arc<AtomicU64>, Arc<AtomicU64>),
+    f: Fault,
+) -> FaultTimes {
+    let (outstanding, posted) = counters;
     signal(f.pid, libc::SIGSTOP);
     wait_stopped(f.pid);
     let paused = start.elapsed();
+    let before = posted.load(Ordering::SeqCst);
     let t0 = Instant::now();
-    while outstanding.load(Ordering::SeqCst) < WORKERS && t0.elapsed() < Duration::from_secs(2) {
+    // Every worker outstanding, and either one posted since the pause or none finished for
+    // 100 ms (an answer already in our socket is read well within that).
+    let mut full_since: Option<Instant> = None;
+    while t0.elapsed() < Duration::from_secs(2) {
+        if outstanding.load(Ordering::SeqCst) < WORKERS {
+            full_since = None;
+        } else if posted.load(Ordering::SeqCst) != before
+            || full_since.get_or_insert_with(Instant::now).elapsed() >= Duration::from_millis(100)
+        {
+            break;
+        }
         std::thread::sleep(Duration::from_millis(1));
     }
     let began = start.elapsed();
@@ -335,12 +357,12 @@ pub(crate) async fn run_phase(c: Ctx, fault: Option<Fault>) -> Phase {
     let workers: Vec<_> = (0..WORKERS)
         .map(|k| tokio::spawn(worker(c.clone(), k)))
         .collect();
-    let (start, outstanding) = (c.start, c.outstanding.clone());
+    let (start, counters) = (c.start, (c.outstanding.clone(), c.posted.clone()));
     let fault = async move {
         let f = fault?;
         tokio::time::sleep_until((start + f.at).into()).await;
         Some(
-            tokio::task::spawn_blocking(move || inject(start, &outstanding, f))
+            tokio::task::spawn_blocking(move || inject(start, &counters, f))
                 .await
                 .unwrap(),
         )
