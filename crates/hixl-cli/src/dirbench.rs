@@ -274,9 +274,10 @@ async fn etcd_msgs(url: &str) -> Option<f64> {
         .collect();
     let mut total = 0.0;
     for ep in eps {
-        let body = tokio::task::spawn_blocking(move || http_get(&ep, "/metrics"))
-            .await
-            .ok()??;
+        let body =
+            tokio::task::spawn_blocking(move || hixl_directory::testing::http_get(&ep, "/metrics"))
+                .await
+                .ok()??;
         total += body
             .lines()
             .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
@@ -284,14 +285,4 @@ async fn etcd_msgs(url: &str) -> Option<f64> {
             .sum::<f64>();
     }
     Some(total)
-}
-
-fn http_get(host: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(host).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
 }

@@ -148,18 +148,20 @@ impl Etcd {
 
 /// `GET /health` answers `"health":"true"` (the member has a leader).
 fn healthy(port: u16) -> bool {
+    http_get(&format!("127.0.0.1:{port}"), "/health")
+        .is_some_and(|body| body.contains("\"health\":\"true\""))
+}
+
+/// The whole answer (head and body) of `GET path` on etcd's client port `host` (`ip:port`),
+/// or `None` when it cannot be reached; etcd serves `/health` and `/metrics` there.
+pub fn http_get(host: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-    let req = format!("GET /health HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
-    if s.write_all(req.as_bytes()).is_err() {
-        return false;
-    }
+    let mut s = std::net::TcpStream::connect(host).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").ok()?;
     let mut body = String::new();
     let _ = s.read_to_string(&mut body);
-    body.contains("\"health\":\"true\"")
+    Some(body)
 }
 
 impl Drop for Etcd {
