@@ -158,7 +158,7 @@ impl Engine {
             // The cache may lag a restart; etcd itself may still hold a dead one's entry.
             let fresh = n.dir.resolve_cold(name).await?;
             if attempt == 0 && fresh.incarnation_id() == peer.incarnation() {
-                lock(&n.links).insert(name.to_owned(), (peer.name().into(), want));
+                lock(&n.links).insert(name.to_owned(), (peer.name().into(), peer.incarnation()));
                 return Ok(peer);
             }
             let _ = self.disconnect(&addr).await;
