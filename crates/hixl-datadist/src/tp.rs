@@ -225,6 +225,52 @@ pub fn plan_heads(decode: &KvShard, prefill_tp: u32) -> Result<Vec<HeadSlice>> {
     Ok(out)
 }
 
+/// The prefill ranks `decode`'s rank reads, in [`plan_heads`] order, each once.
+///
+/// # Errors
+/// As [`plan_heads`].
+pub fn sources(decode: &KvShard, prefill_tp: u32) -> Result<Vec<u32>> {
+    let mut out: Vec<u32> = plan_heads(decode, prefill_tp)?
+        .into_iter()
+        .map(|s| s.prefill_rank)
+        .collect();
+    out.dedup();
+    Ok(out)
+}
+
+/// The largest TP group [`readers`] plans for (its answer has an entry per prefill rank).
+pub const MAX_TP: u32 = 1 << 16;
+
+/// How many ranks of `decode`'s group (`decode.tp_size` ranks, each planned with
+/// [`plan_heads`]) read each prefill rank: one count per prefill rank, 0 for a replica no
+/// decode rank reads. It is the reader count a leased resharded pull declares for the lease of
+/// each prefill rank, so that every decode rank reading one declares the same.
+///
+/// # Errors
+/// As [`plan_heads`]; `LLM_PARAM_INVALID` for a group larger than [`MAX_TP`].
+pub fn readers(decode: &KvShard, prefill_tp: u32) -> Result<Vec<u32>> {
+    if decode.tp_size > MAX_TP || prefill_tp > MAX_TP {
+        return Err(DataDistError::param(format!(
+            "TP sizes {} (decode) and {prefill_tp} (prefill): the largest planned is {MAX_TP}",
+            decode.tp_size
+        )));
+    }
+    plan_heads(decode, prefill_tp)?;
+    let mut out = vec![0u32; prefill_tp as usize];
+    for rank in 0..decode.tp_size {
+        let d = KvShard {
+            tp_rank: rank,
+            ..*decode
+        };
+        for p in sources(&d, prefill_tp)? {
+            if let Some(n) = out.get_mut(p as usize) {
+                *n += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// One tensor of one side of a resharded transfer: its base address and shard.
 #[derive(Clone, Copy, Debug)]
 pub struct ShardSide {
@@ -390,6 +436,40 @@ mod tests {
             ..shard(3, 4, 1, KvLayout::Nhd)
         };
         assert_eq!(plan_heads(&mla, 2).unwrap()[0].prefill_rank, 1);
+    }
+
+    #[test]
+    fn readers_count_the_decode_ranks_of_each_prefill_rank() {
+        let r = |ptp, dtp, h| readers(&shard(0, dtp, h, KvLayout::Nhd), ptp).unwrap();
+        assert_eq!(r(4, 2, 8), [1, 1, 1, 1]);
+        assert_eq!(r(1, 2, 8), [2]);
+        assert_eq!(r(2, 4, 8), [2, 2]);
+        // 2 heads over P_TP=8: each head on 4 ranks; decode rank 0 reads head 0 from rank 0,
+        // decode rank 1 head 1 from rank 4 + 1 % 4 (decode ranks spread over the replicas).
+        assert_eq!(r(8, 2, 2), [1, 0, 0, 0, 0, 1, 0, 0]);
+        assert_eq!(r(4, 2, 2), [1, 0, 0, 1]);
+        let mla = KvShard {
+            mla: true,
+            ..shard(0, 4, 1, KvLayout::Nhd)
+        };
+        assert_eq!(readers(&mla, 2).unwrap(), [2, 2]);
+        assert_eq!(readers(&mla, 8).unwrap(), [1, 1, 1, 1, 0, 0, 0, 0]);
+        assert_eq!(sources(&shard(1, 2, 8, KvLayout::Nhd), 4).unwrap(), [2, 3]);
+        assert_eq!(sources(&shard(1, 2, 2, KvLayout::Nhd), 8).unwrap(), [5]);
+        assert!(readers(&shard(0, 2, 8, KvLayout::Nhd), 3).is_err());
+        assert!(readers(&shard(0, 2, 8, KvLayout::Nhd), 0).is_err());
+        assert!(readers(&shard(0, 1, 1, KvLayout::Nhd), MAX_TP + 1).is_err());
+        // Every count agrees with the plans it sums.
+        for (ptp, dtp, h) in [(4, 2, 8), (2, 8, 8), (16, 4, 4), (1, 1, 8)] {
+            let n = r(ptp, dtp, h);
+            let mut want = vec![0; ptp as usize];
+            for d in 0..dtp {
+                for p in sources(&shard(d, dtp, h, KvLayout::Hnd), ptp).unwrap() {
+                    want[p as usize] += 1;
+                }
+            }
+            assert_eq!(n, want, "P_TP={ptp} D_TP={dtp} H={h}");
+        }
     }
 
     /// Against a direct model: every byte of every needed head lands where the decode layout

@@ -116,6 +116,50 @@ fn random_u64() -> u64 {
     h.finish()
 }
 
+/// A pull from `src` of `src_blocks` under `grant`: the grant is of `src`'s cluster and
+/// leases every block.
+///
+/// # Errors
+/// `LLM_PARAM_INVALID` naming the cluster or the first block not leased.
+pub(super) fn check_grant_blocks(
+    grant: &LeaseGrant,
+    src: BlocksCacheKey,
+    src_blocks: &[u64],
+) -> Result<()> {
+    if src.cluster_id != grant.owner {
+        return Err(DataDistError::param(format!(
+            "the grant of lease {} is from cluster {}, the cache {src:?} is not",
+            grant.lease_id, grant.owner
+        )));
+    }
+    let leased: HashSet<u64> = grant.blocks.iter().copied().collect();
+    if let Some(b) = src_blocks.iter().find(|b| !leased.contains(b)) {
+        return Err(DataDistError::param(format!(
+            "block {b} is not in lease {} of request {}",
+            grant.lease_id, grant.request_id
+        )));
+    }
+    Ok(())
+}
+
+/// The owner's cache `cache_id` (that `src` names) is one `grant` covers.
+///
+/// # Errors
+/// `LLM_PARAM_INVALID` naming the cache.
+pub(super) fn check_grant_cache(
+    grant: &LeaseGrant,
+    src: BlocksCacheKey,
+    cache_id: i64,
+) -> Result<()> {
+    if grant.caches.contains(&cache_id) {
+        return Ok(());
+    }
+    Err(DataDistError::param(format!(
+        "cache {cache_id} ({src:?}) is not covered by lease {} of request {}",
+        grant.lease_id, grant.request_id
+    )))
+}
+
 impl LlmDataDist {
     /// Leases `blocks` (the same block ids in each of `caches`) of request `request_id` to
     /// the peer that will pull them, for `ttl` without progress. Hand the returned grant to
@@ -322,61 +366,69 @@ impl LlmDataDist {
         done: bool,
     ) -> Result<()> {
         let window = self.inner()?.opts.sync_wait;
-        if src.cluster_id != grant.owner {
-            return Err(DataDistError::param(format!(
-                "the grant of lease {} is from cluster {}, the cache {src:?} is not",
-                grant.lease_id, grant.owner
-            )));
-        }
-        let leased: HashSet<u64> = grant.blocks.iter().copied().collect();
-        if let Some(b) = src_blocks.iter().find(|b| !leased.contains(b)) {
-            return Err(DataDistError::param(format!(
-                "block {b} is not in lease {} of request {}",
-                grant.lease_id, grant.request_id
-            )));
-        }
+        check_grant_blocks(grant, src, src_blocks)?;
         let (peer, remote) = self.remote_for(src).await?;
-        if !grant.caches.contains(&remote.cache_id) {
-            return Err(DataDistError::param(format!(
-                "cache {} ({src:?}) is not covered by lease {} of request {}",
-                remote.cache_id, grant.lease_id, grant.request_id
-            )));
-        }
+        check_grant_cache(grant, src, remote.cache_id)?;
         let runs = coalesce(
             src_blocks,
             dst_blocks,
             remote.desc.units()?,
             dst.desc.units()?,
         )?;
-        let ticket = random_u64();
         let start = now();
-        self.lease_frame(
-            grant,
-            Frame::Acquire {
-                lease: grant.lease_id,
-                gen: grant.generation,
-                ticket,
-                window_ms: window.as_millis().min(u128::from(u32::MAX)) as u32,
-                digest: grant.digest(),
-            },
-            window,
-        )
-        .await?;
+        let ticket = self.acquire_lease(grant, 1, window).await?;
         // The owner's window opened when it admitted the acquire, after `start`: ending the
         // pull by `start + window` ends it inside the window.
         let left = window.saturating_sub(now().saturating_duration_since(start));
         let res = self
             .move_runs(&peer, &remote, dst, &runs, ext, true, left)
             .await;
+        self.release_lease(grant, ticket, done && res.is_ok(), window)
+            .await;
+        res
+    }
+
+    /// Takes a ticket on `grant`'s lease for a pull within `window`, declaring that `readers`
+    /// distinct links read the lease (1: this one only). Returns the ticket.
+    ///
+    /// # Errors
+    /// `LLM_LEASE_ENDED` when the owner refuses (nothing may move); the link's error.
+    pub(super) async fn acquire_lease(
+        &self,
+        grant: &LeaseGrant,
+        readers: u32,
+        window: Duration,
+    ) -> Result<u64> {
+        let ticket = random_u64();
+        let frame = Frame::Acquire {
+            lease: grant.lease_id,
+            gen: grant.generation,
+            ticket,
+            window_ms: window.as_millis().min(u128::from(u32::MAX)) as u32,
+            digest: grant.digest(),
+            readers,
+        };
+        self.lease_frame(grant, frame, window).await?;
+        Ok(ticket)
+    }
+
+    /// Gives a ticket back, `done` when this puller needs the blocks no more. The release
+    /// goes out now and its answer is not waited for: the blocks have landed (or not)
+    /// whatever the owner says, and a lost release only delays the lease's end to its TTL or
+    /// the ticket's window. Not waiting saves the puller a round trip.
+    pub(super) async fn release_lease(
+        &self,
+        grant: &LeaseGrant,
+        ticket: u64,
+        done: bool,
+        window: Duration,
+    ) {
         let release = Frame::Release {
             lease: grant.lease_id,
             gen: grant.generation,
             ticket,
-            done: done && res.is_ok(),
+            done,
         };
-        // The release goes out now and its answer is not waited for: the blocks have landed
-        // (or not) whatever the owner says, and a lost release only delays the lease's end to
-        // its TTL or the ticket's window. Not waiting saves the puller a round trip.
         let lease = grant.lease_id;
         match (
             self.linked_peer(grant.owner),
@@ -396,7 +448,6 @@ impl LlmDataDist {
                 }
             }
         }
-        res
     }
 
     /// Tells the owner the lease's blocks are needed no more (the "done" notify): the owner

@@ -17,6 +17,7 @@ use hixl_async::sync::lock;
 
 mod caches;
 mod lease_metrics;
+mod leased_reshard;
 mod leases;
 pub use leases::LeaseEvents;
 mod links;

@@ -2,15 +2,16 @@
 //! them, each head slice moved by strided descriptors straight into the decode layout.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use hixl_async::Peer;
-use hixl_core::TransferOp;
+use hixl_core::{StridedDesc, TransferOp};
 
 use super::{Cache, LlmDataDist};
-use crate::cache::{coalesce, layer_tensors, BlocksCacheKey, KvCacheExtParam};
+use crate::cache::{coalesce, layer_tensors, BlocksCacheKey, KvCacheExtParam, Run};
 use crate::status::{DataDistError, LlmStatus, Result};
 use crate::table::CacheEntry;
-use crate::tp::{plan_heads, slice_descs, KvGeometry, KvShard, ShardSide};
+use crate::tp::{plan_heads, slice_descs, sources, KvGeometry, KvShard, ShardSide};
 use hixl_async::sync::lock;
 
 impl LlmDataDist {
@@ -56,6 +57,23 @@ impl LlmDataDist {
         dst_blocks: &[u64],
         ext: &KvCacheExtParam,
     ) -> Result<()> {
+        let timeout = self.inner()?.opts.sync_wait;
+        self.plan_resharded(prefill, dst, src_blocks, dst_blocks, ext)
+            .await?
+            .run(timeout)
+            .await
+    }
+
+    /// Plans a resharded pull (every check of [`LlmDataDist::pull_kv_blocks_resharded`], the
+    /// descriptors of each (layer, prefill rank)); moves nothing.
+    pub(super) async fn plan_resharded(
+        &self,
+        prefill: &[BlocksCacheKey],
+        dst: &Cache,
+        src_blocks: &[u64],
+        dst_blocks: &[u64],
+        ext: &KvCacheExtParam,
+    ) -> Result<Resharded> {
         let inner = self.inner()?;
         let timeout = inner.opts.sync_wait;
         let dshard = {
@@ -72,6 +90,7 @@ impl LlmDataDist {
         };
         let tokens = dshard.check(&dst.desc)?;
         let mut ranks: HashMap<u32, (Peer, CacheEntry, KvShard)> = HashMap::new();
+        let mut keys = Vec::with_capacity(prefill.len());
         let mut ptp = None;
         for &key in prefill {
             let (peer, e) = self.remote_for(key).await?;
@@ -85,6 +104,7 @@ impl LlmDataDist {
                     ptp.unwrap_or(0)
                 )));
             }
+            keys.push((s.tp_rank, e.cache_id));
             if ranks.insert(s.tp_rank, (peer, e, s)).is_some() {
                 return Err(DataDistError::param(format!(
                     "two prefill caches are TP rank {}",
@@ -170,14 +190,49 @@ impl LlmDataDist {
                 jobs.push(((sl, dl), peer.clone(), descs));
             }
         }
+        let sources = sources(&dshard, ptp)?;
+        Ok(Resharded {
+            dshard,
+            prefill_tp: ptp,
+            keys,
+            sources,
+            jobs,
+            runs,
+            missing,
+        })
+    }
+}
+
+/// A resharded pull, planned: every check passed and every descriptor built; nothing moved.
+pub(super) struct Resharded {
+    /// The decode rank's shard.
+    pub dshard: KvShard,
+    /// The prefill group's TP size.
+    pub prefill_tp: u32,
+    /// Per prefill key given, in order: its TP rank and its cache id at the prefill rank.
+    pub keys: Vec<(u32, i64)>,
+    /// The prefill ranks the decode rank reads, in plan order.
+    pub sources: Vec<u32>,
+    /// `((src layer, dst layer), prefill rank's peer, descriptors)`.
+    jobs: Vec<((u32, u32), Peer, Vec<StridedDesc>)>,
+    runs: Vec<Run>,
+    /// The note for an error when a prefill rank's tensor is missing from its memory table.
+    missing: String,
+}
+
+impl Resharded {
+    /// Moves every descriptor at once, each transfer bounded by `timeout`. On failure the
+    /// error lists the (layer, block) pairs that did not land.
+    pub(super) async fn run(self, timeout: Duration) -> Result<()> {
         let results = futures::future::join_all(
-            jobs.iter()
+            self.jobs
+                .iter()
                 .map(|(_, peer, d)| peer.transfer_strided(TransferOp::Read, d).timeout(timeout)),
         )
         .await;
-        let layers: Vec<(u32, u32)> = jobs.iter().map(|(l, _, _)| *l).collect();
-        super::transfers::layer_outcome(&layers, results, &runs).map_err(|mut e| {
-            e.message.push_str(&missing);
+        let layers: Vec<(u32, u32)> = self.jobs.iter().map(|(l, _, _)| *l).collect();
+        super::transfers::layer_outcome(&layers, results, &self.runs).map_err(|mut e| {
+            e.message.push_str(&self.missing);
             e
         })
     }

@@ -1,216 +1,13 @@
-//! Request-scoped block leases: the side that holds a request's KV (the owner, usually
-//! prefill) leases the request's blocks to the peer that will pull them (decode). This module
-//! is the sans-io part: the grant a puller presents, the owner's table of live leases and its
-//! rules, and the frames of the lease protocol. Time comes in as an `Instant`.
-//!
-//! The protocol rides on served notifies (`Engine::serve_notifies`), whose ack carries the
-//! owner's answer:
-//!
-//! ```text
-//!   puller                                   owner
-//!   Acquire{lease, gen, ticket, window} ───▶ live lease, right generation, not ending,
-//!                                            bound to this link (bound on first use)?
-//!                                    ◀─── SUCCESS (ticket held until released or its window
-//!                                            passes) / PARAM_INVALID (refused: no byte moves)
-//!   READ the leased blocks (one-sided, within the window)
-//!   Release{lease, gen, ticket, done} ───▶   ticket dropped, lease extended; `done` ends it
-//! ```
-//!
-//! The owner never reports a lease ended (so the server never reuses its blocks) while a ticket
-//! is held, except when the holder's link died: a dead process receives no more bytes. A lease
-//! ends when the puller reports done, when its TTL passes without progress (acquire, release,
-//! renew), when the puller's link dies, or when the owner revokes it; the end is final, and a
-//! later acquire with its id or generation is refused.
+//! The owner's table of live leases: which blocks each holds, which puller links read it,
+//! the tickets out, and when it ends (the rules of [`super`]'s protocol, frame by frame and
+//! tick by tick).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
+use super::frame::Frame;
+use super::{EndedLease, LeaseEnd, LeaseGrant, MAX_TTL, MAX_WINDOW};
 use crate::status::{DataDistError, LlmStatus, Result};
-
-/// Name of the served notifies that carry the lease protocol.
-pub const LEASE_NOTIFY: &str = "hixl.kv.lease";
-
-/// A ticket's window is capped at this, whatever the puller asks.
-pub const MAX_WINDOW: Duration = Duration::from_secs(600);
-
-/// The longest lease TTL (time without progress before a lease expires): one day. A longer
-/// one (`Duration::MAX` as "forever", a TTL in milliseconds that does not fit an `Instant`)
-/// is refused with `LLM_PARAM_INVALID` naming it: a lease is meant to end, and an owner that
-/// wants one to last does so by ending it (`end_lease`) instead of by its TTL.
-pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
-
-/// What the owner hands the puller (out of band, e.g. in a serving engine's per-request
-/// transfer parameters; it is `serde`-serializable): which blocks of which caches are leased,
-/// under which id and generation, for how long without progress.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseGrant {
-    /// The owner's cluster id.
-    pub owner: u64,
-    /// The lease's id at the owner (never reused by that owner instance).
-    pub lease_id: u64,
-    /// The lease's generation, random per lease: a grant from before a restart or a reuse
-    /// never matches a live lease.
-    pub generation: u64,
-    /// The request the blocks belong to.
-    pub request_id: u64,
-    /// The owner's cache ids the lease covers (the same block ids in each).
-    pub caches: Vec<i64>,
-    /// The leased block ids.
-    pub blocks: Vec<u64>,
-    /// Time without progress after which the lease expires, in milliseconds.
-    pub ttl_ms: u64,
-}
-
-impl LeaseGrant {
-    /// FNV-1a over the caches and blocks, in order: what an acquire presents so the owner
-    /// can tell the grant is the one it made.
-    pub fn digest(&self) -> u64 {
-        let words = self
-            .caches
-            .iter()
-            .map(|&c| c as u64)
-            .chain([u64::MAX])
-            .chain(self.blocks.iter().copied());
-        words.fold(0xcbf2_9ce4_8422_2325, |h, w| {
-            w.to_le_bytes()
-                .iter()
-                .fold(h, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3))
-        })
-    }
-}
-
-/// Why a lease ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LeaseEnd {
-    /// The puller reported it is done.
-    Done,
-    /// Its TTL passed without progress.
-    Expired,
-    /// The puller's link to the owner died (or was closed).
-    LinkDown,
-    /// The owner ended it (`end_lease`: the request was aborted).
-    Revoked,
-}
-
-/// An ended lease, as the owner's stream reports it: its blocks are free to reuse.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EndedLease {
-    /// The request.
-    pub request_id: u64,
-    /// The lease's id.
-    pub lease_id: u64,
-    /// The caches it covered.
-    pub caches: Vec<i64>,
-    /// Its blocks.
-    pub blocks: Vec<u64>,
-    /// Why it ended.
-    pub why: LeaseEnd,
-}
-
-/// A lease protocol frame (the message of a [`LEASE_NOTIFY`] notify).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Frame {
-    /// Take a ticket to pull within `window_ms`.
-    Acquire {
-        /// Lease id.
-        lease: u64,
-        /// Its generation.
-        gen: u64,
-        /// The puller's ticket number.
-        ticket: u64,
-        /// How long the pull may take, ms.
-        window_ms: u32,
-        /// [`LeaseGrant::digest`] of the grant the puller holds: a grant whose caches or
-        /// blocks were changed (or mixed up with another request's) is refused.
-        digest: u64,
-    },
-    /// Give the ticket back; `done` ends the lease.
-    Release {
-        /// Lease id.
-        lease: u64,
-        /// Its generation.
-        gen: u64,
-        /// The ticket.
-        ticket: u64,
-        /// The puller needs the blocks no more.
-        done: bool,
-    },
-    /// Progress without a pull: extend the lease.
-    Renew {
-        /// Lease id.
-        lease: u64,
-        /// Its generation.
-        gen: u64,
-    },
-}
-
-impl Frame {
-    /// Bytes of an encoded frame.
-    pub const LEN: usize = 37;
-
-    /// `op u8 | lease u64 | gen u64 | ticket u64 | arg u32 | digest u64`, little-endian.
-    pub fn encode(&self) -> [u8; Frame::LEN] {
-        let (op, lease, gen, ticket, arg, digest) = match *self {
-            Frame::Acquire {
-                lease,
-                gen,
-                ticket,
-                window_ms,
-                digest,
-            } => (1u8, lease, gen, ticket, window_ms, digest),
-            Frame::Release {
-                lease,
-                gen,
-                ticket,
-                done,
-            } => (2, lease, gen, ticket, u32::from(done), 0),
-            Frame::Renew { lease, gen } => (3, lease, gen, 0, 0, 0),
-        };
-        let mut b = [0u8; Frame::LEN];
-        b[0] = op;
-        b[1..9].copy_from_slice(&lease.to_le_bytes());
-        b[9..17].copy_from_slice(&gen.to_le_bytes());
-        b[17..25].copy_from_slice(&ticket.to_le_bytes());
-        b[25..29].copy_from_slice(&arg.to_le_bytes());
-        b[29..37].copy_from_slice(&digest.to_le_bytes());
-        b
-    }
-
-    /// Parses a frame from a peer; `None` for anything malformed (never panics).
-    pub fn decode(b: &[u8]) -> Option<Frame> {
-        if b.len() != Frame::LEN {
-            return None;
-        }
-        let u64_at = |i: usize| {
-            let mut x = [0u8; 8];
-            x.copy_from_slice(&b[i..i + 8]);
-            u64::from_le_bytes(x)
-        };
-        let mut arg = [0u8; 4];
-        arg.copy_from_slice(&b[25..29]);
-        let arg = u32::from_le_bytes(arg);
-        let (lease, gen, ticket, digest) = (u64_at(1), u64_at(9), u64_at(17), u64_at(29));
-        match b[0] {
-            1 => Some(Frame::Acquire {
-                lease,
-                gen,
-                ticket,
-                window_ms: arg,
-                digest,
-            }),
-            2 if arg <= 1 && digest == 0 => Some(Frame::Release {
-                lease,
-                gen,
-                ticket,
-                done: arg == 1,
-            }),
-            3 if ticket == 0 && arg == 0 && digest == 0 => Some(Frame::Renew { lease, gen }),
-            _ => None,
-        }
-    }
-}
 
 /// Why the owner refused a frame (the puller hears `PARAM_INVALID`; this is for the log).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -219,8 +16,10 @@ pub enum Refusal {
     NotLive,
     /// The lease is ending (done, expired or revoked) and takes no new pull.
     Ending,
-    /// The lease is bound to another link.
+    /// The lease is bound to other links, as many as its readers.
     OtherLink,
+    /// The acquire declares another reader count than the lease's first acquire did.
+    ReaderCount,
     /// The grant presented is not the one made (its caches or blocks differ).
     Mismatch,
     /// The frame is malformed.
@@ -232,8 +31,15 @@ struct Live {
     digest: u64,
     ttl: Duration,
     deadline: Instant,
-    link: Option<u64>,
-    tickets: HashMap<u64, Instant>,
+    /// How many distinct links read the lease, as its first acquire declared (`None`
+    /// before one: room for one link).
+    readers: Option<u32>,
+    /// The puller links bound to the lease, at most `readers`.
+    links: Vec<u64>,
+    /// The bound links that reported done.
+    done: HashSet<u64>,
+    /// Tickets out, `(link, ticket)` → the end of their window.
+    tickets: HashMap<(u64, u64), Instant>,
     ending: Option<LeaseEnd>,
 }
 
@@ -243,6 +49,29 @@ impl Live {
         if let Some(d) = now.checked_add(self.ttl) {
             self.deadline = self.deadline.max(d);
         }
+    }
+
+    /// Whether `link` may speak for the lease: bound, or room to bind it among `readers`.
+    fn admits(&self, link: u64, readers: u32) -> std::result::Result<(), Refusal> {
+        if self.links.contains(&link) || self.links.len() < readers.max(1) as usize {
+            Ok(())
+        } else {
+            Err(Refusal::OtherLink)
+        }
+    }
+
+    /// Binds `link` (admitted first).
+    fn bind(&mut self, link: u64, readers: u32) -> std::result::Result<(), Refusal> {
+        self.admits(link, readers)?;
+        if !self.links.contains(&link) {
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
+    /// The reader count so far (1 before an acquire declared one).
+    fn readers(&self) -> u32 {
+        self.readers.unwrap_or(1)
     }
 }
 
@@ -391,7 +220,9 @@ impl LeaseTable {
                 grant: grant.clone(),
                 ttl,
                 deadline,
-                link: None,
+                readers: None,
+                links: Vec::new(),
+                done: HashSet::new(),
                 tickets: HashMap::new(),
                 ending: None,
             },
@@ -423,20 +254,24 @@ impl LeaseTable {
                 ticket,
                 window_ms,
                 digest,
+                readers,
             } => self.live_mut(lease, gen).and_then(|l| {
-                if l.ending.is_some() {
+                // A link that reported done needs the blocks no more: it takes no new pull.
+                if l.ending.is_some() || l.done.contains(&link) {
                     return Err(Refusal::Ending);
                 }
                 if digest != l.digest {
                     return Err(Refusal::Mismatch);
                 }
-                if l.link.is_some_and(|k| k != link) {
-                    return Err(Refusal::OtherLink);
+                let readers = readers.max(1);
+                if l.readers.is_some_and(|n| n != readers) {
+                    return Err(Refusal::ReaderCount);
                 }
-                l.link = Some(link);
+                l.bind(link, readers)?;
+                l.readers = Some(readers);
                 let window = Duration::from_millis(u64::from(window_ms)).min(MAX_WINDOW);
                 l.tickets
-                    .insert(ticket, now.checked_add(window).unwrap_or(now));
+                    .insert((link, ticket), now.checked_add(window).unwrap_or(now));
                 l.extend(now);
                 Ok(())
             }),
@@ -446,21 +281,23 @@ impl LeaseTable {
                 ticket,
                 done,
             } => self.live_mut(lease, gen).and_then(|l| {
-                if l.link.is_some_and(|k| k != link) {
-                    return Err(Refusal::OtherLink);
-                }
-                l.tickets.remove(&ticket);
+                let readers = l.readers();
+                l.admits(link, readers)?;
+                l.tickets.remove(&(link, ticket));
                 l.extend(now);
-                if done && l.ending.is_none() {
-                    l.ending = Some(LeaseEnd::Done);
+                if done {
+                    // A link's done counts once; the lease is done when every reader's is in.
+                    l.bind(link, readers)?;
+                    l.done.insert(link);
+                    if l.done.len() >= readers as usize && l.ending.is_none() {
+                        l.ending = Some(LeaseEnd::Done);
+                    }
                 }
                 Ok(())
             }),
             Frame::Renew { lease, gen } => self.live_mut(lease, gen).and_then(|l| {
-                if l.link.is_some_and(|k| k != link) {
-                    return Err(Refusal::OtherLink);
-                }
-                l.link = Some(link);
+                let readers = l.readers();
+                l.bind(link, readers)?;
                 l.extend(now);
                 Ok(())
             }),
@@ -486,10 +323,15 @@ impl LeaseTable {
     pub fn tick(&mut self, now: Instant, alive: impl Fn(u64) -> bool) -> Vec<EndedLease> {
         let mut done = Vec::new();
         for (&id, l) in &mut self.live {
-            if l.link.is_some_and(|k| !alive(k)) {
-                // A dead puller receives no more bytes: its tickets are void.
-                l.tickets.clear();
-                l.ending.get_or_insert(LeaseEnd::LinkDown);
+            let dead: Vec<u64> = l.links.iter().copied().filter(|&k| !alive(k)).collect();
+            if !dead.is_empty() {
+                // A dead puller receives no more bytes: its tickets are void. A reader that
+                // died before it was done ends the lease (the others' pulls in flight finish
+                // first); one that was done leaves it to the others.
+                l.tickets.retain(|(k, _), _| !dead.contains(k));
+                if dead.iter().any(|k| !l.done.contains(k)) {
+                    l.ending.get_or_insert(LeaseEnd::LinkDown);
+                }
             }
             l.tickets.retain(|_, &mut until| until > now);
             if l.ending.is_none() && l.tickets.is_empty() && l.deadline <= now {
@@ -532,7 +374,7 @@ impl LeaseTable {
 
     /// Whether some live lease is bound to a link (then link liveness must be watched).
     pub fn any_bound(&self) -> bool {
-        self.live.values().any(|l| l.link.is_some())
+        self.live.values().any(|l| !l.links.is_empty())
     }
 
     /// Live leases.
@@ -563,5 +405,5 @@ impl LeaseTable {
 }
 
 #[cfg(test)]
-#[path = "lease_tests.rs"]
+#[path = "tests.rs"]
 mod tests;

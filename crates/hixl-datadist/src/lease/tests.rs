@@ -13,12 +13,18 @@ fn table(now: Instant) -> (LeaseTable, LeaseGrant) {
 }
 
 fn acquire(g: &LeaseGrant, ticket: u64, window_ms: u32) -> Option<Frame> {
+    shared(g, ticket, window_ms, 1)
+}
+
+/// An acquire declaring `readers` reader links.
+fn shared(g: &LeaseGrant, ticket: u64, window_ms: u32, readers: u32) -> Option<Frame> {
     Some(Frame::Acquire {
         lease: g.lease_id,
         gen: g.generation,
         ticket,
         window_ms,
         digest: g.digest(),
+        readers,
     })
 }
 
@@ -29,40 +35,6 @@ fn release(g: &LeaseGrant, ticket: u64, done: bool) -> Option<Frame> {
         ticket,
         done,
     })
-}
-
-#[test]
-fn frames_round_trip_and_garbage_is_refused() {
-    for f in [
-        Frame::Acquire {
-            lease: 1,
-            gen: u64::MAX,
-            ticket: 9,
-            window_ms: 1000,
-            digest: 77,
-        },
-        Frame::Release {
-            lease: 2,
-            gen: 3,
-            ticket: 4,
-            done: true,
-        },
-        Frame::Renew { lease: 5, gen: 6 },
-    ] {
-        assert_eq!(Frame::decode(&f.encode()), Some(f));
-    }
-    assert_eq!(Frame::decode(&[]), None);
-    assert_eq!(Frame::decode(&[1; Frame::LEN - 1]), None);
-    assert_eq!(Frame::decode(&[9; Frame::LEN]), None);
-    let mut bad = Frame::Release {
-        lease: 1,
-        gen: 1,
-        ticket: 1,
-        done: false,
-    }
-    .encode();
-    bad[25] = 2;
-    assert_eq!(Frame::decode(&bad), None);
 }
 
 #[test]
@@ -254,6 +226,121 @@ fn a_ttl_that_does_not_fit_is_refused_by_name_and_the_table_keeps_working() {
     let ended = t.tick(t0 + MAX_WINDOW + MAX_TTL, |_| true);
     assert_eq!(ended.len(), 1);
     assert_eq!(ended[0].why, LeaseEnd::Expired);
+}
+
+/// Two reader links: each binds, a third is refused; one link's done (counted once, however
+/// often it says it) leaves the lease live; the other's ends it once no ticket is out.
+#[test]
+fn a_shared_lease_ends_done_when_every_reader_is_done() {
+    let t0 = Instant::now();
+    let (mut t, g) = table(t0);
+    assert_eq!(t.on_frame(shared(&g, 1, 1000, 2), 77, t0).0, Ok(()));
+    assert_eq!(t.on_frame(shared(&g, 2, 1000, 2), 78, t0).0, Ok(()));
+    assert_eq!(
+        t.on_frame(shared(&g, 3, 1000, 2), 79, t0).0,
+        Err(Refusal::OtherLink)
+    );
+    assert_eq!(
+        t.on_frame(release(&g, 3, false), 79, t0).0,
+        Err(Refusal::OtherLink),
+        "a release from a link past the readers"
+    );
+    // Renew and release from either bound link.
+    let renew = Some(Frame::Renew {
+        lease: g.lease_id,
+        gen: g.generation,
+    });
+    assert_eq!(t.on_frame(renew, 78, t0).0, Ok(()));
+    for _ in 0..2 {
+        let (r, ended) = t.on_frame(release(&g, 1, true), 77, t0);
+        assert_eq!(r, Ok(()));
+        assert!(
+            ended.is_empty(),
+            "one reader's done, even twice, ends nothing"
+        );
+    }
+    assert_eq!(t.len(), 1);
+    assert_eq!(
+        t.on_frame(shared(&g, 4, 1000, 2), 77, t0).0,
+        Err(Refusal::Ending),
+        "a reader that was done takes no new pull"
+    );
+    // The other reader's done while its ticket 2 is out of another pull: ends with it.
+    assert_eq!(t.on_frame(shared(&g, 5, 1000, 2), 78, t0).0, Ok(()));
+    let (r, ended) = t.on_frame(release(&g, 5, true), 78, t0);
+    assert_eq!(r, Ok(()));
+    assert!(ended.is_empty(), "ticket 2 is still out");
+    let (_, ended) = t.on_frame(release(&g, 2, false), 78, t0);
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].why, LeaseEnd::Done);
+    assert!(t.is_empty());
+}
+
+/// The first acquire fixes the reader count: another count is refused, from a new link or a
+/// bound one, before it binds anything.
+#[test]
+fn every_acquire_of_a_lease_declares_the_same_readers() {
+    let t0 = Instant::now();
+    let (mut t, g) = table(t0);
+    t.on_frame(shared(&g, 1, 1000, 3), 77, t0).0.unwrap();
+    for (link, readers) in [(78, 2), (78, 1), (77, 4)] {
+        assert_eq!(
+            t.on_frame(shared(&g, 2, 1000, readers), link, t0).0,
+            Err(Refusal::ReaderCount),
+            "{readers} readers from link {link}"
+        );
+    }
+    for link in [78, 79] {
+        t.on_frame(shared(&g, 2, 1000, 3), link, t0).0.unwrap();
+    }
+    assert_eq!(
+        t.on_frame(shared(&g, 2, 1000, 3), 80, t0).0,
+        Err(Refusal::OtherLink)
+    );
+    // A lease first acquired alone stays a lease of one link.
+    let (mut t, g) = table(t0);
+    t.on_frame(acquire(&g, 1, 1000), 77, t0).0.unwrap();
+    assert_eq!(
+        t.on_frame(shared(&g, 2, 1000, 2), 78, t0).0,
+        Err(Refusal::ReaderCount)
+    );
+    assert_eq!(
+        t.on_frame(acquire(&g, 2, 1000), 78, t0).0,
+        Err(Refusal::OtherLink)
+    );
+}
+
+/// A reader link that dies before its done ends the lease (its tickets void, the other
+/// reader's pull in flight finishes first); one that dies after its done ends nothing.
+#[test]
+fn a_shared_lease_ends_when_a_reader_dies_before_it_is_done() {
+    let t0 = Instant::now();
+    let (mut t, g) = table(t0);
+    t.on_frame(shared(&g, 1, 60_000, 2), 77, t0).0.unwrap();
+    t.on_frame(shared(&g, 2, 60_000, 2), 78, t0).0.unwrap();
+    let ended = t.tick(t0, |l| l != 77);
+    assert!(ended.is_empty(), "78's ticket is still out");
+    assert_eq!(
+        t.on_frame(shared(&g, 3, 1000, 2), 78, t0).0,
+        Err(Refusal::Ending)
+    );
+    let (_, ended) = t.on_frame(release(&g, 2, false), 78, t0);
+    assert_eq!(ended[0].why, LeaseEnd::LinkDown);
+
+    let (mut t, g) = table(t0);
+    t.on_frame(shared(&g, 1, 60_000, 2), 77, t0).0.unwrap();
+    t.on_frame(release(&g, 1, true), 77, t0).0.unwrap();
+    assert!(t.tick(t0, |l| l != 77).is_empty(), "77 was done");
+    t.on_frame(shared(&g, 2, 60_000, 2), 78, t0).0.unwrap();
+    let (_, ended) = t.on_frame(release(&g, 2, true), 78, t0);
+    assert_eq!(ended[0].why, LeaseEnd::Done);
+    // Both dead, one before its done: LinkDown, at once.
+    let (mut t, g) = table(t0);
+    t.on_frame(shared(&g, 1, 60_000, 2), 77, t0).0.unwrap();
+    t.on_frame(release(&g, 1, true), 77, t0).0.unwrap();
+    t.on_frame(shared(&g, 2, 60_000, 2), 78, t0).0.unwrap();
+    let ended = t.tick(t0, |_| false);
+    assert_eq!(ended[0].why, LeaseEnd::LinkDown);
 }
 
 proptest::proptest! {
