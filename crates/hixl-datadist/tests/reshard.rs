@@ -3,6 +3,7 @@
 //! its heads of scattered blocks from the prefill ranks that hold them; every byte of every
 //! head slice is checked in the decode layout, and blocks not pulled stay untouched.
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -12,81 +13,14 @@ use hixl_datadist::{
     LlmDataDist, LlmRole,
 };
 
+mod kv_shards;
+use kv_shards::{check_pulled, desc, fill, key, started, BLOCKS, TENSORS};
+
 const T: Duration = Duration::from_secs(10);
 const HEADS: u32 = 8;
-const HEAD_DIM: u32 = 16;
-const TOKENS: i64 = 4;
-const BLOCKS: i64 = 16;
-/// 2 layers × K, V.
-const TENSORS: u32 = 4;
 
 fn shard(rank: u32, tp: u32, layout: KvLayout) -> KvShard {
-    KvShard {
-        tp_rank: rank,
-        tp_size: tp,
-        total_heads: HEADS,
-        head_dim: HEAD_DIM,
-        layout,
-        mla: false,
-    }
-}
-
-fn desc(s: &KvShard) -> CacheDesc {
-    let h = s.heads().unwrap();
-    let n = i64::from(h.end - h.start);
-    let shape = match s.layout {
-        KvLayout::Nhd => vec![BLOCKS, TOKENS, n, i64::from(HEAD_DIM)],
-        KvLayout::Hnd => vec![BLOCKS, n, TOKENS, i64::from(HEAD_DIM)],
-    };
-    CacheDesc::host(TENSORS, DataType::BFloat16, shape)
-}
-
-/// The byte at (tensor, block, token, global head, byte of the head).
-fn byte(t: usize, b: u64, tok: u64, g: u32, e: u64) -> u8 {
-    ((t as u64) * 131 + b * 37 + tok * 11 + u64::from(g) * 5 + e) as u8 | 0x80
-}
-
-/// Block `b` of tensor `t` of a cache holding `s`'s heads, as the layout lays it out, with
-/// the pattern of source block `src`.
-fn block_bytes(s: &KvShard, t: usize, src: u64) -> Vec<u8> {
-    let h = s.heads().unwrap();
-    let hb = u64::from(HEAD_DIM) * 2;
-    let mut v = Vec::new();
-    match s.layout {
-        KvLayout::Nhd => {
-            for tok in 0..TOKENS as u64 {
-                for g in h.clone() {
-                    v.extend((0..hb).map(|e| byte(t, src, tok, g, e)));
-                }
-            }
-        }
-        KvLayout::Hnd => {
-            for g in h.clone() {
-                for tok in 0..TOKENS as u64 {
-                    v.extend((0..hb).map(|e| byte(t, src, tok, g, e)));
-                }
-            }
-        }
-    }
-    v
-}
-
-fn key(cluster: u64) -> BlocksCacheKey {
-    BlocksCacheKey {
-        cluster_id: cluster,
-        model_id: 0,
-    }
-}
-
-async fn started(cluster: u64, role: LlmRole, transport: &str) -> LlmDataDist {
-    let mut dd = LlmDataDist::new(cluster, role);
-    dd.initialize(&[
-        ("llm.ListenIpInfo", "127.0.0.1:0"),
-        ("hixl.Transport", transport),
-    ])
-    .await
-    .unwrap();
-    dd
+    kv_shards::shard(rank, tp, HEADS, layout)
 }
 
 fn layout_of(s: &str) -> KvLayout {
@@ -120,15 +54,7 @@ async fn prefill_group_entry() {
             .await
             .unwrap();
         dd.set_kv_shard(c.cache_id, s).await.unwrap();
-        let stride = c.desc.stride().unwrap();
-        for t in 0..TENSORS as usize {
-            for b in 0..BLOCKS as u64 {
-                c.tensor(t)
-                    .unwrap()
-                    .write_at(b * stride, &block_bytes(&s, t, b))
-                    .unwrap();
-            }
-        }
+        fill(&c, &s);
         addrs.push(dd.listen_addr().unwrap());
         ranks.push((dd, c));
     }
@@ -188,7 +114,7 @@ async fn reshard(ptp: u32, dtp: u32, layout: &str, transport: &str) {
     // Scattered blocks with runs on both sides.
     let src = [1u64, 2, 3, 7, 9, 10, 15];
     let dst = [0u64, 1, 2, 5, 6, 7, 12];
-    let pulled: std::collections::HashMap<u64, u64> = dst.iter().copied().zip(src).collect();
+    let pulled: HashMap<u64, u64> = dst.iter().copied().zip(src).collect();
     for d in 0..dtp {
         let dd = decode_rank(d, &addrs, transport).await;
         let s = shard(d, dtp, lay);
@@ -198,26 +124,12 @@ async fn reshard(ptp: u32, dtp: u32, layout: &str, transport: &str) {
         dd.pull_kv_blocks_resharded(&keys, &c, &src, &dst, &KvCacheExtParam::default())
             .await
             .unwrap();
-        let stride = c.desc.stride().unwrap() as usize;
-        let mut got = vec![0u8; stride];
-        for t in 0..TENSORS as usize {
-            for b in 0..BLOCKS as u64 {
-                c.tensor(t)
-                    .unwrap()
-                    .read_at(b * stride as u64, &mut got)
-                    .unwrap();
-                match pulled.get(&b) {
-                    Some(&from) => assert!(
-                        got == block_bytes(&s, t, from),
-                        "{transport} {layout} P_TP={ptp} D_TP={dtp}: decode rank {d} tensor {t} block {b} (from {from}) differs"
-                    ),
-                    None => assert!(
-                        got.iter().all(|&x| x == 0),
-                        "{transport} {layout}: block {b} was not pulled but written"
-                    ),
-                }
-            }
-        }
+        check_pulled(
+            &c,
+            &s,
+            &pulled,
+            &format!("{transport} {layout} P_TP={ptp} D_TP={dtp}"),
+        );
         // Every decode rank needs a prefill rank past the first when P_TP=4: given only the
         // first, the pull is refused by name.
         if ptp > 1 {
