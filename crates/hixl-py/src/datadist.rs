@@ -534,6 +534,8 @@ fn dd_check_mapped(addr: u64, len: u64, tensor: usize) -> PyResult<()> {
 
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dd_check_mapped, m)?)?;
+    m.add_function(wrap_pyfunction!(reshard::kv_shard_readers, m)?)?;
+    m.add_function(wrap_pyfunction!(reshard::kv_shard_sources, m)?)?;
     m.add_class::<DataDist>()?;
     m.add_class::<layer::LayerTask>()?;
     let codes = PyList::empty(m.py());

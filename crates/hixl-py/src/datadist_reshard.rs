@@ -1,11 +1,55 @@
 //! `hixl._hixl.DataDist`'s heterogeneous tensor parallelism (a hixl extension): declaring
-//! the KV heads a cache holds, and pulling a decode rank's heads from the prefill ranks.
+//! the KV heads a cache holds, pulling a decode rank's heads from the prefill ranks (under
+//! their leases or not), and the plan's pure answers (which prefill ranks a decode rank reads,
+//! how many decode ranks read each prefill rank).
 
-use hixl_datadist::{BlocksCacheKey, KvLayout, KvShard};
+use hixl_datadist::{tp, BlocksCacheKey, KvLayout, KvShard, LeaseGrant};
 use pyo3::prelude::*;
 
-use super::convert::{bkey, dd_result, ext_of, param, Ext};
+use super::convert::{bkey, dd_result, ext_of, grant_of, param, Ext};
 use super::{run, DataDist};
+
+/// Rank `rank` of a TP group of `tp_size` over `total_heads` heads: a shard for planning only
+/// (its head size and layout do not change a plan).
+fn planning_shard(rank: u32, tp_size: u32, total_heads: u32, mla: bool) -> KvShard {
+    KvShard {
+        tp_rank: rank,
+        tp_size,
+        total_heads,
+        head_dim: 1,
+        layout: KvLayout::Nhd,
+        mla,
+    }
+}
+
+/// How many ranks of a decode group of `decode_tp` read each of `prefill_tp` prefill ranks.
+#[pyfunction]
+pub(super) fn kv_shard_readers(
+    decode_tp: u32,
+    prefill_tp: u32,
+    total_heads: u32,
+    mla: bool,
+) -> PyResult<Vec<u32>> {
+    dd_result(tp::readers(
+        &planning_shard(0, decode_tp, total_heads, mla),
+        prefill_tp,
+    ))
+}
+
+/// The prefill ranks decode rank `decode_rank` of `decode_tp` reads, in plan order.
+#[pyfunction]
+pub(super) fn kv_shard_sources(
+    decode_rank: u32,
+    decode_tp: u32,
+    prefill_tp: u32,
+    total_heads: u32,
+    mla: bool,
+) -> PyResult<Vec<u32>> {
+    dd_result(tp::sources(
+        &planning_shard(decode_rank, decode_tp, total_heads, mla),
+        prefill_tp,
+    ))
+}
 
 #[pymethods]
 impl DataDist {
@@ -63,6 +107,43 @@ impl DataDist {
             dd.read()
                 .await
                 .pull_kv_blocks_resharded(&keys, &dst, &src_blocks, &dst_blocks, &ext)
+                .await
+        }))
+    }
+
+    /// Pulls blocks into `dst` from the prefill ranks' blocks caches `keys`, resharding heads,
+    /// under the prefill ranks' leases (`grants[i]`, JSON, is the lease of `keys[i]`).
+    #[allow(clippy::too_many_arguments)]
+    fn pull_leased_resharded(
+        &self,
+        py: Python<'_>,
+        grants: Vec<String>,
+        keys: Vec<(u64, u64)>,
+        dst: i64,
+        src_blocks: Vec<u64>,
+        dst_blocks: Vec<u64>,
+        ext: Ext,
+        done: bool,
+    ) -> PyResult<()> {
+        let grants: Vec<LeaseGrant> = grants
+            .iter()
+            .map(|g| grant_of(g))
+            .collect::<PyResult<_>>()?;
+        let dst = self.shared.cache(dst)?;
+        let keys: Vec<BlocksCacheKey> = keys.into_iter().map(bkey).collect();
+        let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
+        dd_result(run(py, async move {
+            dd.read()
+                .await
+                .pull_leased_blocks_resharded(
+                    &grants,
+                    &keys,
+                    &dst,
+                    &src_blocks,
+                    &dst_blocks,
+                    &ext,
+                    done,
+                )
                 .await
         }))
     }

@@ -18,7 +18,7 @@ from hixl.llm_datadist import (BlockFailure, BlocksCacheKey, Cache, CacheDesc, C
                                CacheKeyByIdAndIndex, DataType, LayerSynchronizer, LeaseGrant,
                                LLMClusterInfo, LLMConfig, LLMDataDist, LLMException, LLMRole,
                                LLMStatusCode, Placement, TransferConfig,
-                               TransferWithCacheKeyConfig)
+                               TransferWithCacheKeyConfig, kv_shard_readers, kv_shard_sources)
 
 S = LLMStatusCode
 L, B, E, SEED = 4, 16, 64, 11
@@ -362,6 +362,76 @@ def test_resharded_pull_from_two_prefill_ranks():
         finally:
             dd.finalize()
     finally:
+        peer.close()
+
+
+def test_leased_resharded_pull_by_two_decode_ranks_from_one_prefill_rank():
+    # P_TP=1, D_TP=2: both decode ranks (two clusters, two links) read the one prefill rank's
+    # lease; it ends DONE only once both pulled with done.
+    heads, tokens, head_dim = 4, 2, 8
+    assert kv_shard_readers(2, 1, heads) == [2]
+    assert kv_shard_sources(1, 2, 1, heads) == [0]
+    assert kv_shard_readers(2, 4, 2) == [1, 0, 0, 1]
+    assert kv_shard_sources(1, 2, 4, 2) == [3]
+    assert kv_shard_readers(4, 2, 1, mla=True) == [2, 2]
+    for bad in (lambda: kv_shard_readers(0, 1, 4), lambda: kv_shard_readers(2, "1", 4),
+                lambda: kv_shard_sources(2, 2, 1, 4), lambda: kv_shard_readers(2, 3, 4),
+                lambda: kv_shard_readers(2, 1, 4, mla=1)):
+        with pytest.raises(LLMException) as e:
+            bad()
+        assert e.value.status_code == S.LLM_PARAM_INVALID
+    with pytest.raises(LLMException, match="prefill_tp"):
+        kv_shard_readers(2, -1, 4)
+    with pytest.raises(LLMException, match="do not divide"):
+        kv_shard_sources(0, 2, 3, 4)
+    peer = Peer(cluster=1, transport="tcp", layers=2, blocks=4, elems=8, seed=1)
+    decode = []
+    try:
+        ids = peer.ask(op="shards", tp=1, heads=heads, tokens=tokens, head_dim=head_dim)["ids"]
+        assert set(ids) == {"tp0"}
+        g = peer.ask(op="lease", request=5, caches=["tp0"], blocks=[1, 3])["grant"]
+        key = BlocksCacheKey(1, 10)
+        for rank in range(2):
+            dd = local(cluster=2 + rank)
+            decode.append(dd)
+            assert dd.link_clusters([peer.info()], 5000)[0] == S.LLM_SUCCESS
+            hn = heads // 2
+            dst = [np.zeros((4, tokens, hn, head_dim), np.float32) for _ in range(4)]
+            desc = CacheDesc(4, [4, tokens, hn, head_dim], DataType.DT_FLOAT,
+                             placement=Placement.HOST)
+            dc = dd.cache_manager.register_blocks_cache(desc, [a.ctypes.data for a in dst])
+            dd.cache_manager.set_kv_shard(dc, rank, 2, heads, head_dim, "NHD")
+            if rank == 0:
+                # a wrong generation: refused, nothing moves
+                stale = dict(g, generation=g["generation"] ^ 1)
+                with pytest.raises(LLMException) as e:
+                    dd.cache_manager.pull_leased_blocks_resharded([stale], [key], dc, [1, 3],
+                                                                  [0, 2])
+                assert e.value.status_code == S.LLM_LEASE_ENDED
+                assert all((a == 0).all() for a in dst)
+                with pytest.raises(LLMException, match="grants must be a list"):
+                    dd.cache_manager.pull_leased_blocks_resharded(g, [key], dc, [1], [0])
+            dd.cache_manager.pull_leased_blocks_resharded([g], [key], dc, [1, 3], [0, 2])
+            for t, a in enumerate(dst):
+                for d, s in ((0, 1), (2, 3)):
+                    for h in range(hn):
+                        for tok in range(tokens):
+                            want = (rank * hn + h) * 100 + tok * 10 + t + s * 10000
+                            assert (a[d, tok, h] == want).all(), (rank, t, d, h, tok)
+                for d in (1, 3):
+                    assert (a[d] == 0).all()
+            if rank == 0:
+                # The pull's done is not waited for; an answered done (the same link's, counted
+                # once) is: after it, one reader of two is done and the lease lives on.
+                dd.cache_manager.lease_done(g)
+                assert peer.ask(op="events")["events"] == []
+                assert peer.ask(op="live") == {"live": 1}
+        ev = peer.ask(op="events", timeout_ms=5000)["events"]
+        assert ev == [[5, g["lease_id"], [ids["tp0"]], [1, 3], "DONE"]]
+        assert peer.ask(op="live") == {"live": 0}
+    finally:
+        for dd in decode:
+            dd.finalize()
         peer.close()
 
 

@@ -19,7 +19,9 @@ A script written against ``llm_datadist`` runs with its import line changed to
 * hixl extensions, marked so in their docstrings: request-scoped leases
   (``cache_manager.lease_blocks`` / ``pull_leased_blocks`` / ...), per-block failure status
   (``LLMException.failed_blocks``), pulls across tensor-parallel sizes
-  (``cache_manager.set_kv_shard`` / ``pull_kv_blocks_resharded``), ``LLM_LEASE_ENDED`` and
+  (``cache_manager.set_kv_shard`` / ``pull_kv_blocks_resharded`` /
+  ``pull_leased_blocks_resharded``, ``kv_shard_sources`` / ``kv_shard_readers``),
+  ``LLM_LEASE_ENDED`` and
   ``LLM_LEASE_HELD``, ``CacheTask.get_errors``.
 * Not supported (``LLM_FEATURE_NOT_ENABLED``): the two-sided HCCL link (``link``, ``unlink``,
   ``query_register_mem_status``), pulling or pushing between a contiguous cache and blocks,
@@ -56,11 +58,12 @@ from ._types import (BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAnd
                      Memtype, Placement, RegisterMemStatus, TransferConfig,
                      TransferWithCacheKeyConfig)
 from ._datadist import CacheManager, LLMDataDist
+from ._reshard import kv_shard_readers, kv_shard_sources
 
 __all__ = [
     "LLMDataDist", "CacheManager", "LLMRole", "LLMConfig", "LlmConfig", "LLMClusterInfo",
     "LLMStatusCode", "LLMException", "BlockFailure", "CacheDesc", "Cache", "BlocksCacheKey",
     "CacheKey", "CacheKeyByIdAndIndex", "Placement", "DataType", "Memtype", "MemInfo",
     "RegisterMemStatus", "TransferConfig", "TransferWithCacheKeyConfig", "LayerSynchronizer",
-    "CacheTask", "LeaseGrant", "EndedLease",
+    "CacheTask", "LeaseGrant", "EndedLease", "kv_shard_readers", "kv_shard_sources",
 ]

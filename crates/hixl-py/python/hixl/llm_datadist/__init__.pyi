@@ -386,6 +386,24 @@ class CacheManager:
                                  dst_layer_range: Optional[range] = ...,
                                  tensor_num_per_layer: int = ...) -> None:
         """hixl extension: pulls blocks from prefill ranks of another TP size."""
+    def pull_leased_blocks_resharded(self, grants: Sequence[_Grant],
+                                     src_cache_keys: Sequence[BlocksCacheKey], dst_cache: Cache,
+                                     src_blocks: Sequence[int], dst_blocks: Sequence[int],
+                                     done: bool = True, *,
+                                     src_layer_range: Optional[range] = ...,
+                                     dst_layer_range: Optional[range] = ...,
+                                     tensor_num_per_layer: int = ...) -> None:
+        """hixl extension: pulls blocks from prefill ranks of another TP size under their
+        leases (``grants[i]`` is the lease of ``src_cache_keys[i]``); a prefill rank's lease
+        ends DONE once every decode rank reading it pulled with ``done``."""
+
+def kv_shard_readers(decode_tp: int, prefill_tp: int, total_heads: int,
+                     mla: bool = False) -> List[int]:
+    """hixl extension: how many decode ranks (of ``decode_tp``) read each prefill rank (of
+    ``prefill_tp``) of a model of ``total_heads`` KV heads; 0 for a replica nobody reads."""
+def kv_shard_sources(decode_rank: int, decode_tp: int, prefill_tp: int, total_heads: int,
+                     mla: bool = False) -> List[int]:
+    """hixl extension: the prefill ranks decode rank ``decode_rank`` reads, in plan order."""
 
 class LLMDataDist:
     """One cluster's LLM-DataDist instance."""

@@ -1,12 +1,52 @@
-"""``CacheManager``'s pulls across tensor-parallel sizes (a hixl extension)."""
+"""``CacheManager``'s pulls across tensor-parallel sizes (a hixl extension), and the plan's
+pure answers: which prefill ranks a decode rank reads (:func:`kv_shard_sources`), how many
+decode ranks read each prefill rank (:func:`kv_shard_readers`)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Dict, List, Sequence, Union
 
+from .. import _hixl
 from ._status import _type_error
 from ._manager import _Manager, _kw
-from ._types import BlocksCacheKey, Cache, _int, _ints, _U32
+from ._types import BlocksCacheKey, Cache, LeaseGrant, _grant, _int, _ints, _U32
+
+
+def kv_shard_readers(decode_tp: int, prefill_tp: int, total_heads: int,
+                     mla: bool = False) -> List[int]:
+    """hixl extension: how many ranks of a decode TP group of ``decode_tp`` read each of the
+    ``prefill_tp`` prefill ranks of a model of ``total_heads`` KV heads (one count per prefill
+    rank; 0 for a replica no decode rank reads). ``LLM_PARAM_INVALID`` when the heads do not
+    divide over a group."""
+    return _hixl.kv_shard_readers(_int("decode_tp", decode_tp, 1, _U32),
+                                  _int("prefill_tp", prefill_tp, 1, _U32),
+                                  _int("total_heads", total_heads, 1, _U32), _bool("mla", mla))
+
+
+def kv_shard_sources(decode_rank: int, decode_tp: int, prefill_tp: int, total_heads: int,
+                     mla: bool = False) -> List[int]:
+    """hixl extension: the prefill ranks (of a group of ``prefill_tp``) that decode rank
+    ``decode_rank`` of ``decode_tp`` reads its heads from, in plan order: the ranks whose
+    blocks caches and leases :meth:`CacheManager.pull_leased_blocks_resharded` needs at
+    least. ``LLM_PARAM_INVALID`` for a rank past the group or heads that do not divide."""
+    return _hixl.kv_shard_sources(_int("decode_rank", decode_rank, 0, _U32),
+                                  _int("decode_tp", decode_tp, 1, _U32),
+                                  _int("prefill_tp", prefill_tp, 1, _U32),
+                                  _int("total_heads", total_heads, 1, _U32), _bool("mla", mla))
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _type_error(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _keys(src_cache_keys: Any) -> List[BlocksCacheKey]:
+    if not isinstance(src_cache_keys, (list, tuple)) or not all(
+            isinstance(k, BlocksCacheKey) for k in src_cache_keys):
+        raise _type_error(f"src_cache_keys must be a list of BlocksCacheKey, got "
+                          f"{src_cache_keys!r}")
+    return list(src_cache_keys)
 
 
 class _Reshard(_Manager):
@@ -36,12 +76,34 @@ class _Reshard(_Manager):
         moved straight into this rank's layout. Keyword arguments and failures as
         :meth:`pull_blocks`."""
         self._check()
-        if not isinstance(src_cache_keys, (list, tuple)) or not all(
-                isinstance(k, BlocksCacheKey) for k in src_cache_keys):
-            raise _type_error(f"src_cache_keys must be a list of BlocksCacheKey, got "
-                              f"{src_cache_keys!r}")
+        keys = _keys(src_cache_keys)
         dst = self._registered("dst_cache", dst_cache)
         ext = _kw("pull_kv_blocks_resharded", kwargs)
-        self._native.pull_resharded([k._tuple() for k in src_cache_keys], dst.cache_id,
+        self._native.pull_resharded([k._tuple() for k in keys], dst.cache_id,
                                     _ints("src_blocks", src_blocks),
                                     _ints("dst_blocks", dst_blocks), ext)
+
+    def pull_leased_blocks_resharded(self, grants: Sequence[Union[LeaseGrant, Dict[str, Any], str]],
+                                     src_cache_keys: Sequence[BlocksCacheKey], dst_cache: Cache,
+                                     src_blocks: Sequence[int], dst_blocks: Sequence[int],
+                                     done: bool = True, **kwargs: Any) -> None:
+        """hixl extension: :meth:`pull_kv_blocks_resharded` under the prefill ranks' leases:
+        ``grants[i]`` (a grant as :meth:`pull_leased_blocks` takes it) is the lease of the
+        prefill rank whose blocks cache is ``src_cache_keys[i]``, each granted by that rank
+        with :meth:`lease_blocks`. The leases of the ranks this decode rank reads
+        (:func:`kv_shard_sources`) are taken before a byte moves, each declaring how many decode
+        ranks read that prefill rank (:func:`kv_shard_readers`); with ``done`` each is given
+        back done once the pull landed, and a prefill rank's lease ends ``DONE`` when every
+        decode rank reading it did so. A lease that is not live: ``LLM_LEASE_ENDED`` and
+        nothing moves. Keyword arguments and partial failures as :meth:`pull_blocks`."""
+        self._check()
+        if not isinstance(grants, (list, tuple)):
+            raise _type_error(f"grants must be a list of lease grants, got {grants!r}")
+        gs = [_grant(g).to_json() for g in grants]
+        keys = _keys(src_cache_keys)
+        dst = self._registered("dst_cache", dst_cache)
+        ext = _kw("pull_leased_blocks_resharded", kwargs)
+        self._native.pull_leased_resharded(gs, [k._tuple() for k in keys], dst.cache_id,
+                                           _ints("src_blocks", src_blocks),
+                                           _ints("dst_blocks", dst_blocks), ext,
+                                           _bool("done", done))
