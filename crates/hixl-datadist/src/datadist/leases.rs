@@ -451,7 +451,9 @@ impl LlmDataDist {
     }
 
     /// Tells the owner the lease's blocks are needed no more (the "done" notify): the owner
-    /// reports the lease ended (`Done`) once no pull of it is in flight.
+    /// reports the lease ended (`Done`) once no pull of it is in flight. For a lease read by
+    /// several links ([`LlmDataDist::pull_leased_blocks_resharded`]) this link's done counts
+    /// once, and the lease ends when every reader link's is in.
     ///
     /// # Errors
     /// `LLM_LEASE_ENDED` when the lease is not live; `LLM_NOT_YET_LINK` without a link to the
