@@ -68,6 +68,8 @@ pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
 #[pymodule]
 fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The engine-to-engine protocol's version (peers of another version refuse each other).
+    m.add("WIRE_VERSION", hixl_core::wire::VERSION)?;
     logging::init(m)?;
     engine::add(m)?;
     op::add(m)?;

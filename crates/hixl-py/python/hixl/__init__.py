@@ -16,11 +16,12 @@ from ._errors import (AlreadyConnectedError, AuthError, FailedError, HeartbeatLo
                       TransferCancelledError, TransferTimeoutError, UnsupportedError)
 from ._engine import (Access, Engine, Notify, Op, Peer, Region, RemoteRegion, Transfer,
                       TransferOp, TransferStatus)
-from ._hixl import __version__
+from ._hixl import WIRE_VERSION, __version__
 from ._hixl import _reset_log_cache as reset_log_cache
 
 __all__ = [
     "__version__",
+    "WIRE_VERSION",
     "Engine",
     "Peer",
     "Region",

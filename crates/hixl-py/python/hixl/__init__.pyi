@@ -27,5 +27,7 @@ from ._errors import TransferTimeoutError as TransferTimeoutError
 from ._errors import UnsupportedError as UnsupportedError
 
 __version__: str
+#: The engine-to-engine protocol's version: engines of different versions refuse to link.
+WIRE_VERSION: int
 
 def reset_log_cache() -> None: ...

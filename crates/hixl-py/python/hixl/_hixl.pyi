@@ -3,6 +3,8 @@
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __version__: str
+#: The engine-to-engine protocol's version: engines of different versions refuse to link.
+WIRE_VERSION: int
 
 def dlpack_span(capsule: Any) -> Tuple[int, int]:
     """(address, bytes) of the C-contiguous host tensor in a ``dltensor`` capsule."""

@@ -65,8 +65,17 @@ Limits: prefill and decode must run the same tensor-parallel size; one KV cache 
 attention models).
 """
 
-from ._connector import (HixlConnector, HixlConnectorMetadata, HixlHandshakeMetadata,
-                         HixlKVConnectorStats, HixlPromMetrics)
+from typing import Any
 
 __all__ = ["HixlConnector", "HixlConnectorMetadata", "HixlHandshakeMetadata",
            "HixlKVConnectorStats", "HixlPromMetrics"]
+
+
+def __getattr__(name: str) -> Any:
+    # The connector's classes import vLLM; they load when vLLM asks for them, so that the
+    # vLLM-free parts of the package (``python -m hixl.vllm.proxy``, ``_geometry``) import
+    # without it.
+    if name in __all__:
+        from . import _connector
+        return getattr(_connector, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

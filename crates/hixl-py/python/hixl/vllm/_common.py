@@ -19,7 +19,7 @@ from vllm.logger import init_logger  # type: ignore
 logger = init_logger("vllm.distributed.kv_transfer.hixl")
 
 #: Bumped when the transfer parameters change shape: a decode refuses another version.
-PARAMS_VERSION = 1
+PARAMS_VERSION = 2
 
 
 _TRACE = os.environ.get("HIXL_VLLM_TRACE")
@@ -50,6 +50,9 @@ class HixlHandshakeMetadata(KVConnectorHandshakeMetadata):  # type: ignore[misc]
     block_bytes: int
     tensors: int
     tp_rank: int
+    tp_size: int = 1
+    #: the worker's compatibility record (``_geometry.COMPARED``)
+    compat: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class HixlConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
@@ -58,8 +61,9 @@ class HixlConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     def __init__(self) -> None:
         #: prefill: leases to create, ``req_id -> [grant dict per TP rank]``
         self.to_lease: Dict[str, List[Dict[str, Any]]] = {}
-        #: decode: pulls to start, ``req_id -> (local block ids, transfer params)``
-        self.to_recv: Dict[str, Tuple[List[int], Dict[str, Any]]] = {}
+        #: decode: pulls to start, ``req_id -> (local block ids per KV cache group, transfer
+        #: params)``
+        self.to_recv: Dict[str, Tuple[List[List[int]], Dict[str, Any]]] = {}
         #: decode: leases it will not pull (aborted before the pull, or a full local hit)
         self.to_drop: Dict[str, Dict[str, Any]] = {}
 
@@ -70,7 +74,7 @@ class _Pull(NamedTuple):
 
     future: "Future[Tuple[Set[int], Optional[str]]]"
     started: float
-    local: List[int]
+    local: List[int]  # every group's
 
 
 def _extra(vllm_config: Any) -> Dict[str, Any]:

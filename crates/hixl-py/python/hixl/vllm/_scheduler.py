@@ -22,7 +22,7 @@ class _Scheduler:
         # the same ids never matches.
         self.next_lease = 0
         self.to_lease: Dict[str, List[Dict[str, Any]]] = {}
-        self.to_recv: Dict[str, Tuple[List[int], Dict[str, Any]]] = {}
+        self.to_recv: Dict[str, Tuple[List[List[int]], Dict[str, Any]]] = {}
         self.to_drop: Dict[str, Dict[str, Any]] = {}
 
     def set_handshake(self, metadata: Dict[int, Any]) -> None:
@@ -59,8 +59,7 @@ class _Scheduler:
         if h is None:
             return
         if num_external_tokens > 0:
-            groups = blocks.get_unhashed_block_ids_all_groups()
-            local = list(groups[0]) if groups else []
+            local = [list(g) for g in blocks.get_unhashed_block_ids_all_groups()]
             skip = request.num_computed_tokens // max(1, int(h["block_size"]))
             self.to_recv[request.request_id] = (local, {"hixl": h, "skip": skip})
         else:
@@ -87,14 +86,11 @@ class _Scheduler:
         if request.status not in (RequestStatus.FINISHED_LENGTH_CAPPED,
                                   RequestStatus.FINISHED_STOPPED):
             return False, None
-        if block_ids and isinstance(block_ids[0], (list, tuple)):
-            if len(block_ids) != 1:
-                logger.warning("hixl: request %s has %d KV cache groups; hixl.vllm handles "
-                               "one: the decode computes its prompt", request.request_id,
-                               len(block_ids))
-                return False, None
-            block_ids = block_ids[0]
-        blocks = [int(b) for b in block_ids]
+        groups = ([[int(b) for b in g] for g in block_ids]
+                  if block_ids and isinstance(block_ids[0], (list, tuple))
+                  else [[int(b) for b in block_ids]])
+        # Block 0 is vLLM's null block (a sliding window's dropped positions): never leased.
+        blocks = sorted({b for g in groups for b in g if b != 0})
         if not blocks:
             return False, None
         if len(self.ranks) != self.tp_size:
@@ -118,13 +114,15 @@ class _Scheduler:
         return True, {
             "do_remote_prefill": True,
             "do_remote_decode": False,
-            "remote_block_ids": [blocks],
+            "remote_block_ids": groups,
             "remote_engine_id": self.engine_id,
             "remote_request_id": request.request_id,
             "remote_num_tokens": int(request.num_computed_tokens),
             "tp_size": self.tp_size,
             "hixl": {"v": PARAMS_VERSION, "grants": grants, "ranks": ranks,
-                     "block_size": self.block_size, "tp_size": self.tp_size},
+                     "block_size": self.block_size, "tp_size": self.tp_size,
+                     "engine_id": self.engine_id, "remote_block_ids": groups,
+                     "compat": self.ranks[0].compat},
         }
 
     def build_connector_meta(self) -> HixlConnectorMetadata:

@@ -3,6 +3,7 @@ prefill's leases, pulls on the decode, and reports what finished and what failed
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 import time
@@ -11,7 +12,10 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..llm_datadist import (BlocksCacheKey, CacheDesc, DataType, LLMClusterInfo, LLMConfig,
                             LLMDataDist, LLMException, LLMRole, LLMStatusCode, Placement)
+from ..llm_datadist import kv_shard_readers, kv_shard_sources
 from ._common import HixlConnectorMetadata, HixlHandshakeMetadata, _Pull, _trace, logger
+from ._geometry import group_pairs, mismatch
+from ._register import Layout, register
 from ._stats import HixlKVConnectorStats
 
 
@@ -26,6 +30,7 @@ class _Worker:
             self.tp_rank = int(get_tensor_model_parallel_rank())
         except Exception:  # not initialised in a single-process test
             self.tp_rank = 0
+        self.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
         self.cluster_id = secrets.randbits(62) + 1
         role = vllm_config.kv_transfer_config.kv_role
         dd_role = {"kv_producer": LLMRole.PROMPT, "kv_consumer": LLMRole.DECODER}.get(
@@ -43,6 +48,9 @@ class _Worker:
         host, _, port = self.dd.listen_ip_info.rpartition(":")
         self.host, self.port = host, int(port)
         self.cache: Any = None
+        self.layout: Optional[Layout] = None
+        #: prefill engines whose compatibility record was refused (logged once each)
+        self.refused: Set[str] = set()
         self.tensors: List[Any] = []
         self.block_bytes = 0
         self.num_blocks = 0
@@ -70,14 +78,8 @@ class _Worker:
 
     # -------------------------------------------------------------- start-up
     def register(self, kv_caches: Dict[str, Any]) -> None:
-        """Registers the layers' KV tensors as one blocks cache. On vLLM's CPU backend a
-        layer is ``(num_blocks, 2, block_size, heads x head_dim)``: block ``b`` is contiguous
-        (K then V) at ``b x stride(0)``; a ``(2, num_blocks, ...)`` layer (K and V apart) is
-        registered as two tensors."""
-        nb = int(self.kv_cache_config.num_blocks)
-        addrs: List[int] = []
-        block_bytes = None
-        per_layer = None
+        """Registers the layers' KV tensors as one blocks cache (``_register``); in
+        host-buffer mode, host copies of them."""
         on_device = sorted({str(t.device) for t in kv_caches.values() if t.device.type != "cpu"})
         staged = self.extra.get("host_buffer")
         if staged is None:
@@ -93,36 +95,16 @@ class _Worker:
             kv_caches = self.host_caches
             logger.info("hixl: host-buffer mode: %d KV tensors%s staged through host memory",
                         len(kv_caches), f" on {on_device}" if on_device else "")
-        for name, t in kv_caches.items():
-            es = t.element_size()
-            if t.shape[0] == nb and t.is_contiguous():
-                views = [t]
-                self.block_dim[name] = 0
-            elif t.dim() >= 2 and t.shape[0] == 2 and t.shape[1] == nb and t[0].is_contiguous():
-                views = [t[0], t[1]]
-                self.block_dim[name] = 1
-            else:
-                raise RuntimeError(f"hixl.vllm: KV cache {name} has shape {tuple(t.shape)} "
-                                   f"and strides {t.stride()}: no dimension of {nb} blocks "
-                                   "with contiguous blocks")
-            for v in views:
-                bb = int(v.stride(0)) * es
-                if block_bytes not in (None, bb) or per_layer not in (None, len(views)):
-                    raise RuntimeError(f"hixl.vllm: KV cache {name} differs in layout from "
-                                       "the other layers")
-                block_bytes, per_layer = bb, len(views)
-                addrs.append(int(v.data_ptr()))
-            self.tensors.append(t)
-        if not addrs or block_bytes is None or per_layer is None:
-            raise RuntimeError("hixl.vllm: no KV cache to register")
-        desc = CacheDesc(num_tensors=len(addrs), shape=(nb, block_bytes),
-                         data_type=DataType.DT_UINT8, placement=Placement.HOST)
-        self.cache = self.cm.register_blocks_cache(desc, addrs,
-                                                   BlocksCacheKey(self.cluster_id, 0))
-        self.block_bytes, self.num_blocks, self.per_layer = block_bytes, nb, per_layer
-        self.n_tensors = len(addrs)
-        logger.info("hixl: registered %d KV tensors of %d blocks x %d B; listening on %s:%d",
-                    len(addrs), nb, block_bytes, self.host, self.port)
+        lay = register(self.dd, self.cluster_id, kv_caches, self.kv_cache_config,
+                       self.vllm_config, self.tp_rank, self.tp_size)
+        self.layout, self.cache, self.block_dim = lay, lay.cache, lay.block_dim
+        self.block_bytes, self.num_blocks, self.per_layer = (lay.block_bytes, lay.num_blocks,
+                                                             lay.per_layer)
+        self.n_tensors = lay.n_tensors
+        self.tensors = list(kv_caches.values())
+        logger.info("hixl: registered %d KV tensors of %d blocks x %d B (%s, %d group(s)); "
+                    "listening on %s:%d", lay.n_tensors, lay.num_blocks, lay.block_bytes,
+                    lay.compat["layout"], len(lay.groups), self.host, self.port)
 
     def handshake(self) -> Optional[HixlHandshakeMetadata]:
         if self.cache is None:
@@ -130,7 +112,9 @@ class _Worker:
         return HixlHandshakeMetadata(host=self.host, port=self.port, cluster_id=self.cluster_id,
                                      cache_id=int(self.cache.cache_id),
                                      num_blocks=self.num_blocks, block_bytes=self.block_bytes,
-                                     tensors=self.n_tensors, tp_rank=self.tp_rank)
+                                     tensors=self.n_tensors, tp_rank=self.tp_rank,
+                                     tp_size=self.tp_size,
+                                     compat=dict(self.layout.compat) if self.layout else {})
 
     # -------------------------------------------------------------- per step
     def on_meta(self, meta: HixlConnectorMetadata) -> None:
@@ -156,16 +140,27 @@ class _Worker:
         for req_id, (local, p) in meta.to_recv.items():
             _trace("submit", req_id)
             self.pulls[req_id] = _Pull(self.pool.submit(self._pull, req_id, local, p),
-                                       time.perf_counter(), list(local))
+                                       time.perf_counter(), [b for g in local for b in g])
         for req_id, p in meta.to_drop.items():
             self.pool.submit(self._drop, req_id, p)
 
-    def _rank(self, h: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        if int(h.get("tp_size", 1)) != int(self.vllm_config.parallel_config.tensor_parallel_size):
-            raise LLMException(f"the prefill runs tensor-parallel size {h.get('tp_size')}, this "
-                               "decode another: hixl.vllm needs the same size",
-                               LLMStatusCode.LLM_FEATURE_NOT_ENABLED)
-        return h["grants"][self.tp_rank], h["ranks"][self.tp_rank]
+    def _plan(self, h: Dict[str, Any]) -> List[int]:
+        """The prefill ranks this decode rank reads, after checking the prefill's
+        compatibility record against this worker's: a mismatch raises ``LLM_PARAM_INVALID``
+        naming both values (logged once per prefill engine), before anything is linked."""
+        ptp = int(h.get("tp_size", 1))
+        why = mismatch(self.layout.compat if self.layout else {}, h.get("compat") or {},
+                       self.tp_size, ptp)
+        if why is not None:
+            engine = str(h.get("engine_id", "?"))
+            if engine not in self.refused:
+                self.refused.add(engine)
+                logger.error("hixl: refusing to pull from prefill engine %s: %s", engine, why)
+            raise LLMException(f"refused: {why}", LLMStatusCode.LLM_PARAM_INVALID)
+        if ptp == self.tp_size:
+            return [self.tp_rank]
+        return kv_shard_sources(self.tp_rank, self.tp_size, ptp, int(h["compat"]["kv_heads"]),
+                                mla=h["compat"]["layout"] == "MLA")
 
     def _link(self, rank: Dict[str, Any]) -> None:
         cid = int(rank["cluster_id"])
@@ -191,36 +186,63 @@ class _Worker:
             logger.info("hixl: linked to prefill worker %s:%s (cluster %d) over %s",
                         rank["host"], rank["port"], cid, how)
 
-    def _pull(self, req_id: str, local: List[int],
+    def _pull(self, req_id: str, local: List[List[int]],
               p: Dict[str, Any]) -> Tuple[Set[int], Optional[str]]:
-        """Runs on a pool thread (the native calls release the GIL). Returns the local blocks
-        that did not land, and why."""
+        """Runs on a pool thread (the native calls release the GIL). ``local``: the request's
+        new local blocks per KV cache group. Returns the local blocks that did not land, and
+        why. One pull per group (its layers, its blocks), the lease ended with the last; from
+        the same TP size a plain leased pull of this rank's peer, else a resharded one of the
+        prefill ranks holding this rank's heads."""
         t0 = time.perf_counter()
         _trace("start", req_id)
         h = p["hixl"]
+        everything = {b for g in local for b in g}
         try:
-            grant, rank = self._rank(h)
-            src_all = [int(b) for b in grant["blocks"]]
+            sources = self._plan(h)
+            remote = h["remote_block_ids"]
+            if len(remote) != len(local):
+                raise LLMException(f"refused: the prefill has {len(remote)} KV cache groups, "
+                                   f"this decode {len(local)}", LLMStatusCode.LLM_PARAM_INVALID)
             skip = int(p.get("skip", 0))
-            src = src_all[skip:skip + len(local)]
-            dst = local[:len(src)]
-            missing = set(local[len(src):])
-            self._link(rank)
-            if not dst:
-                self.cm.lease_done(grant)
-                return missing, ("the prefill holds no block for them" if missing else None)
-            t1 = self._until_leased(t0, lambda: self.cm.pull_leased_blocks(
-                grant, BlocksCacheKey(int(rank["cluster_id"]), 0), self.cache, src_blocks=src,
-                dst_blocks=dst, done=True, tensor_num_per_layer=self.per_layer))
+            pairs = group_pairs(remote, local, skip)
+            landing = {b for _, dst in pairs for b in dst}
+            missing = {b for b in everything if b not in landing and b != 0}
+            grants = [h["grants"][r] for r in sources]
+            ranks = [h["ranks"][r] for r in sources]
+            for rank in ranks:
+                self._link(rank)
+            keys = [BlocksCacheKey(int(r["cluster_id"]), 0) for r in ranks]
+            todo = [(g, sd) for g, sd in enumerate(pairs) if sd[1]]
+            t1 = t0
+            for i, (g, (src, dst)) in enumerate(todo):
+                first, n = self.layout.groups[g] if self.layout else (0, 1)
+                kw = {"tensor_num_per_layer": self.per_layer,
+                      "src_layer_range": range(first, first + n),
+                      "dst_layer_range": range(first, first + n)}
+                last = i == len(todo) - 1
+                if len(sources) == 1 and int(h.get("tp_size", 1)) == self.tp_size:
+                    call = (lambda src=src, dst=dst, last=last, kw=kw: self.cm.pull_leased_blocks(
+                        grants[0], keys[0], self.cache, src_blocks=src, dst_blocks=dst,
+                        done=last, **kw))
+                else:
+                    call = (lambda src=src, dst=dst, last=last, kw=kw:
+                            self.cm.pull_leased_blocks_resharded(
+                                grants, keys, self.cache, src, dst, done=last, **kw))
+                started = self._until_leased(t0, call)
+                t1 = started if i == 0 else t1
+            if not todo:
+                for grant in grants:
+                    self.cm.lease_done(grant)
+            self._unread(h)
             t2 = time.perf_counter()
             _trace("pulled", req_id)
-            runs = sum(1 for i, b in enumerate(src)
-                       if i == 0 or b != src[i - 1] + 1 or dst[i] != dst[i - 1] + 1)
+            runs = sum(1 for _, (src, dst) in todo for j in range(len(src))
+                       if j == 0 or src[j] != src[j - 1] + 1 or dst[j] != dst[j - 1] + 1)
             with self.lock:
                 self.stats.record(t1 - t0, t2 - t1,
-                                  len(src) * self.block_bytes * self.n_tensors,
-                                  runs * self.n_tensors,
-                                  self.transports.get(int(rank["cluster_id"]), "?"))
+                                  len(landing) * self.block_bytes * self.n_tensors,
+                                  runs * self.n_tensors * len(sources),
+                                  self.transports.get(int(ranks[0]["cluster_id"]), "?"))
             return missing, ("the prefill holds fewer blocks" if missing else None)
         except LLMException as e:
             if e.status_code not in (LLMStatusCode.LLM_LEASE_ENDED,
@@ -229,12 +251,31 @@ class _Worker:
                 # from this prefill links again instead of failing on it.
                 self._forget(h)
             failed = {dst_b for (_, _, _, dst_b) in e.failed_blocks} if e.failed_blocks \
-                else set(local)
+                else everything
             with self.lock:
                 self.stats.data["num_failed_transfers"].append(1)
             return failed, f"{e.status_code.name}: {e}"
         except Exception as e:  # a malformed parameter set: nothing moved
-            return set(local), f"{type(e).__name__}: {e}"
+            return everything, f"{type(e).__name__}: {e}"
+
+    def _unread(self, h: Dict[str, Any]) -> None:
+        """Decode rank 0 ends the leases of the prefill ranks no decode rank reads (replicas
+        of heads when the prefill's TP exceeds its KV heads), so their blocks are freed now,
+        not when the leases expire."""
+        ptp = int(h.get("tp_size", 1))
+        if self.tp_rank != 0 or ptp == self.tp_size:
+            return
+        c = h["compat"]
+        readers = kv_shard_readers(self.tp_size, ptp, int(c["kv_heads"]),
+                                   mla=c["layout"] == "MLA")
+        for r, n in enumerate(readers):
+            if n == 0:
+                try:
+                    self._link(h["ranks"][r])
+                    self.cm.lease_done(h["grants"][r])
+                except LLMException as e:
+                    logger.info("hixl: could not end the lease of unread prefill rank %d (%s); "
+                                "it expires instead", r, e)
 
     def _until_leased(self, since: float, call: Callable[[], None]) -> float:
         """Runs `call`, again while the prefill refuses it before a byte moved because the
@@ -254,27 +295,31 @@ class _Worker:
             time.sleep(0.001)
 
     def _forget(self, h: Dict[str, Any]) -> None:
+        """Drops the links to the prefill workers of ``h`` (the next pull links again)."""
         try:
-            rank = h["ranks"][self.tp_rank]
-            cid = int(rank["cluster_id"])
-        except (KeyError, IndexError, TypeError, ValueError):
+            ranks = [(int(r["cluster_id"]), r) for r in h["ranks"]]
+        except (KeyError, TypeError, ValueError):
             return
-        with self.lock:
-            if self.transports.pop(cid, None) is None:
-                return
-        info = LLMClusterInfo()
-        info.remote_cluster_id = cid
-        info.append_remote_ip_info(str(rank["host"]), int(rank["port"]))
-        try:
-            self.dd.unlink_clusters([info], 1000, force=True)
-        except Exception:  # best effort: the link is being dropped anyway
-            pass
+        for cid, rank in ranks:
+            with self.lock:
+                if self.transports.pop(cid, None) is None:
+                    continue
+            info = LLMClusterInfo()
+            info.remote_cluster_id = cid
+            info.append_remote_ip_info(str(rank["host"]), int(rank["port"]))
+            try:
+                self.dd.unlink_clusters([info], 1000, force=True)
+            except Exception:  # best effort: the link is being dropped anyway
+                pass
 
     def _drop(self, req_id: str, p: Dict[str, Any]) -> None:
+        h = p["hixl"]
         try:
-            grant, rank = self._rank(p["hixl"])
-            self._link(rank)
-            self._until_leased(time.perf_counter(), lambda: self.cm.lease_done(grant))
+            for r in self._plan(h):
+                grant = h["grants"][r]
+                self._link(h["ranks"][r])
+                self._until_leased(time.perf_counter(), functools.partial(self.cm.lease_done, grant))
+            self._unread(h)
         except Exception as e:
             logger.info("hixl: could not tell the prefill that request %s needs its blocks "
                         "no more (%s); its lease expires instead", req_id, e)

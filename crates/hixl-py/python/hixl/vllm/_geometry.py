@@ -1,0 +1,78 @@
+"""What a prefill and a decode must agree on before a byte of KV moves, and how one block of
+a KV tensor lays out its heads. Plain data only (no vLLM, no torch), so it is tested without
+either.
+
+Each worker describes itself in a *compatibility record* (a dict; the prefill's travels in
+the transfer parameters). The decode compares it with its own before it links or pulls:
+every key of :data:`COMPARED` must be equal, and the two tensor-parallel sizes must map
+(hixl's resharded pull moves heads between any sizes whose heads divide evenly; MLA caches
+are the same on every rank). A mismatch is refused with a message naming both values: a pull
+between different geometries would land bytes in the wrong places, silently."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..llm_datadist import LLMException, kv_shard_sources
+
+#: The keys of a compatibility record both sides must hold equal, in the order they are
+#: checked (and named in a refusal).
+COMPARED = ("params", "wire", "model", "dtype", "block_size", "layout", "kv_heads",
+            "head_size", "tensors_per_layer", "groups")
+
+
+def block_layout(block_shape: Sequence[int], local_heads: int, block_size: int,
+                 mla: bool, heads_first: bool) -> Tuple[str, int]:
+    """The layout of one block of one KV tensor: ``("NHD" | "HND" | "MLA", elements per head
+    per token)``. ``block_shape`` is the tensor's shape without its block dimension;
+    ``heads_first`` settles ``[heads, tokens, x]`` against ``[tokens, heads, x]`` when the
+    head and token counts are equal (vLLM's CPU attention is heads first)."""
+    shape = tuple(int(x) for x in block_shape)
+    if mla:
+        if len(shape) == 2 and shape[0] == block_size:
+            return "MLA", shape[1]
+        raise ValueError(f"an MLA KV block of shape {shape} is not [tokens {block_size}, latent]")
+    if len(shape) == 3:
+        a, b, x = shape
+        hnd = (a, b) == (local_heads, block_size)
+        nhd = (a, b) == (block_size, local_heads)
+        if hnd and (heads_first or not nhd):
+            return "HND", x
+        if nhd:
+            return "NHD", x
+    raise ValueError(f"a KV block of shape {shape} is neither [tokens {block_size}, heads "
+                     f"{local_heads}, head] nor [heads {local_heads}, tokens {block_size}, head]")
+
+
+def mismatch(decode: Dict[str, Any], prefill: Dict[str, Any], decode_tp: int,
+             prefill_tp: int) -> Optional[str]:
+    """Why a decode (record ``decode``, TP size ``decode_tp``) must not pull from a prefill
+    (``prefill``, ``prefill_tp``), or ``None`` when it may."""
+    for k in COMPARED:
+        mine, theirs = decode.get(k), prefill.get(k)
+        if mine != theirs:
+            why = (" (a prefill and a decode of different block sizes are not supported)"
+                   if k == "block_size" else "")
+            return f"{k} differs: the prefill's is {theirs!r}, this decode's {mine!r}{why}"
+    if decode_tp != prefill_tp:
+        try:
+            for r in range(decode_tp):
+                kv_shard_sources(r, decode_tp, prefill_tp, int(decode["kv_heads"]),
+                                 mla=decode.get("layout") == "MLA")
+        except (LLMException, ValueError, TypeError, KeyError) as e:
+            return (f"prefill TP {prefill_tp} and decode TP {decode_tp} do not map over "
+                    f"{decode.get('kv_heads')} KV heads: {e}")
+    return None
+
+
+def group_pairs(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]],
+                skip: int) -> List[Tuple[List[int], List[int]]]:
+    """Per KV cache group, the (prefill block, decode block) pairs to move: the prefill's
+    blocks from ``skip`` on (the decode already holds the first ``skip`` from its own prefix
+    cache) against the decode's, position by position. Block 0 is vLLM's null block (a sliding
+    window's dropped positions): a pair with it on either side moves nothing."""
+    out = []
+    for s, d in zip(src, dst):
+        pairs = [(int(a), int(b)) for a, b in zip(list(s)[skip:], d) if a != 0 and b != 0]
+        out.append(([a for a, _ in pairs], [b for _, b in pairs]))
+    return out

@@ -1,0 +1,210 @@
+"""hixl.vllm's two halves driven the way vLLM drives them, with vLLM's own KV cache classes
+(``KVCacheConfig``, ``KVCacheGroupSpec``, ``FullAttentionSpec``, ``SlidingWindowSpec``,
+``MLAAttentionSpec``), for the layouts a two-core CPU host cannot serve end to end: prefill
+and decode of different tensor-parallel sizes (each rank a real ``_Worker`` with its own hixl
+instance, all in this process, linked over real sockets), hybrid models (a full-attention
+and a sliding-window group whose layers share tensors, as vLLM lays them out, with null
+blocks), MLA (one latent per token, the same on every rank), the CPU backend's heads-first
+blocks and the K/V-apart tokens-first blocks of GPU backends; and the compatibility check
+refusing a mismatch by name. Every pulled block is compared with what the prefill ranks
+hold; every prefill rank's lease must end (vLLM frees the blocks) once the decode has them.
+
+Run with the vLLM venv's Python (tools/vllm-e2e.sh does). Exit status 0 when all hold."""
+import logging
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+import vllm.distributed.parallel_state as ps
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                        MLAAttentionSpec, SlidingWindowSpec)
+from vllm.v1.request import RequestStatus
+
+from hixl.vllm._scheduler import _Scheduler
+from hixl.vllm._worker import _Worker
+from hixl.vllm._common import _extra
+
+NB, BS, HD, LATENT = 32, 16, 8, 24
+
+
+def heads_of(rank, tp, total):
+    if tp <= total:
+        per = total // tp
+        return list(range(rank * per, (rank + 1) * per))
+    return [rank * total // tp]
+
+
+def config(role, tp, total_heads, block_size=BS, model="tiny", extra=None):
+    kt = SimpleNamespace(kv_role=role, engine_id=f"{role}-engine",
+                         kv_connector_extra_config=dict(extra or {}))
+    return SimpleNamespace(
+        kv_transfer_config=kt,
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+        cache_config=SimpleNamespace(block_size=block_size),
+        model_config=SimpleNamespace(model=model, get_total_num_kv_heads=lambda: total_heads,
+                                     get_num_kv_heads=lambda pc: max(1, total_heads // tp)))
+
+
+def caches(kind, rank, tp, total, ref, block_size=BS):
+    """(kv_caches, KVCacheConfig) of one rank; ``ref[name]`` is the whole model's tensor (every
+    head), of which a rank holds its heads."""
+    hs = heads_of(rank, tp, total)
+    kv, groups = {}, []
+    if kind == "mla":
+        spec = MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=LATENT,
+                                dtype=torch.float32)
+        for n in ("l0", "l1"):
+            kv[n] = ref[n].clone()
+        groups.append(KVCacheGroupSpec(["l0", "l1"], spec))
+    elif kind == "nhd":  # K and V apart, [2, blocks, tokens, heads, head]
+        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=len(hs), head_size=HD,
+                                 dtype=torch.float32)
+        for n in ("l0", "l1"):
+            kv[n] = ref[n][:, :, :, hs].contiguous()
+        groups.append(KVCacheGroupSpec(["l0", "l1"], spec))
+    else:  # vLLM's CPU attention: [blocks, heads, tokens, 2 x head]
+        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=len(hs), head_size=HD,
+                                 dtype=torch.float32)
+        raw = {n: ref[n][:, hs].contiguous() for n in ("t0", "t1")}
+        if kind == "hybrid":  # a full and a sliding-window layer share each tensor
+            swa = SlidingWindowSpec(block_size=block_size, num_kv_heads=len(hs), head_size=HD,
+                                    dtype=torch.float32, sliding_window=2 * block_size)
+            kv = {"full0": raw["t0"], "full1": raw["t1"], "swa0": raw["t0"], "swa1": raw["t1"]}
+            groups += [KVCacheGroupSpec(["full0", "full1"], spec),
+                       KVCacheGroupSpec(["swa0", "swa1"], swa)]
+        else:
+            kv = {"l0": raw["t0"], "l1": raw["t1"]}
+            groups.append(KVCacheGroupSpec(["l0", "l1"], spec))
+    return kv, KVCacheConfig(num_blocks=NB, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def reference(kind, total, bs=BS):
+    g = torch.Generator().manual_seed(7)
+    if kind == "mla":
+        return {n: torch.rand((NB, bs, LATENT), generator=g) for n in ("l0", "l1")}
+    if kind == "nhd":
+        return {n: torch.rand((2, NB, bs, total, HD), generator=g) for n in ("l0", "l1")}
+    return {n: torch.rand((NB, total, bs, 2 * HD), generator=g) for n in ("t0", "t1")}
+
+
+def make_worker(vcfg, kvcfg, rank, kv):
+    ps.get_tensor_model_parallel_rank = lambda: rank  # what vLLM's parallel state answers
+    w = _Worker(vcfg, kvcfg, _extra(vcfg))
+    w.register(kv)
+    return w
+
+
+def until(what, cond, timeout=20.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        r = cond()
+        if r:
+            return r
+        time.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
+         expect_refusal=None):
+    print(f"== {name}: P TP {ptp} -> D TP {dtp}, {kind}, {total} KV heads", flush=True)
+    ref = reference(kind, total)
+    pcfg = config("kv_producer", ptp, total)
+    dcfg = config("kv_consumer", dtp, total, block_size=d_block_size)
+    pre = [make_worker(pcfg, caches(kind, r, ptp, total, ref)[1], r,
+                       caches(kind, r, ptp, total, ref)[0]) for r in range(ptp)]
+    zeros = {k: torch.zeros_like(v) for k, v in reference(kind, total, d_block_size).items()}
+    dec_kv = [caches(kind, r, dtp, total, zeros, block_size=d_block_size) for r in range(dtp)]
+    dec = [make_worker(dcfg, kvcfg, r, kv) for r, (kv, kvcfg) in enumerate(dec_kv)]
+    try:
+        psched = _Scheduler(pcfg, _extra(pcfg))
+        psched.set_handshake({r: w.handshake() for r, w in enumerate(pre)})
+        req = SimpleNamespace(request_id="req-1", kv_transfer_params={"do_remote_decode": True},
+                              status=RequestStatus.FINISHED_LENGTH_CAPPED,
+                              num_computed_tokens=BS * max(len(g) for g in src_groups),
+                              prompt_token_ids=[0] * (BS * len(src_groups[0])))
+        delay, params = psched.request_finished(req, tuple(src_groups))
+        assert delay and params, params
+        meta = psched.build_connector_meta()
+        for w in pre:
+            w.on_meta(meta)
+        dsched = _Scheduler(dcfg, _extra(dcfg))
+        dreq = SimpleNamespace(request_id="req-1", kv_transfer_params=dict(params),
+                               num_computed_tokens=0, prompt_token_ids=req.prompt_token_ids)
+        blocks = SimpleNamespace(get_unhashed_block_ids_all_groups=lambda: dst_groups)
+        dsched.update_state_after_alloc(dreq, blocks, len(req.prompt_token_ids))
+        dmeta = dsched.build_connector_meta()
+        for w in dec:
+            w.on_meta(dmeta)
+        for r, w in enumerate(dec):
+            until(f"decode rank {r} to report the pull", lambda w=w: (w.finished()[1] or ()))
+        errors = [w.take_load_errors() for w in dec]
+        if expect_refusal is not None:
+            want = {b for g in dst_groups for b in g if b}
+            assert all(e == want for e in errors), errors
+            print(f"   refused as expected, every local block reported failed: {sorted(want)}")
+            return
+        assert not any(errors), f"load errors {errors}"
+        # Every pulled block holds what the prefill held for this rank's heads.
+        for r, (kv, _) in enumerate(dec_kv):
+            hs = heads_of(r, dtp, total)
+            for src, dst in zip(src_groups, dst_groups):
+                for s, d in zip(src, dst):
+                    if s == 0 or d == 0:
+                        continue
+                    for n, t in kv.items():
+                        full = ref[n if n in ref else ("t" + n[-1])]
+                        if kind == "mla":
+                            want = full[s]
+                            got = t[d]
+                        elif kind == "nhd":
+                            want = full[:, s][:, :, hs]
+                            got = t[:, d]
+                        else:
+                            want = full[s][hs]
+                            got = t[d]
+                        assert torch.equal(got, want), f"rank {r} {n} block {s}->{d} differs"
+        # Blocks nobody pulled into stay untouched.
+        moved = {d for g in dst_groups for d in g}
+        for kv, _ in dec_kv:
+            for t in kv.values():
+                bdim = 1 if kind == "nhd" else 0
+                for b in range(NB):
+                    if b not in moved:
+                        assert not t.select(bdim, b).any(), f"block {b} was written"
+        # Each prefill rank's lease ends, so vLLM frees the request's blocks there.
+        for r, w in enumerate(pre):
+            until(f"prefill rank {r}'s lease to end",
+                  lambda w=w: "req-1" in (w.finished()[0] or ()))
+        print(f"   every block verified on {dtp} decode rank(s); all {ptp} prefill leases ended")
+    finally:
+        for w in pre + dec:
+            w.shutdown()
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING)
+    full = ([[3, 4, 5, 9]], [[7, 8, 1, 2]])
+    case("same TP", "cpu", 1, 1, 2, *full)
+    case("prefill TP > decode TP", "cpu", 2, 1, 2, *full)
+    case("prefill TP < decode TP", "cpu", 1, 2, 2, *full)
+    case("prefill TP 4 over 2 KV heads (replicas) -> decode TP 2", "cpu", 4, 2, 2, *full)
+    case("K/V apart, tokens first (GPU backends' layout), P2 -> D1", "nhd", 2, 1, 4, *full)
+    case("K/V apart, tokens first, P1 -> D2", "nhd", 1, 2, 4, *full)
+    hybrid = ([[3, 4, 5, 9], [0, 0, 11, 12]], [[7, 8, 1, 2], [0, 0, 13, 14]])
+    case("hybrid: full + sliding window sharing tensors, null blocks", "hybrid", 1, 1, 2,
+         *hybrid)
+    case("hybrid, P2 -> D1", "hybrid", 2, 1, 2, *hybrid)
+    case("MLA, same TP", "mla", 1, 1, 1, *full)
+    case("MLA, P2 -> D1 (read once, unsplit)", "mla", 2, 1, 1, *full)
+    case("MLA, P1 -> D2", "mla", 1, 2, 1, *full)
+    case("block sizes differ: refused", "cpu", 1, 1, 2, *full, d_block_size=2 * BS,
+         expect_refusal="block_size")
+    case("TP pair that does not map (3 heads over TP 2): refused", "cpu", 1, 2, 3,
+         [[3, 4]], [[7, 8]], expect_refusal="tp")
+    print("all worker-half cases hold")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
