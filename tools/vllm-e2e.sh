@@ -18,6 +18,8 @@
 #                         (default "fabric tcp")
 #   RUNS                  runs per transport (default 1)
 #   HIXL_VLLM_FAULTS      1 (default): then the fault runs (bench/vllm/README.md); 0: skip
+#   HIXL_VLLM_SERVE_TP2   1: the HTTP run with a prefill of TP 2 too (default 0: its decode times
+#                         out waiting for the prefill on a two-core host, see docs/vllm.md)
 # Exit status 0 only if every run passed every check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +48,8 @@ echo "== hixl wheel: $(basename "$wheel")"
 
 echo "== hixl.vllm against vLLM's own classes (stats, Prometheus metrics, configuration)"
 "$VLLM_VENV/bin/python" crates/hixl-py/tests/vllm/check_connector.py
+echo "== hixl.vllm's halves driven with vLLM's KV cache classes: TP pairs, groups, MLA, layouts, refusals"
+"$VLLM_VENV/bin/python" crates/hixl-py/tests/vllm/check_worker.py
 
 # The reference outputs (a single instance's tokens for the same prompts) are computed once
 # per invocation and reused by every run that has the same prompts and engine settings.
@@ -67,6 +71,14 @@ for t in ${HIXL_VLLM_TRANSPORTS:-fabric tcp}; do
   RUNS=${RUNS:-1} bench/vllm/run.sh --connector hixl.vllm:HixlConnector \
     --kv-extra "{\"transport\": \"$t\"}" "$@" || rc=1
 done
+echo "== vllm serve over HTTP: prefill, decode and python -m hixl.vllm.proxy, token-exact against one server"
+"$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
+  --out "$PD_E2E_RESULTS/serve-tp1" || rc=1
+if [ "${HIXL_VLLM_SERVE_TP2:-0}" = 1 ]; then
+  echo "== vllm serve over HTTP, prefill TP 2 -> decode TP 1 (each decode pulls its heads from both prefill ranks)"
+  "$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
+    --prefill-tp 2 --out "$PD_E2E_RESULTS/serve-p2d1" || rc=1
+fi
 echo "== hixl.vllm host-buffer mode, forced on CPU caches (the mode accelerator caches use)"
 RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --kv-extra '{"host_buffer": true}' \
   --reference-cache "$refs" "${dtype[@]}" --batch 0 --num-prompts 4 || rc=1
