@@ -5,7 +5,10 @@
 # own accounting that the decode computed none of the prompt, bytes moved = blocks x block
 # size, and no lease expiry or transfer failure in any log (bench/vllm/README.md).
 #
-#   tools/vllm-e2e.sh [pd_e2e.py options...]          once over the fabric, once over tcp
+# Then the same over HTTP (bench/vllm/serve_e2e.py: vLLM's OpenAI servers behind
+# python -m hixl.vllm.proxy), once over tcp and once with a prefill of TP 2.
+#
+#   tools/vllm-e2e.sh [pd_e2e.py options...]          the offline runs over the fabric, then HTTP
 #   RUNS=3 HIXL_VLLM_TRANSPORTS=auto tools/vllm-e2e.sh  three runs, the transport auto picks
 #
 # Environment:
@@ -15,11 +18,9 @@
 #   HIXL_WHEEL            the hixl wheel to install into it (default: the one
 #                         tools/python-tests.sh built, else built here with maturin)
 #   HIXL_VLLM_TRANSPORTS  the transports to run, forced through kv_connector_extra_config
-#                         (default "fabric tcp")
+#                         (default "fabric"; the HTTP runs below cover tcp)
 #   RUNS                  runs per transport (default 1)
 #   HIXL_VLLM_FAULTS      1 (default): then the fault runs (bench/vllm/README.md); 0: skip
-#   HIXL_VLLM_SERVE_TP2   1: the HTTP run with a prefill of TP 2 too (default 0: its decode times
-#                         out waiting for the prefill on a two-core host, see docs/vllm.md)
 # Exit status 0 only if every run passed every check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,19 +67,17 @@ if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
 fi
 set -- --reference-cache "$refs" "${dtype[@]}" "$@"
 rc=0
-for t in ${HIXL_VLLM_TRANSPORTS:-fabric tcp}; do
+for t in ${HIXL_VLLM_TRANSPORTS:-fabric}; do
   echo "== hixl.vllm over $t"
   RUNS=${RUNS:-1} bench/vllm/run.sh --connector hixl.vllm:HixlConnector \
     --kv-extra "{\"transport\": \"$t\"}" "$@" || rc=1
 done
-echo "== vllm serve over HTTP: prefill, decode and python -m hixl.vllm.proxy, token-exact against one server"
+echo "== vllm serve over HTTP over tcp: prefill, decode and python -m hixl.vllm.proxy, token-exact against one server"
 "$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
-  --out "$PD_E2E_RESULTS/serve-tp1" || rc=1
-if [ "${HIXL_VLLM_SERVE_TP2:-0}" = 1 ]; then
-  echo "== vllm serve over HTTP, prefill TP 2 -> decode TP 1 (each decode pulls its heads from both prefill ranks)"
-  "$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
-    --prefill-tp 2 --out "$PD_E2E_RESULTS/serve-p2d1" || rc=1
-fi
+  --extra '{"transport": "tcp"}' --reference-cache "$refs" --out "$PD_E2E_RESULTS/serve-tcp" || rc=1
+echo "== vllm serve over HTTP, prefill TP 2 -> decode TP 1 (the decode pulls its heads from both prefill ranks)"
+"$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
+  --prefill-tp 2 --reference-cache "$refs" --out "$PD_E2E_RESULTS/serve-p2d1" || rc=1
 echo "== hixl.vllm host-buffer mode, forced on CPU caches (the mode accelerator caches use)"
 RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --kv-extra '{"host_buffer": true}' \
   --reference-cache "$refs" "${dtype[@]}" --batch 0 --num-prompts 4 || rc=1

@@ -7,13 +7,17 @@ token (temperature 0) with a single server's answer to the same request.
     serve_e2e.py --model DIR [--num-prompts 8] [--max-tokens 16] [--extra '{"transport": "tcp"}']
                  [--prefill-tp 1] [--out DIR]
 
-Checks: every answer through the proxy equals the single server's; the decode's own
+Checks: every answer through the proxy equals the single server's (asked after the P/D run,
+on its own); the decode's own
 Prometheus counters say its prompt tokens came from the KV transfer (at most one token per
 request computed locally) and hixl's connector moved bytes; no lease expiry or load failure in
 a log. The servers run one core each, as bench/vllm/pd_e2e.py pins them (prefill on core 0,
 decode and the single server on core 1; a prefill of TP 2 has one rank per core). Exit status
 0 when every check holds. Needs the vLLM venv (bench/vllm/setup.sh) with hixl installed."""
 import argparse
+import hashlib
+import http.client
+import statistics
 import json
 import os
 import random
@@ -24,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 BAD_LOG = ("KV lease expired", "KV load failure for request", "could not lease the blocks",
@@ -36,7 +41,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def http(url, body=None, timeout=120):
+def get_json(url, body=None, timeout=120):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -65,8 +70,11 @@ class Servers:
     def start(self, name, cmd, env_extra, port, timeout=300):
         env = dict(os.environ, **env_extra)
         log = os.path.join(self.out, f"{name}.log")
+        # A process group of its own (to stop it whole), in this session: with the kernel's
+        # autogroup scheduling a session per server made the servers sharing a core starve
+        # each other's hixl threads for seconds (lease notifies timed out).
         proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                process_group=0)
         self.procs.append((name, proc, log))
         return proc, log, port
 
@@ -98,10 +106,40 @@ def vllm_cmd(args, port, kv=None, tp=1):
 
 
 def complete(port, model, prompt, max_tokens):
-    r = http(f"http://127.0.0.1:{port}/v1/completions",
+    r = get_json(f"http://127.0.0.1:{port}/v1/completions",
              {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
               "return_token_ids": True, "ignore_eos": True})
     return r["choices"][0]["token_ids"]
+
+
+def stream(port, model, prompt, max_tokens):
+    """The same request streamed: (token ids, seconds to the first token, mean seconds
+    between tokens after it, seconds in all)."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "return_token_ids": True, "ignore_eos": True,
+                       "stream": True}).encode()
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    if r.status != 200:
+        raise urllib.error.HTTPError("stream", r.status, r.read()[:300].decode(), None, None)
+    toks, times = [], []
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        ids = json.loads(line[6:])["choices"][0].get("token_ids") or []
+        now = time.perf_counter()
+        for t in ids:
+            toks.append(t)
+            times.append(now)
+    conn.close()
+    total = time.perf_counter() - t0
+    if not times:
+        return toks, None, None, total
+    tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+    return toks, times[0] - t0, tpot, total
 
 
 def metric(text, name, **labels):
@@ -122,8 +160,14 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--extra", default="{}", help="kv_connector_extra_config (JSON)")
-    ap.add_argument("--prefill-tp", type=int, default=1)
+    ap.add_argument("--prefill-tp", type=int, choices=[1, 2], default=1)
+    ap.add_argument("--decode-tp", type=int, choices=[1, 2], default=1)
+    ap.add_argument("--connector", choices=["hixl", "nixl"], default="hixl",
+                    help="nixl: vLLM's NixlConnector (bench/vllm/nixl_noprog.py), same setup")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--reference-cache", default=None, metavar="DIR",
+                    help="keep the single server's answers here and reuse them when the "
+                         "model, dtype, prompts and max tokens are the same")
     args = ap.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="hixl-serve-e2e-")
     os.makedirs(out, exist_ok=True)
@@ -134,46 +178,89 @@ def main():
     srv = Servers(out)
     checks = {}
     try:
-        # The single server's answers first (on the decode's core), then it stops.
-        port = free_port()
-        p, log, _ = srv.start("single", vllm_cmd(args, port),
-                              dict(base, VLLM_CPU_OMP_THREADS_BIND="1"), port)
-        wait_healthy("single", p, port, log, 300)
-        ref = [complete(port, args.model, pr, args.max_tokens) for pr in prompts]
-        srv.stop("single")
-
         extra = json.loads(args.extra)
-        kv = {"kv_connector": "HixlConnector", "kv_connector_module_path": "hixl.vllm",
-              "kv_connector_extra_config": extra}
+        p_env, d_env = dict(base), dict(base)
+        if args.connector == "hixl":
+            kv = {"kv_connector": "HixlConnector", "kv_connector_module_path": "hixl.vllm",
+                  "kv_connector_extra_config": extra}
+        else:  # vLLM's NixlConnector without NIXL's spinning progress thread, UCX over tcp
+            kv = {"kv_connector": "NixlNoProgConnector", "kv_connector_module_path": "nixl_noprog",
+                  "kv_connector_extra_config": extra}
+            here = os.path.dirname(os.path.abspath(__file__))
+            nixl = {"PYTHONPATH": here + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "UCX_TLS": "tcp",
+                    "UCX_NET_DEVICES": "lo"}
+            p_env.update(nixl, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
+            d_env.update(nixl, VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
         pp, dp, xp = free_port(), free_port(), free_port()
-        p_bind = "0|1" if args.prefill_tp == 2 else "0"
+        # One core per rank: the prefill from core 0, the decode from core 1 (a TP 2 side
+        # takes both).
+        bind = {1: "0", 2: "0|1"}
         pre = srv.start("prefill", vllm_cmd(args, pp, dict(kv, kv_role="kv_producer"),
                                             tp=args.prefill_tp),
-                        dict(base, VLLM_CPU_OMP_THREADS_BIND=p_bind), pp)
-        dec = srv.start("decode", vllm_cmd(args, dp, dict(kv, kv_role="kv_consumer")),
-                        dict(base, VLLM_CPU_OMP_THREADS_BIND="1"), dp)
+                        dict(p_env, VLLM_CPU_OMP_THREADS_BIND=bind[args.prefill_tp]), pp)
+        dec = srv.start("decode", vllm_cmd(args, dp, dict(kv, kv_role="kv_consumer"),
+                                           tp=args.decode_tp),
+                        dict(d_env, VLLM_CPU_OMP_THREADS_BIND="1" if args.decode_tp == 1
+                             else "1|0"), dp)
         prox = srv.start("proxy", [sys.executable, "-m", "hixl.vllm.proxy", "--port", str(xp),
                                    "--prefill", f"http://127.0.0.1:{pp}",
                                    "--decode", f"http://127.0.0.1:{dp}"], {}, xp)
         for name, (proc, log, port) in (("prefill", pre), ("decode", dec), ("proxy", prox)):
             wait_healthy(name, proc, port, log, 300)
         t0 = time.perf_counter()
-        got = [complete(xp, args.model, pr, args.max_tokens) for pr in prompts]
+        got, lat, ttft, tpot = [], [], [], []
+        for pr in prompts:
+            try:
+                toks, first, per, total = stream(xp, args.model, pr, args.max_tokens)
+                got.append(toks)
+                lat.append(total)
+                if first is not None:
+                    ttft.append(first)
+                if per is not None:
+                    tpot.append(per)
+            except urllib.error.HTTPError as e:  # counted as unequal; the logs say why
+                got.append(f"HTTP {e.code}: {e.msg}")
         wall = time.perf_counter() - t0
-        equal = sum(g == r for g, r in zip(got, ref))
-        checks["tokens_equal"] = equal == len(prompts)
-        m = http(f"http://127.0.0.1:{dp}/metrics")
+        m = get_json(f"http://127.0.0.1:{dp}/metrics")
         moved = metric(m, "vllm:hixl_bytes_transferred_sum")
         sources = {s: metric(m, "vllm:prompt_tokens_by_source_total", source=s)
                    for s in sorted(set(re.findall(r'source="([a-z_]+)"', m)))}
         local = sources.get("local_compute", 0.0)
-        checks["decode_prompt_from_transfer"] = local <= len(prompts) and moved > 0
+        checks["decode_prompt_from_transfer"] = (
+            local <= len(prompts) and sources.get("external_kv_transfer", 0) > 0
+            and (moved > 0 or args.connector != "hixl"))
         bad = [(n, b) for n, log in srv.logs() for b in BAD_LOG if b in open(log).read()]
         checks["no_failure_in_logs"] = not bad
-        res = {"prompts": len(prompts), "equal": equal, "wall_s": round(wall, 2),
+        # Then a single server's answers to the same requests (on the decode's core).
+        srv.stop()
+        key = hashlib.sha256(json.dumps([os.path.abspath(args.model), args.dtype,
+                                         args.max_tokens, prompts]).encode()).hexdigest()[:16]
+        cached = os.path.join(args.reference_cache or out, f"reference-{key}.json")
+        if os.path.exists(cached):
+            with open(cached) as f:
+                ref = json.load(f)
+        else:
+            port = free_port()
+            p, log, _ = srv.start("single", vllm_cmd(args, port),
+                                  dict(base, VLLM_CPU_OMP_THREADS_BIND="1"), port)
+            wait_healthy("single", p, port, log, 300)
+            ref = [complete(port, args.model, pr, args.max_tokens) for pr in prompts]
+            os.makedirs(os.path.dirname(cached), exist_ok=True)
+            with open(cached, "w") as f:
+                json.dump(ref, f)
+        equal = sum(g == r for g, r in zip(got, ref))
+        checks["tokens_equal"] = equal == len(prompts)
+        def ms(xs):
+            return round(statistics.median(xs) * 1e3, 2) if xs else None
+
+        # The first request links the connector (cold); the medians are of the others.
+        res = {"connector": args.connector, "prefill_tp": args.prefill_tp,
+               "decode_tp": args.decode_tp, "prompts": len(prompts), "equal": equal,
+               "wall_s": round(wall, 2), "cold_ttft_ms": ms(ttft[:1]),
+               "ttft_ms": ms(ttft[1:]), "tpot_ms": ms(tpot[1:]), "total_ms": ms(lat[1:]),
                "hixl_bytes": moved, "decode_prompt_tokens_by_source": sources,
-               "bad_log_lines": bad, "checks": checks, "extra": extra,
-               "prefill_tp": args.prefill_tp}
+               "bad_log_lines": bad, "checks": checks, "extra": extra}
         print(json.dumps(res, indent=1))
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(res, f, indent=1)
