@@ -133,6 +133,7 @@ class _Worker:
                 self.cm.lease_blocks(g["request_id"], [self.cache], g["blocks"], g["ttl_ms"],
                                      lease_id=g["lease_id"], generation=g["generation"])
                 self.lease_req[int(g["lease_id"])] = req_id
+                _trace("leased", req_id)
             except Exception as e:  # never out of vLLM's step: this request fails alone
                 logger.error("hixl: could not lease the blocks of request %s (%s): they are "
                              "freed at once and the decode's pull will be refused", req_id, e)
@@ -328,7 +329,9 @@ class _Worker:
         sending = self.sending_done
         self.sending_done = set()
         try:
-            for ev in self.cm.lease_events(0):
+            # Only a worker waiting on leases it made asks for their ends: a decode (or an
+            # idle prefill) makes no native call here, every engine step.
+            for ev in (self.cm.lease_events(0) if self.lease_req else ()):
                 req_id = self.lease_req.pop(int(ev.lease_id), None)
                 if req_id is None:
                     continue
@@ -338,6 +341,7 @@ class _Worker:
                     with self.lock:
                         self.stats.data["num_kv_expired_reqs"].append(1)
                 sending.add(req_id)
+                _trace("lease-ended", req_id)
         except LLMException as e:
             logger.error("hixl: lease events: %s", e)
         recving: Set[str] = set()
