@@ -100,6 +100,8 @@ def vllm_cmd(args, port, kv=None, tp=1):
            "--max-num-seqs", "8", "--no-enable-prefix-caching"]
     if tp > 1:
         cmd += ["--tensor-parallel-size", str(tp)]
+    if args.block_size:
+        cmd += ["--block-size", str(args.block_size)]
     if kv is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv)]
     return cmd
@@ -159,6 +161,8 @@ def main():
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--block-size", type=int, default=None,
+                    help="vLLM's block size (its CPU MLA kernel takes 16 only)")
     ap.add_argument("--extra", default="{}", help="kv_connector_extra_config (JSON)")
     ap.add_argument("--prefill-tp", type=int, choices=[1, 2], default=1)
     ap.add_argument("--decode-tp", type=int, choices=[1, 2], default=1)
