@@ -264,6 +264,8 @@ def main():
                "wall_s": round(wall, 2), "cold_ttft_ms": ms(ttft[:1]),
                "ttft_ms": ms(ttft[1:]), "tpot_ms": ms(tpot[1:]), "total_ms": ms(lat[1:]),
                "tpot_each_ms": [round(x * 1e3, 2) for x in tpot],
+               "unequal": [{"request": i, "got": g, "single": r}
+                           for i, (g, r) in enumerate(zip(got, ref)) if g != r],
                "hixl_bytes": moved, "decode_prompt_tokens_by_source": sources,
                "bad_log_lines": bad, "checks": checks, "extra": extra}
         print(json.dumps(res, indent=1))

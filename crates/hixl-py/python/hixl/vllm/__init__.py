@@ -63,12 +63,14 @@ the same indexed copy in torch.
 
 Tensor parallelism: prefill and decode may differ; each decode rank pulls exactly its KV heads
 from the prefill ranks holding them (``pull_leased_blocks_resharded``, under each rank's
-lease). Several KV cache groups (hybrid models) are pulled group by group, and MLA caches are
-read once. Before it links or pulls, a decode compares the prefill's compatibility record
-with its own (model, KV dtype, block size, layout, KV heads, head size, groups, wire version)
-and refuses a mismatch naming both values. Not supported: different block sizes (refused),
-pipeline parallelism (untested). ``python -m hixl.vllm.proxy`` puts one OpenAI endpoint in
-front of a prefill and a decode ``vllm serve``; docs/vllm.md has the commands.
+lease). MLA caches are read once. Several KV cache groups are pulled group by group; vLLM gives
+this connector one group (it does not declare ``SupportsHMA``, see docs/vllm.md). Before it
+links or pulls, a decode compares the prefill's compatibility record with its own (model, KV
+dtype, block size, layout, KV heads, head size, groups, wire version) and refuses a mismatch
+naming both values. Not supported: different block sizes (refused), pipeline parallelism
+(untested).
+``python -m hixl.vllm.proxy`` puts one OpenAI endpoint in front of a prefill and a decode
+``vllm serve``; docs/vllm.md has the commands.
 """
 
 from typing import Any

@@ -29,8 +29,10 @@ def block_layout(block_shape: Sequence[int], local_heads: int, block_size: int,
     head and token counts are equal (vLLM's CPU attention is heads first)."""
     shape = tuple(int(x) for x in block_shape)
     if mla:
-        if len(shape) == 2 and shape[0] == block_size:
-            return "MLA", shape[1]
+        # Some backends keep a heads dimension of 1 (vLLM's AMX MLA: [1, tokens, latent]).
+        core = tuple(x for x in shape[:-2] if x != 1) + shape[-2:]
+        if len(core) == 2 and core[0] == block_size:
+            return "MLA", core[1]
         raise ValueError(f"an MLA KV block of shape {shape} is not [tokens {block_size}, latent]")
     if len(shape) == 3:
         a, b, x = shape

@@ -126,7 +126,10 @@ def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_confi
         desc = CacheDesc(num_tensors=len(addrs), shape=(nb, block_bytes),
                          data_type=DataType.DT_UINT8, placement=Placement.HOST)
     else:
-        desc = CacheDesc(num_tensors=len(addrs), shape=(nb, *block_shape), data_type=dt,
+        # An MLA block is described as [tokens, latent] whatever singleton dimensions the
+        # backend keeps (the bytes are the same).
+        shape = (nb, block_size, head) if layout == "MLA" else (nb, *block_shape)
+        desc = CacheDesc(num_tensors=len(addrs), shape=shape, data_type=dt,
                          placement=Placement.HOST)
     cm = dd.cache_manager
     cache = cm.register_blocks_cache(desc, addrs, BlocksCacheKey(cluster_id, 0))

@@ -207,7 +207,10 @@ class _Worker:
             skip = int(p.get("skip", 0))
             pairs = group_pairs(remote, local, skip)
             landing = {b for _, dst in pairs for b in dst}
-            missing = {b for b in everything if b not in landing and b != 0}
+            # A local block with no prefill block at its position is missing; one facing the
+            # prefill's null block (outside a sliding window there) needs nothing.
+            missing = {d for src, dst in zip(remote, local)
+                       for d in list(dst)[max(0, len(src) - skip):] if d != 0}
             grants = [h["grants"][r] for r in sources]
             ranks = [h["ranks"][r] for r in sources]
             for rank in ranks:
@@ -319,7 +322,8 @@ class _Worker:
             for r in self._plan(h):
                 grant = h["grants"][r]
                 self._link(h["ranks"][r])
-                self._until_leased(time.perf_counter(), functools.partial(self.cm.lease_done, grant))
+                self._until_leased(time.perf_counter(),
+                                   functools.partial(self.cm.lease_done, grant))
             self._unread(h)
         except Exception as e:
             logger.info("hixl: could not tell the prefill that request %s needs its blocks "
