@@ -71,15 +71,12 @@ impl Frame {
                 window_ms,
                 digest,
                 readers,
-            } if readers > 1 => (4u8, lease, gen, ticket, window_ms, digest, Some(readers)),
-            Frame::Acquire {
-                lease,
-                gen,
-                ticket,
-                window_ms,
-                digest,
-                ..
-            } => (1, lease, gen, ticket, window_ms, digest, None),
+            } => {
+                // One reader is op 1, what peers without shared leases read.
+                let shared = (readers > 1).then_some(readers);
+                let op = if shared.is_some() { 4u8 } else { 1 };
+                (op, lease, gen, ticket, window_ms, digest, shared)
+            }
             Frame::Release {
                 lease,
                 gen,

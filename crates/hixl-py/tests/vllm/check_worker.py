@@ -24,6 +24,7 @@ from vllm.v1.request import RequestStatus
 from hixl.vllm._scheduler import _Scheduler
 from hixl.vllm._worker import _Worker
 from hixl.vllm._common import _extra
+from hixl.vllm._geometry import missing_blocks
 
 NB, BS, HD, LATENT = 32, 16, 8, 24
 
@@ -184,6 +185,12 @@ def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
+    # Which local blocks cannot land: past the prefill's blocks (after the local prefix hit),
+    # never one facing the prefill's null block.
+    assert missing_blocks([[3, 4]], [[7, 8, 9]], 0) == [9]
+    assert missing_blocks([[0, 4]], [[7, 8]], 0) == []
+    assert missing_blocks([[1, 2, 3]], [[7, 8]], 2) == [8]
+    assert missing_blocks([[1, 2], [0, 5]], [[7, 8], [9, 10, 11]], 0) == [11]
     full = ([[3, 4, 5, 9]], [[7, 8, 1, 2]])
     case("same TP", "cpu", 1, 1, 2, *full)
     case("prefill TP > decode TP", "cpu", 2, 1, 2, *full)

@@ -78,3 +78,12 @@ def group_pairs(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]],
         pairs = [(int(a), int(b)) for a, b in zip(list(s)[skip:], d) if a != 0 and b != 0]
         out.append(([a for a, _ in pairs], [b for _, b in pairs]))
     return out
+
+
+def missing_blocks(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]],
+                   skip: int) -> List[int]:
+    """The decode's blocks with no prefill block at their position (the prefill holds fewer):
+    they cannot land. A decode block facing the prefill's null block needs nothing (that
+    position is outside a sliding window there), and is not among them."""
+    return [int(d) for s, dl in zip(src, dst) for d in list(dl)[max(0, len(s) - skip):]
+            if d != 0]

@@ -4,6 +4,7 @@ prefill's leases, pulls on the decode, and reports what finished and what failed
 from __future__ import annotations
 
 import functools
+import json
 import secrets
 import threading
 import time
@@ -14,7 +15,7 @@ from ..llm_datadist import (BlocksCacheKey, CacheDesc, DataType, LLMClusterInfo,
                             LLMDataDist, LLMException, LLMRole, LLMStatusCode, Placement)
 from ..llm_datadist import kv_shard_readers, kv_shard_sources
 from ._common import HixlConnectorMetadata, HixlHandshakeMetadata, _Pull, _trace, logger
-from ._geometry import group_pairs, mismatch
+from ._geometry import group_pairs, mismatch, missing_blocks
 from ._register import Layout, register
 from ._stats import HixlKVConnectorStats
 
@@ -51,6 +52,8 @@ class _Worker:
         self.layout: Optional[Layout] = None
         #: prefill engines whose compatibility record was refused (logged once each)
         self.refused: Set[str] = set()
+        #: the compatibility verdict per prefill record and TP size (None: compatible)
+        self.verdicts: Dict[str, Optional[str]] = {}
         self.tensors: List[Any] = []
         self.block_bytes = 0
         self.num_blocks = 0
@@ -150,8 +153,12 @@ class _Worker:
         compatibility record against this worker's: a mismatch raises ``LLM_PARAM_INVALID``
         naming both values (logged once per prefill engine), before anything is linked."""
         ptp = int(h.get("tp_size", 1))
-        why = mismatch(self.layout.compat if self.layout else {}, h.get("compat") or {},
-                       self.tp_size, ptp)
+        # A prefill engine's record is the same for each of its requests: judged once.
+        key = json.dumps([h.get("compat"), ptp], sort_keys=True)
+        if key not in self.verdicts:
+            self.verdicts[key] = mismatch(self.layout.compat if self.layout else {},
+                                          h.get("compat") or {}, self.tp_size, ptp)
+        why = self.verdicts[key]
         if why is not None:
             engine = str(h.get("engine_id", "?"))
             if engine not in self.refused:
@@ -207,10 +214,7 @@ class _Worker:
             skip = int(p.get("skip", 0))
             pairs = group_pairs(remote, local, skip)
             landing = {b for _, dst in pairs for b in dst}
-            # A local block with no prefill block at its position is missing; one facing the
-            # prefill's null block (outside a sliding window there) needs nothing.
-            missing = {d for src, dst in zip(remote, local)
-                       for d in list(dst)[max(0, len(src) - skip):] if d != 0}
+            missing = set(missing_blocks(remote, local, skip))
             grants = [h["grants"][r] for r in sources]
             ranks = [h["ranks"][r] for r in sources]
             for rank in ranks:
@@ -233,7 +237,8 @@ class _Worker:
                             self.cm.pull_leased_blocks_resharded(
                                 grants, keys, self.cache, src, dst, done=last, **kw))
                 started = self._until_leased(t0, call)
-                t1 = started if i == 0 else t1
+                if i == 0:  # the post time ends when the first group's pull went through
+                    t1 = started
             if not todo:
                 for grant in grants:
                     self.cm.lease_done(grant)
