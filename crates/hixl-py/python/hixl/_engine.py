@@ -154,11 +154,12 @@ class Op(Generic[T]):
                 raise
         return self._result()
 
-    def wait(self, timeout: Optional[float] = None) -> T:
+    def wait(self, timeout: Optional[float] = None, spin_us: Optional[int] = None) -> T:
         """Blocks until the op finishes (the GIL is released) and returns its result or raises
         its error. Past ``timeout`` seconds the op is abandoned and ``HixlTimeoutError``
-        raised."""
-        r = self._op.wait(timeout, WAIT_SPIN_US)
+        raised. ``spin_us`` overrides `WAIT_SPIN_US` for this wait (0: park at once, for a
+        caller with many threads waiting at the same time on few cores)."""
+        r = self._op.wait(timeout, WAIT_SPIN_US if spin_us is None else int(spin_us))
         return self._wrap(r) if self._wrap is not None else r
 
     def status(self) -> TransferStatus:

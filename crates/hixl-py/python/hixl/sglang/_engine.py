@@ -204,7 +204,9 @@ class HixlTransferEngine:
         """WRITEs an N×3 ``uint64`` array of ``(local, remote, len)`` as one op."""
         try:
             peer = self._peer(session_id)
-            peer.write(descs, self.timeout).wait()
+            # SGLang's transfer worker waits from several threads at once (one per layer):
+            # they park rather than spin, or they take the cores the transfers need
+            peer.write(descs, self.timeout).wait(spin_us=0)
         except (HixlError, OSError, ValueError) as e:
             if isinstance(e, (PeerLostError, TransferTimeoutError)):
                 self.forget(session_id)
