@@ -173,7 +173,12 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
     addr = f"127.0.0.1:{args.bootstrap_port}"
     abort = set(args.abort_rooms)
     quarantine: List[Any] = []
-    next_info = 0.0
+    next_info, tries, next_report = 0.0, 0, time.perf_counter() + 5
+    from sglang.srt.environ import envs
+
+    # decode.py's bound on holding a failed request's pages for the prefill's acks
+    release_timeout = envs.SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT.get()
+    verbose = bool(os.environ.get("PD_HARNESS_LOG"))  # then: where the requests are, every 5 s
     t_start = time.perf_counter()
     while todo or active:
         while todo and len(active) < args.window:
@@ -183,19 +188,28 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
             active[r["room"]] = r
         # DecodePreallocQueue: a receiver is initialised once the prefill's parallel info
         # is known (its ranks registered at the bootstrap server); a one-DP prefill is rank 0
-        if any(r["stage"] == "pending" for r in active.values()):
-            if time.perf_counter() >= next_info and mgr.try_ensure_parallel_info(addr):
-                for r in active.values():
-                    if r["stage"] == "pending":
-                        r["recv"].init(0)
+        # (retried once a second; after 15 tries its requests are aborted, as decode.py does)
+        pending = [r for r in active.values() if r["stage"] == "pending"]
+        if pending and time.perf_counter() >= next_info:
+            if mgr.try_ensure_parallel_info(addr):
+                tries = 0
+                for r in pending:
+                    r["recv"].init(0)
+                    r["stage"] = "bootstrap"
+            else:
+                tries += 1
+                next_info = time.perf_counter() + 1.0
+                if tries >= 15:
+                    tries = 0
+                    for r in pending:
+                        r["recv"].abort()
                         r["stage"] = "bootstrap"
-            next_info = time.perf_counter() + 0.1 if addr not in mgr.prefill_info_table else 0
         for room, r in list(active.items()):
             if r["stage"] == "pending":
                 continue
             if r["stage"] == "held":
                 waited = time.perf_counter() - r["held_at"]
-                if mgr.is_abort_release_safe(room, r["need"]) or waited > args.release_timeout:
+                if mgr.is_abort_release_safe(room, r["need"]) or waited > release_timeout:
                     mgr.clear_deferred_abort_state(room)
                     r["recv"].clear()
                     # released: from now on no byte of this request may land here
@@ -206,7 +220,9 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                     out(event="req", role="decode", rank=rank, room=room, ok=False,
                         why=r["why"], bad=[], ms=waited * 1e3, aborted=room in abort,
                         since_start_ms=(time.perf_counter() - r["t0"]) * 1e3,
-                        released_by="acks" if waited <= args.release_timeout else "timeout")
+                        t_end=time.monotonic(),
+                        t_failed=r["t_failed"],
+                        released_by="acks" if waited <= release_timeout else "timeout")
                     del active[room]
                 continue
             st = r["recv"].poll()
@@ -239,7 +255,8 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                         if not r["recv"].abort_notified:
                             r["recv"].ensure_abort_notified(force_arm=True)
                         need = len(r["recv"].bootstrap_infos) if r["recv"].abort_notified else 0
-                        r.update(stage="held", why=why, need=need, held_at=time.perf_counter())
+                        r.update(stage="held", why=why, need=need, held_at=time.perf_counter(),
+                                 t_failed=time.monotonic())
                         continue
                 r["recv"].clear()
                 pages.give(r.get("pages", []))
@@ -249,8 +266,15 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                 out(event="req", role="decode", rank=rank, room=room, ok=ok and not bad,
                     why=why, bad=bad[:4], ms=(time.perf_counter() - t) * 1e3,
                     since_start_ms=(time.perf_counter() - r["t0"]) * 1e3,
-                    aborted=room in abort)
+                    t_end=time.monotonic(), t_failed=time.monotonic(), aborted=room in abort)
                 del active[room]
+        if verbose and time.perf_counter() >= next_report:
+            next_report = time.perf_counter() + 5
+            stages: Dict[str, int] = {}
+            for r in active.values():
+                key = f"{r['stage']}/{r['recv'].poll()}"
+                stages[key] = stages.get(key, 0) + 1
+            out(event="stages", role="decode", rank=rank, stages=stages)
         time.sleep(args.tick)
     wall = time.perf_counter() - t_start
     late = []  # a write that landed in a released request's pages
@@ -263,10 +287,38 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
         total_pages=pages.total, released=len(quarantine), late_writes=late[:8])
 
 
+def run_bootstrap(args: Any) -> None:
+    """The prefill server's main process: it runs the KV bootstrap server (SGLang's
+    ``start_disagg_service``), which the decode's heartbeats reach."""
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.managers.disagg_service import start_disagg_service
+    from sglang.srt.runtime_context import publish as _publish
+    from sglang.srt.server_args import ServerArgs
+
+    sa = ServerArgs(model_path=args.model_dir, device="cpu", tp_size=args.prefill_tp,
+                    host="127.0.0.1", disaggregation_mode="prefill",
+                    disaggregation_transfer_backend=args.backend,
+                    disaggregation_bootstrap_port=args.bootstrap_port, page_size=args.page,
+                    skip_tokenizer_init=True)
+    _publish(sa, role="tokenizer")
+    start_disagg_service()
+    out(event="ready", role="bootstrap", rank=0, pid=os.getpid())
+    while True:  # until the driver ends it
+        time.sleep(1)
+
+
 def main(args: Any) -> None:
+    import logging
+
+    logging.basicConfig(level=os.environ.get("PD_HARNESS_LOG", "WARNING").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     reqs = [dict(r) for r in json.loads(args.reqs)]
     try:
-        if args.role == "prefill":
+        if args.role == "bootstrap":
+            run_bootstrap(args)
+        elif args.role == "prefill":
             run_prefill(args, args.rank, reqs)
         else:
             run_decode(args, args.rank, reqs)
