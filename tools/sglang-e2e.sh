@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# hixl as SGLang's PD-disaggregation transfer backend (hixl.sglang, SGLang 0.5.23), inside
+# SGLang's own code: the plugin as SGLang loads it (crates/hixl-py/tests/sglang/check_plugin.py),
+# then bench/sglang/pd_harness.py: SGLang's bootstrap server, prefill and decode scheduler
+# ranks as processes with SGLang's token-to-KV pools on CPU tensors and its KV managers,
+# senders and receivers, every page checked byte for byte; equal TP, differing attention-TP
+# both ways, MLA, a killed prefill server, decode aborts; and SGLang's own Mooncake backend
+# (mooncake_tcp) through the same harness.
+#
+#   tools/sglang-e2e.sh
+#
+# Environment:
+#   SGLANG_VENV   the SGLang venv (default ~/.cache/hixl-sglang/venv; made by
+#                 bench/sglang/setup.sh if missing, ~2.5 min and ~6 GB from PyPI)
+#   HIXL_WHEEL    the hixl wheel to install into it (default: the newest one
+#                 tools/python-tests.sh built, else built here with maturin)
+# Exit status 0 only if every run passed every check.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export SGLANG_VENV=${SGLANG_VENV:-$HOME/.cache/hixl-sglang/venv}
+
+# The install steps check what is there; the setup's own import check is skipped (the runs
+# below import the same modules and say what is missing).
+SGLANG_SETUP_CHECK=0 bench/sglang/setup.sh
+
+wheel=${HIXL_WHEEL:-}
+if [ -z "$wheel" ]; then
+  wheel=$(ls -t "$root"/target/python/wheels/hixl-*.whl 2>/dev/null | head -1 || true)
+fi
+if [ -z "$wheel" ]; then
+  work=$root/target/python
+  if [ ! -x "$work/build-venv/bin/maturin" ]; then
+    "${PYTHON:-python3}" -m venv "$work/build-venv"
+    "$work/build-venv/bin/pip" install -q 'maturin>=1.7,<2'
+  fi
+  "$work/build-venv/bin/maturin" build --release -m crates/hixl-py/Cargo.toml --out "$work/wheels"
+  wheel=$(ls -t "$work"/wheels/hixl-*.whl | head -1)
+fi
+echo "== hixl wheel: $(basename "$wheel")"
+"$SGLANG_VENV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
+py=$SGLANG_VENV/bin/python
+export PYTHONWARNINGS=ignore
+
+echo "== the plugin as SGLang loads it: entry point, --disaggregation-transfer-backend hixl, classes"
+"$py" crates/hixl-py/tests/sglang/check_plugin.py
+
+rc=0
+run() {
+  echo "== pd_harness.py $*"
+  "$py" bench/sglang/pd_harness.py "$@" || rc=1
+}
+run --backend hixl --transport tcp --requests 64 --tokens 512
+run --backend hixl --transport fabric --prefill-tp 2 --decode-tp 1 --requests 32
+run --backend hixl --transport tcp --prefill-tp 1 --decode-tp 2 --requests 32
+run --backend hixl --transport fabric --model tiny-mla --prefill-tp 1 --decode-tp 2 --requests 32
+run --backend hixl --transport tcp --fault kill-prefill --requests 32
+run --backend hixl --transport fabric --fault decode-abort --requests 32
+run --backend mooncake_tcp --requests 32
+exit $rc
