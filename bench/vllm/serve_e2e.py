@@ -11,8 +11,9 @@ Checks: every answer through the proxy equals the single server's (asked after t
 on its own); the decode's own
 Prometheus counters say its prompt tokens came from the KV transfer (at most one token per
 request computed locally) and hixl's connector moved bytes; no lease expiry or load failure in
-a log. The servers run one core each, as bench/vllm/pd_e2e.py pins them (prefill on core 0,
-decode and the single server on core 1; a prefill of TP 2 has one rank per core). Exit status
+a log; every worker still runs where it was bound. The servers' workers run one core each, as
+bench/vllm/pd_e2e.py pins them (prefill on core 0, decode and the single server on core 1; a
+side of TP 2 has one rank per core); the API servers and EngineCores are not pinned. Exit status
 0 when every check holds. Needs the vLLM venv (bench/vllm/setup.sh) with hixl installed."""
 import argparse
 import hashlib
@@ -144,6 +145,32 @@ def stream(port, model, prompt, max_tokens):
     return toks, times[0] - t0, tpot, total
 
 
+def worker_cpus(pid):
+    """The CPUs each vLLM worker process under `pid` may run on (its main thread's affinity),
+    sorted: what a connector's worker ended on, whatever the binding asked for."""
+    kids = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        comm = st[st.index("(") + 1:st.rindex(")")]
+        kids.setdefault(int(st[st.rindex(")") + 2:].split()[1]), []).append((int(d), comm))
+    cpus, todo = [], [pid]
+    while todo:
+        for child, comm in kids.get(todo.pop(), []):
+            todo.append(child)
+            if comm.startswith("VLLM::Worker"):
+                try:
+                    cpus.append(sorted(os.sched_getaffinity(child)))
+                except OSError:
+                    pass
+    return sorted(cpus)
+
+
 def metric(text, name, **labels):
     total = 0.0
     for line in text.splitlines():
@@ -199,14 +226,14 @@ def main():
         pp, dp, xp = free_port(), free_port(), free_port()
         # One core per rank: the prefill from core 0, the decode from core 1 (a TP 2 side
         # takes both).
-        bind = {1: "0", 2: "0|1"}
+        bind = {"prefill": {1: "0", 2: "0|1"}[args.prefill_tp],
+                "decode": {1: "1", 2: "1|0"}[args.decode_tp]}
         pre = srv.start("prefill", vllm_cmd(args, pp, dict(kv, kv_role="kv_producer"),
                                             tp=args.prefill_tp),
-                        dict(p_env, VLLM_CPU_OMP_THREADS_BIND=bind[args.prefill_tp]), pp)
+                        dict(p_env, VLLM_CPU_OMP_THREADS_BIND=bind["prefill"]), pp)
         dec = srv.start("decode", vllm_cmd(args, dp, dict(kv, kv_role="kv_consumer"),
                                            tp=args.decode_tp),
-                        dict(d_env, VLLM_CPU_OMP_THREADS_BIND="1" if args.decode_tp == 1
-                             else "1|0"), dp)
+                        dict(d_env, VLLM_CPU_OMP_THREADS_BIND=bind["decode"]), dp)
         prox = srv.start("proxy", [sys.executable, "-m", "hixl.vllm.proxy", "--port", str(xp),
                                    "--prefill", f"http://127.0.0.1:{pp}",
                                    "--decode", f"http://127.0.0.1:{dp}"], {}, xp)
@@ -234,6 +261,11 @@ def main():
         checks["decode_prompt_from_transfer"] = (
             local <= len(prompts) and sources.get("external_kv_transfer", 0) > 0
             and (moved > 0 or args.connector != "hixl"))
+        # Each worker where its binding put it, with either connector (vLLM's NixlConnector
+        # moves its workers to the last core unless nixl_noprog.py puts them back).
+        placed = {"prefill": worker_cpus(pre[0].pid), "decode": worker_cpus(dec[0].pid)}
+        checks["workers_where_bound"] = all(
+            placed[side] == sorted([int(c)] for c in bind[side].split("|")) for side in bind)
         bad = [(n, b) for n, log in srv.logs() for b in BAD_LOG if b in open(log).read()]
         checks["no_failure_in_logs"] = not bad
         # Then a single server's answers to the same requests (on the decode's core).
@@ -267,13 +299,13 @@ def main():
                "unequal": [{"request": i, "got": g, "single": r}
                            for i, (g, r) in enumerate(zip(got, ref)) if g != r],
                "hixl_bytes": moved, "decode_prompt_tokens_by_source": sources,
-               "bad_log_lines": bad, "checks": checks, "extra": extra}
+               "worker_cpus": placed, "bad_log_lines": bad, "checks": checks, "extra": extra}
         print(json.dumps(res, indent=1))
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(res, f, indent=1)
     finally:
         srv.stop()
-    ok = all(checks.values()) and len(checks) == 3
+    ok = all(checks.values()) and len(checks) == 4
     print(f"serve e2e: {'PASS' if ok else 'FAIL'} ({out})")
     return 0 if ok else 1
 
