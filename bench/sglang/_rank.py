@@ -97,6 +97,19 @@ class Pages:
         self.free.extend(pages)
 
 
+def stages(role: str, rank: int, active: Dict[int, Dict[str, Any]], obj: str) -> None:
+    """Where the requests in flight are (stage/poll: count, and a few rooms), every 5 s: the
+    driver shows the last one of a rank that hung."""
+    count: Dict[str, int] = {}
+    rooms: Dict[str, List[int]] = {}
+    for room, r in active.items():
+        key = f"{r['stage']}/{r[obj].poll()}"
+        count[key] = count.get(key, 0) + 1
+        rooms.setdefault(key, []).append(room)
+    out(event="stages", role=role, rank=rank, stages=count,
+        rooms={k: v[:3] for k, v in rooms.items()})
+
+
 def _pages_of(tokens: int, page: int) -> int:
     return -(-tokens // page)
 
@@ -113,6 +126,7 @@ def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
     active: Dict[int, Dict[str, Any]] = {}
     addr = f"127.0.0.1:{args.bootstrap_port}"
     t_start = time.perf_counter()
+    next_report = t_start + 5
     while todo or active:
         while todo and len(active) < args.window:
             r = todo.pop(0)
@@ -124,6 +138,8 @@ def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
             st = r["sender"].poll()
             if r["stage"] == "bootstrap" and st == KVPoll.WaitingForInput:
                 n = _pages_of(r["tokens"], g.page)
+                if n > len(pages.free) or not slots:
+                    continue  # waits until memory is free
                 r["pages"], r["slot"] = pages.take(n), slots.pop()
                 if args.verify:
                     _kv.fill(m["bufs"], g, room, r["pages"], r["tokens"])
@@ -155,6 +171,9 @@ def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                     bytes=getattr(metric, "transfer_total_bytes", None),
                     latency_ms=(getattr(metric, "transfer_latency_s", None) or 0) * 1e3)
                 del active[room]
+        if time.perf_counter() >= next_report:
+            next_report = time.perf_counter() + 5
+            stages("prefill", rank, active, "sender")
         time.sleep(args.tick)
     out(event="summary", role="prefill", rank=rank, wall_s=time.perf_counter() - t_start,
         free_pages=len(pages.free), total_pages=pages.total, free_slots=len(slots))
@@ -178,7 +197,6 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
 
     # decode.py's bound on holding a failed request's pages for the prefill's acks
     release_timeout = envs.SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT.get()
-    verbose = bool(os.environ.get("PD_HARNESS_LOG"))  # then: where the requests are, every 5 s
     t_start = time.perf_counter()
     while todo or active:
         while todo and len(active) < args.window:
@@ -227,7 +245,10 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                 continue
             st = r["recv"].poll()
             if r["stage"] == "bootstrap" and st == KVPoll.WaitingForInput:
-                r["pages"] = pages.take(_pages_of(r["tokens"], g.page))
+                need = _pages_of(r["tokens"], g.page)
+                if need > len(pages.free) or not slots:
+                    continue  # DecodePreallocQueue: waits until memory is free
+                r["pages"] = pages.take(need)
                 r["slot"] = slots.pop()
                 for kind, layer, arr in m["bufs"]:  # what was there before: not the pattern
                     arr[_kv.rows(r["pages"], r["tokens"], g.page)] = -1
@@ -268,13 +289,9 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                     since_start_ms=(time.perf_counter() - r["t0"]) * 1e3,
                     t_end=time.monotonic(), t_failed=time.monotonic(), aborted=room in abort)
                 del active[room]
-        if verbose and time.perf_counter() >= next_report:
+        if time.perf_counter() >= next_report:
             next_report = time.perf_counter() + 5
-            stages: Dict[str, int] = {}
-            for r in active.values():
-                key = f"{r['stage']}/{r['recv'].poll()}"
-                stages[key] = stages.get(key, 0) + 1
-            out(event="stages", role="decode", rank=rank, stages=stages)
+            stages("decode", rank, active, "recv")
         time.sleep(args.tick)
     wall = time.perf_counter() - t_start
     late = []  # a write that landed in a released request's pages

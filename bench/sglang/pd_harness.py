@@ -112,7 +112,7 @@ class Rank:
             except ValueError:
                 continue
             self.lines.append(ev)
-            if ev.get("event") == "stages":
+            if ev.get("event") == "stages" and os.environ.get("PD_HARNESS_LOG"):
                 print(f"{self.role} {self.rank}: {ev['stages']}", flush=True)
             if ev.get("event") == "ready":
                 self.ready.set()
@@ -177,6 +177,11 @@ def drive(args: argparse.Namespace) -> int:
     while any(r.proc.poll() is None for r in ranks):
         if time.monotonic() > deadline:
             print(f"TIMEOUT after {args.timeout}s: a process hung", file=sys.stderr)
+            for r in ranks:  # where each unfinished rank's requests were (stage/poll: count)
+                last = [e for e in r.lines if e.get("event") == "stages"][-1:]
+                if r.proc.poll() is None and last:
+                    print(f"  {r.role} {r.rank}: {last[0]['stages']} {last[0]['rooms']}",
+                          file=sys.stderr)
             rc = 1
             break
         if args.fault == "kill-prefill" and killed_at is None:
