@@ -31,19 +31,7 @@ export PD_E2E_RESULTS=${PD_E2E_RESULTS:-$root/target/vllm-e2e}
 
 bench/vllm/setup.sh
 
-wheel=${HIXL_WHEEL:-}
-if [ -z "$wheel" ]; then
-  wheel=$(ls -t "$root"/target/python/wheels/hixl-*.whl 2>/dev/null | head -1 || true)
-fi
-if [ -z "$wheel" ]; then
-  work=$root/target/python
-  if [ ! -x "$work/build-venv/bin/maturin" ]; then
-    "${PYTHON:-python3}" -m venv "$work/build-venv"
-    "$work/build-venv/bin/pip" install -q 'maturin>=1.7,<2'
-  fi
-  "$work/build-venv/bin/maturin" build --release -m crates/hixl-py/Cargo.toml --out "$work/wheels"
-  wheel=$(ls -t "$work"/wheels/hixl-*.whl | head -1)
-fi
+wheel=$(tools/hixl-wheel.sh)
 echo "== hixl wheel: $(basename "$wheel")"
 "$VLLM_VENV/bin/pip" install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
 
