@@ -17,7 +17,6 @@
 # Exit status 0 only if every run passed every check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 export SGLANG_VENV=${SGLANG_VENV:-$HOME/.cache/hixl-sglang/venv}
 
 # The install steps check what is there; the setup's own import check is skipped (the runs
