@@ -4,7 +4,8 @@
 # then bench/sglang/pd_harness.py: SGLang's bootstrap server, prefill and decode scheduler
 # ranks as processes with SGLang's token-to-KV pools on CPU tensors and its KV managers,
 # senders and receivers, every page checked byte for byte; equal TP, differing attention-TP
-# both ways, MLA, a killed prefill server, decode aborts; and with HIXL_SGLANG_MOONCAKE=1,
+# both ways, MLA, a killed prefill server, a killed decode (the prefill's requests fail naming
+# hixl's cause), decode aborts; and with HIXL_SGLANG_MOONCAKE=1,
 # SGLang's own Mooncake backend (mooncake_tcp) through the same harness.
 #
 #   tools/sglang-e2e.sh
@@ -43,6 +44,9 @@ run --backend hixl --transport tcp --prefill-tp 1 --decode-tp 2 --requests 32
 run --backend hixl --transport fabric --model tiny-mla --prefill-tp 1 --decode-tp 2 --requests 32
 run --backend hixl --transport tcp --fault kill-prefill --requests 32
 run --backend hixl --transport fabric --fault decode-abort --requests 32
+# a real model's KV, so that writes are in flight when the decode dies
+run --backend hixl --transport tcp --fault kill-decode --model llama-3.1-8b --requests 16 \
+  --tokens 1024 --pool-tokens 12288
 if [ "${HIXL_SGLANG_MOONCAKE:-0}" = 1 ]; then
   run --backend mooncake_tcp --requests 32  # SGLang's own backend, same harness
 fi

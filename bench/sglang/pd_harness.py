@@ -7,7 +7,7 @@ Every page is checked byte for byte on the decode (``--verify``), and the aux sl
 
     pd_harness.py --backend hixl [--transport tcp|fabric] [--model tiny|tiny-mla|...]
                   [--prefill-tp 1] [--decode-tp 1] [--requests 64] [--tokens 512]
-                  [--fault kill-prefill|decode-abort] [--json OUT]
+                  [--fault kill-prefill|kill-decode|decode-abort] [--json OUT]
 
 ``--backend mooncake_tcp`` runs SGLang's Mooncake backend (mooncake-transfer-engine-non-cuda,
 TCP) through the same calls. Exit status 0 when every check holds: each request succeeded
@@ -49,7 +49,8 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--slots", type=int, default=0, help="aux slots (default: 2 x window)")
     p.add_argument("--chunks", type=int, default=2, help="sends per request (chunked prefill)")
     p.add_argument("--no-verify", dest="verify", action="store_false")
-    p.add_argument("--fault", default="", choices=["", "kill-prefill", "decode-abort"])
+    p.add_argument("--fault", default="", choices=["", "kill-prefill", "kill-decode",
+                                                           "decode-abort"])
     p.add_argument("--tick", type=float, default=0.0005, help="scheduler loop sleep (s)")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--json", default="", help="write the summary here")
@@ -63,7 +64,7 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--abort-rooms", default="[]", type=json.loads, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.pool_tokens = a.pool_tokens or a.window * 2 * (a.tokens * 2 + a.page)
-    if a.fault == "kill-prefill":  # every request starts before the kill
+    if a.fault in ("kill-prefill", "kill-decode"):  # every request starts before the kill
         a.window = max(a.window, a.requests)
     a.slots = a.slots or 2 * a.window
     if not a.role and not a.log_dir:
@@ -145,6 +146,9 @@ def drive(args: argparse.Namespace) -> int:
     os.environ.setdefault("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", "2")
     if args.transport:
         os.environ["HIXL_SGLANG_TRANSPORT"] = args.transport
+    if args.fault == "kill-decode":
+        # a prefill request whose decode died before sending its pages ends after this long
+        os.environ.setdefault("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "5")
     if args.fault == "kill-prefill":
         # a dead prefill never acks: the pages it might have written are held this long
         os.environ.setdefault("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", "5")
@@ -184,6 +188,13 @@ def drive(args: argparse.Namespace) -> int:
                           file=sys.stderr)
             rc = 1
             break
+        if args.fault == "kill-decode" and killed_at is None:
+            done = min(len(r.reqs()) for r in ranks if r.role == "prefill")
+            if done >= max(1, args.requests // 8):
+                for r in ranks:
+                    if r.role == "decode":
+                        os.kill(r.proc.pid, signal.SIGKILL)
+                killed_at = time.monotonic()
         if args.fault == "kill-prefill" and killed_at is None:
             done = min(len(r.reqs()) for r in ranks if r.role == "decode")
             if done >= args.requests // 4:
@@ -210,7 +221,8 @@ def report(args: argparse.Namespace, ranks: List[Rank], abort_rooms: List[int],
         for e in r.lines:
             if e.get("event") == "error":
                 problems.append(f"{r.role} {r.rank}: {e['error']}")
-        if args.fault == "kill-prefill" and r.role == "prefill":
+        if (args.fault == "kill-prefill" and r.role == "prefill") or (
+                args.fault == "kill-decode" and r.role == "decode"):
             continue
         if s is None:
             problems.append(f"{r.role} {r.rank} did not finish (exit {r.proc.returncode}); "
@@ -246,8 +258,23 @@ def report(args: argparse.Namespace, ranks: List[Rank], abort_rooms: List[int],
         print(f"after the kill: Failed after (s): {ends}")
         why = sorted({(e.get("why") or "")[:120] for e in failed})
         print(f"after the kill: {len(failed)} requests Failed; causes: {why}")
+    if args.fault == "kill-decode":
+        failed = [e for e in pre if not e["ok"]]
+        if not failed:
+            problems.append("no prefill request failed after the decode was killed")
+        why = sorted({(e.get("why") or "").split("): ", 1)[-1][:160] for e in failed})
+        print(f"after the kill: {len(failed)} prefill requests Failed; causes: {why}")
+        if len(pre) != args.requests * args.prefill_tp:
+            problems.append(f"prefill reported {len(pre)} of "
+                            f"{args.requests * args.prefill_tp} requests")
+        if args.backend == "hixl" and not any(
+                w in (e.get("why") or "") for e in failed
+                for w in ("peer lost", "timeout:", "Connection refused", "refused by")):
+            problems.append("no failure names hixl's cause")
     expected = args.requests * args.decode_tp
-    if len(dec) != expected:
+    if args.fault == "kill-decode":
+        pass
+    elif len(dec) != expected:
         problems.append(f"decode reported {len(dec)} of {expected} requests")
     ms = [e["ms"] for e in pre if e["ok"]]
     total_bytes = sum(e["bytes"] or 0 for e in pre if e["ok"])
