@@ -4,9 +4,9 @@
 # then bench/sglang/pd_harness.py: SGLang's bootstrap server, prefill and decode scheduler
 # ranks as processes with SGLang's token-to-KV pools on CPU tensors and its KV managers,
 # senders and receivers, every page checked byte for byte; equal TP, differing attention-TP
-# both ways, MLA, a killed prefill server, a killed decode (the prefill's requests fail naming
-# hixl's cause), decode aborts; and with HIXL_SGLANG_MOONCAKE=1,
-# SGLang's own Mooncake backend (mooncake_tcp) through the same harness.
+# both ways, MLA, a hybrid model's SWA state, a killed prefill server, a killed decode (the
+# prefill's requests fail naming hixl's cause), decode aborts; and with
+# HIXL_SGLANG_MOONCAKE=1, SGLang's own Mooncake backend (mooncake_tcp) through the same harness.
 #
 #   tools/sglang-e2e.sh
 #
@@ -39,7 +39,8 @@ run() {
   "$py" bench/sglang/pd_harness.py --timeout 150 "$@" || rc=1
 }
 run --backend hixl --transport tcp --requests 64 --tokens 512
-run --backend hixl --transport fabric --prefill-tp 2 --decode-tp 1 --requests 32
+# a hybrid model's SWA state (layers 1 and 3 over a 256-token window, SGLang's SWAKVPool)
+run --backend hixl --transport fabric --model tiny-swa --prefill-tp 2 --decode-tp 1 --requests 32
 run --backend hixl --transport tcp --prefill-tp 1 --decode-tp 2 --requests 32
 run --backend hixl --transport fabric --model tiny-mla --prefill-tp 1 --decode-tp 2 --requests 32
 run --backend hixl --transport tcp --fault kill-prefill --requests 32

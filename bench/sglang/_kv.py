@@ -14,6 +14,9 @@ import torch
 MODELS: Dict[str, Dict[str, Any]] = {
     "tiny": {"layers": 4, "heads": 4, "head_dim": 64},
     "tiny-mla": {"layers": 4, "mla": (64, 16)},
+    # a hybrid: layers 1 and 3 attend over a sliding window of 256 tokens, held in SGLang's
+    # SWA sub-pool and sent as the request's SWA state
+    "tiny-swa": {"layers": 4, "heads": 4, "head_dim": 64, "swa_layers": [1, 3], "window": 256},
     "llama-3.1-8b": {"layers": 32, "heads": 8, "head_dim": 128},
     "llama-3.1-70b": {"layers": 80, "heads": 8, "head_dim": 128},
     "deepseek-r1": {"layers": 61, "mla": (512, 64)},
@@ -30,6 +33,12 @@ class Geometry:
     tp: int
     rank: int
     page: int
+    swa_layers: Tuple[int, ...] = ()
+    window: int = 0
+
+    def window_start(self, tokens: int) -> int:
+        """The first token of a request's SWA state (page-aligned, as prefill.py sends it)."""
+        return max(0, tokens - self.window) // self.page * self.page if self.swa_layers else 0
 
     @property
     def local_heads(self) -> int:
@@ -53,7 +62,8 @@ def geometry(model: str, tp: int, rank: int, page: int) -> Geometry:
         return Geometry(model, m["layers"], 1, lora + rope, True, tp, rank, page)
     if m["heads"] % tp:
         raise ValueError(f"{model} has {m['heads']} KV heads, which TP {tp} does not divide")
-    return Geometry(model, m["layers"], m["heads"], m["head_dim"], False, tp, rank, page)
+    return Geometry(model, m["layers"], m["heads"], m["head_dim"], False, tp, rank, page,
+                    tuple(m.get("swa_layers", ())), int(m.get("window", 0)))
 
 
 def make_pool(g: Geometry, tokens: int) -> Any:
@@ -61,6 +71,12 @@ def make_pool(g: Geometry, tokens: int) -> Any:
     ``[tokens + page, local heads, head_dim]``) or MLA (one latent buffer per layer)."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 
+    if g.swa_layers:
+        from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+        full = [i for i in range(g.layers) if i not in g.swa_layers]
+        return SWAKVPool(tokens, tokens, g.page, torch.bfloat16, g.local_heads, g.head_dim,
+                         list(g.swa_layers), full, "cpu", enable_memory_saver=False)
     if g.mla:
         lora, rope = MODELS[g.model]["mla"]
         return MLATokenToKVPool(tokens, g.page, torch.bfloat16, lora, rope, g.layers, "cpu",
@@ -72,6 +88,13 @@ def make_pool(g: Geometry, tokens: int) -> Any:
 def buffers(pool: Any, g: Geometry) -> List[Tuple[str, int, Any]]:
     """(K or V, layer, int16 numpy view ``[rows, local heads, dim]``) of every buffer."""
     out = []
+    if g.swa_layers:  # the full-attention layers, then the SWA sub-pool ("swa_k", "swa_v")
+        for pre, sub in (("", pool.full_kv_pool), ("swa_", pool.swa_kv_pool)):
+            for layer, t in enumerate(sub.k_buffer):
+                out.append((pre + "k", layer, t.view(torch.int16).numpy()))
+            for layer, t in enumerate(sub.v_buffer):
+                out.append((pre + "v", layer, t.view(torch.int16).numpy()))
+        return out
     if g.mla:
         for layer, t in enumerate(pool.kv_buffer):
             out.append(("kv", layer, t.view(torch.int16).numpy()))
@@ -84,11 +107,12 @@ def buffers(pool: Any, g: Geometry) -> List[Tuple[str, int, Any]]:
 
 
 def pattern(room: int, kind: str, layer: int, tokens: int, head0: int, heads: int,
-            dim: int) -> np.ndarray:
+            dim: int, t0: int = 0) -> np.ndarray:
     """The bytes a request's KV holds: a function of (room, K/V, layer, token, global head,
     element), so a page landing at the wrong place, head or layer is told apart."""
-    seed = (room * 1000003 + layer * 131 + {"k": 1, "v": 2, "kv": 3}[kind] * 7919) & 0xFFFF
-    t = np.arange(tokens, dtype=np.uint32)[:, None, None]
+    kinds = {"k": 1, "v": 2, "kv": 3, "swa_k": 4, "swa_v": 5}
+    seed = (room * 1000003 + layer * 131 + kinds[kind] * 7919) & 0xFFFF
+    t = np.arange(t0, t0 + tokens, dtype=np.uint32)[:, None, None]
     h = np.arange(head0, head0 + heads, dtype=np.uint32)[None, :, None]
     d = np.arange(dim, dtype=np.uint32)[None, None, :]
     return ((seed + t * 40503 + h * 9973 + d * 31) & 0xFFFF).astype(np.uint16).view(np.int16)
@@ -100,27 +124,51 @@ def rows(pages: List[int], tokens: int, page: int) -> np.ndarray:
     return (p[:, None] * page + np.arange(page)[None, :]).reshape(-1)[:tokens]
 
 
+def _spans(g: Geometry, kind: str, pages: List[int], swa_pages: List[int],
+           tokens: int) -> Tuple[np.ndarray, int, int]:
+    """(pool rows, first token, token count) a buffer holds of a request: all its tokens, or
+    for the SWA sub-pool the window's."""
+    if kind.startswith("swa_"):
+        t0 = g.window_start(tokens)
+        return rows(swa_pages, tokens - t0, g.page), t0, tokens - t0
+    return rows(pages, tokens, g.page), 0, tokens
+
+
 def fill(pool_bufs: List[Tuple[str, int, Any]], g: Geometry, room: int, pages: List[int],
-         tokens: int) -> None:
-    r = rows(pages, tokens, g.page)
+         tokens: int, swa_pages: List[int] = []) -> None:
     for kind, layer, arr in pool_bufs:
-        arr[r] = pattern(room, kind, layer, tokens, g.head0, arr.shape[1], arr.shape[2])
+        r, t0, n = _spans(g, kind, pages, swa_pages, tokens)
+        arr[r] = pattern(room, kind, layer, n, g.head0, arr.shape[1], arr.shape[2], t0)
 
 
 def check(pool_bufs: List[Tuple[str, int, Any]], g: Geometry, room: int, pages: List[int],
-          tokens: int) -> List[str]:
+          tokens: int, swa_pages: List[int] = []) -> List[str]:
     """What differs from the pattern, one line per buffer (empty when every byte is right)."""
-    r = rows(pages, tokens, g.page)
     bad = []
     for kind, layer, arr in pool_bufs:
-        want = pattern(room, kind, layer, tokens, g.head0, arr.shape[1], arr.shape[2])
+        r, t0, n = _spans(g, kind, pages, swa_pages, tokens)
+        want = pattern(room, kind, layer, n, g.head0, arr.shape[1], arr.shape[2], t0)
         got = arr[r]
         if not np.array_equal(got, want):
             wrong = np.argwhere(got != want)
             t, h = int(wrong[0][0]), int(wrong[0][1])
             bad.append(f"room {room} {kind}{layer}: {len(wrong)} elements differ, first at "
-                       f"token {t} head {g.head0 + h}")
+                       f"token {t0 + t} head {g.head0 + h}")
     return bad
+
+
+def mark(pool_bufs: List[Tuple[str, int, Any]], g: Geometry, pages: List[int],
+         swa_pages: List[int], tokens: int, value: int) -> None:
+    """Writes ``value`` into every element a request holds."""
+    for kind, _layer, arr in pool_bufs:
+        arr[_spans(g, kind, pages, swa_pages, tokens)[0]] = value
+
+
+def unmarked(pool_bufs: List[Tuple[str, int, Any]], g: Geometry, pages: List[int],
+             swa_pages: List[int], tokens: int, value: int) -> List[str]:
+    """The buffers where a request's elements no longer all hold ``value``."""
+    return [f"{kind}{layer}" for kind, layer, arr in pool_bufs
+            if (arr[_spans(g, kind, pages, swa_pages, tokens)[0]] != value).any()]
 
 
 def kv_args(kv_class: Any, pool: Any, g: Geometry, metadata: Any) -> Any:

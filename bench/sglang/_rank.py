@@ -114,12 +114,18 @@ def _pages_of(tokens: int, page: int) -> int:
     return -(-tokens // page)
 
 
+def _swa_pages_of(g: "_kv.Geometry", tokens: int) -> int:
+    """Pages of a request's SWA window (none without SWA layers)."""
+    return _pages_of(tokens - g.window_start(tokens), g.page) if g.swa_layers else 0
+
+
 def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     m = manager(args, "prefill", args.prefill_tp, rank)
     g, mgr, Sender = m["g"], m["mgr"], m["classes"]["sender"]
     pages = Pages(args.pool_tokens // g.page, seed=rank)
+    swa = Pages(args.pool_tokens // g.page, seed=50 + rank)  # the SWA sub-pool's pages
     slots = list(range(args.slots))
     out(event="ready", role="prefill", rank=rank, pid=os.getpid())
     todo = list(reqs)
@@ -138,19 +144,23 @@ def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
             st = r["sender"].poll()
             if r["stage"] == "bootstrap" and st == KVPoll.WaitingForInput:
                 n = _pages_of(r["tokens"], g.page)
-                if n > len(pages.free) or not slots:
+                n_swa = _swa_pages_of(g, r["tokens"])
+                if n > len(pages.free) or n_swa > len(swa.free) or not slots:
                     continue  # waits until memory is free
                 r["pages"], r["slot"] = pages.take(n), slots.pop()
+                r["swa"] = swa.take(n_swa)
                 if args.verify:
-                    _kv.fill(m["bufs"], g, room, r["pages"], r["tokens"])
+                    _kv.fill(m["bufs"], g, room, r["pages"], r["tokens"], r["swa"])
                 m["meta"].output_ids[r["slot"], 0] = room & 0x7FFFFFFF
                 r["sender"].init(n, r["slot"])
                 r["t_send"] = time.perf_counter()
                 idx = np.asarray(r["pages"], dtype=np.int32)
                 cut = n // 2 if args.chunks > 1 and n > 1 else n
-                for part in (idx[:cut], idx[cut:]):  # a chunked prefill's sends
-                    if len(part):
-                        r["sender"].send(part)
+                # the SWA window's pages go with the last chunk, as prefill.py sends state
+                state = [np.asarray(r["swa"], dtype=np.int32)] if g.swa_layers else None
+                parts = [p for p in (idx[:cut], idx[cut:]) if len(p)]
+                for i, part in enumerate(parts):  # a chunked prefill's sends
+                    r["sender"].send(part, state if i == len(parts) - 1 else None)
                 r["stage"] = "inflight"
             elif st in (KVPoll.Success, KVPoll.Failed):
                 ok, why = st == KVPoll.Success, None
@@ -163,6 +173,7 @@ def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                 if ok:
                     r["sender"].clear()
                 pages.give(r.get("pages", []))
+                swa.give(r.get("swa", []))
                 if "slot" in r:
                     slots.append(r["slot"])
                 t_send = r.get("t_send", time.perf_counter())
@@ -176,7 +187,8 @@ def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
             stages("prefill", rank, active, "sender")
         time.sleep(args.tick)
     out(event="summary", role="prefill", rank=rank, wall_s=time.perf_counter() - t_start,
-        free_pages=len(pages.free), total_pages=pages.total, free_slots=len(slots))
+        free_pages=len(pages.free) + len(swa.free), total_pages=pages.total + swa.total,
+        free_slots=len(slots))
 
 
 def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
@@ -185,6 +197,7 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
     m = manager(args, "decode", args.decode_tp, rank)
     g, mgr, Receiver = m["g"], m["mgr"], m["classes"]["receiver"]
     pages = Pages(args.pool_tokens // g.page, seed=100 + rank)
+    swa = Pages(args.pool_tokens // g.page, seed=150 + rank)
     slots = list(range(args.slots))
     out(event="ready", role="decode", rank=rank, pid=os.getpid())
     todo = list(reqs)
@@ -231,9 +244,8 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                     mgr.clear_deferred_abort_state(room)
                     r["recv"].clear()
                     # released: from now on no byte of this request may land here
-                    quarantine.append((room, r["pages"], r["tokens"]))
-                    for kind, layer, arr in m["bufs"]:
-                        arr[_kv.rows(r["pages"], r["tokens"], g.page)] = -2
+                    quarantine.append((room, r["pages"], r["swa"], r["tokens"]))
+                    _kv.mark(m["bufs"], g, r["pages"], r["swa"], r["tokens"], -2)
                     slots.append(r["slot"])
                     out(event="req", role="decode", rank=rank, room=room, ok=False,
                         why=r["why"], bad=[], ms=waited * 1e3, aborted=room in abort,
@@ -245,16 +257,18 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                 continue
             st = r["recv"].poll()
             if r["stage"] == "bootstrap" and st == KVPoll.WaitingForInput:
-                need = _pages_of(r["tokens"], g.page)
-                if need > len(pages.free) or not slots:
+                need, n_swa = _pages_of(r["tokens"], g.page), _swa_pages_of(g, r["tokens"])
+                if need > len(pages.free) or n_swa > len(swa.free) or not slots:
                     continue  # DecodePreallocQueue: waits until memory is free
-                r["pages"] = pages.take(need)
+                r["pages"], r["swa"] = pages.take(need), swa.take(n_swa)
                 r["slot"] = slots.pop()
-                for kind, layer, arr in m["bufs"]:  # what was there before: not the pattern
-                    arr[_kv.rows(r["pages"], r["tokens"], g.page)] = -1
+                # what was there before: not the pattern
+                _kv.mark(m["bufs"], g, r["pages"], r["swa"], r["tokens"], -1)
                 m["meta"].output_ids[r["slot"], 0] = -1
                 r["t_meta"] = time.perf_counter()
-                r["recv"].send_metadata(np.asarray(r["pages"], dtype=np.int32), r["slot"], None)
+                state = [np.asarray(r["swa"], dtype=np.int32)] if g.swa_layers else None
+                r["recv"].send_metadata(np.asarray(r["pages"], dtype=np.int32), r["slot"],
+                                        state)
                 r["stage"] = "transfer"
                 if room in abort:  # the request is aborted while its KV is on the way
                     r["recv"].abort()
@@ -262,7 +276,7 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
             elif st in (KVPoll.Success, KVPoll.Failed):
                 ok, why, bad = st == KVPoll.Success, None, []
                 if ok and args.verify:
-                    bad = _kv.check(m["bufs"], g, room, r["pages"], r["tokens"])
+                    bad = _kv.check(m["bufs"], g, room, r["pages"], r["tokens"], r["swa"])
                     if int(m["meta"].output_ids[r["slot"], 0]) != room & 0x7FFFFFFF:
                         bad.append(f"room {room}: aux slot {r['slot']} did not land")
                 if not ok:
@@ -281,6 +295,7 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                         continue
                 r["recv"].clear()
                 pages.give(r.get("pages", []))
+                swa.give(r.get("swa", []))
                 if "slot" in r:
                     slots.append(r["slot"])
                 t = r.get("t_meta", r["t0"])
@@ -295,13 +310,13 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
         time.sleep(args.tick)
     wall = time.perf_counter() - t_start
     late = []  # a write that landed in a released request's pages
-    for room, pgs, tokens in quarantine:
-        for kind, layer, arr in m["bufs"]:
-            if (arr[_kv.rows(pgs, tokens, g.page)] != -2).any():
-                late.append(f"room {room} {kind}{layer}")
+    for room, pgs, swa_pgs, tokens in quarantine:
+        late += [f"room {room} {b}" for b in _kv.unmarked(m["bufs"], g, pgs, swa_pgs, tokens, -2)]
         pages.give(pgs)
-    out(event="summary", role="decode", rank=rank, wall_s=wall, free_pages=len(pages.free),
-        total_pages=pages.total, released=len(quarantine), late_writes=late[:8])
+        swa.give(swa_pgs)
+    out(event="summary", role="decode", rank=rank, wall_s=wall,
+        free_pages=len(pages.free) + len(swa.free), total_pages=pages.total + swa.total,
+        released=len(quarantine), late_writes=late[:8])
 
 
 def run_bootstrap(args: Any) -> None:
