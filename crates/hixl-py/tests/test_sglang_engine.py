@@ -65,6 +65,10 @@ def test_a_write_outside_the_peers_memory_fails_and_says_why(spawn, transport):
         # unequal lists are refused before anything moves
         assert eng.batch_transfer_sync(child.hello["engine"], [src.ctypes.data], [], [1]) == -1
         assert "1 local addresses, 0 remote" in eng.last_error(child.hello["engine"])
+        # a write that lands clears the session's failure
+        assert eng.batch_transfer_sync(child.hello["engine"], [src.ctypes.data], [remote],
+                                       [4096]) == 0
+        assert eng.last_error(child.hello["engine"]) is None
     finally:
         eng.close()
 

@@ -213,6 +213,8 @@ class HixlTransferEngine:
             return self._failed(session_id, f"a write of {len(descs)} pieces", e)
         with self._lock:
             self.bytes_written += int(descs[:, 2].sum())
+            # the session works again: an older failure is not this one's cause
+            self._errors.pop(session_id, None)
         return 0
 
     def transfer_sync(self, session_id: str, buffer: int, peer_buffer_address: int,
