@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -118,13 +118,13 @@ def pattern(room: int, kind: str, layer: int, tokens: int, head0: int, heads: in
     return ((seed + t * 40503 + h * 9973 + d * 31) & 0xFFFF).astype(np.uint16).view(np.int16)
 
 
-def rows(pages: List[int], tokens: int, page: int) -> np.ndarray:
+def rows(pages: Sequence[int], tokens: int, page: int) -> np.ndarray:
     """The pool rows of a request's tokens, in token order."""
     p = np.asarray(pages, dtype=np.int64)
     return (p[:, None] * page + np.arange(page)[None, :]).reshape(-1)[:tokens]
 
 
-def _spans(g: Geometry, kind: str, pages: List[int], swa_pages: List[int],
+def _spans(g: Geometry, kind: str, pages: Sequence[int], swa_pages: Sequence[int],
            tokens: int) -> Tuple[np.ndarray, int, int]:
     """(pool rows, first token, token count) a buffer holds of a request: all its tokens, or
     for the SWA sub-pool the window's."""
@@ -135,14 +135,14 @@ def _spans(g: Geometry, kind: str, pages: List[int], swa_pages: List[int],
 
 
 def fill(pool_bufs: List[Tuple[str, int, Any]], g: Geometry, room: int, pages: List[int],
-         tokens: int, swa_pages: List[int] = []) -> None:
+         tokens: int, swa_pages: Sequence[int] = ()) -> None:
     for kind, layer, arr in pool_bufs:
         r, t0, n = _spans(g, kind, pages, swa_pages, tokens)
         arr[r] = pattern(room, kind, layer, n, g.head0, arr.shape[1], arr.shape[2], t0)
 
 
 def check(pool_bufs: List[Tuple[str, int, Any]], g: Geometry, room: int, pages: List[int],
-          tokens: int, swa_pages: List[int] = []) -> List[str]:
+          tokens: int, swa_pages: Sequence[int] = ()) -> List[str]:
     """What differs from the pattern, one line per buffer (empty when every byte is right)."""
     bad = []
     for kind, layer, arr in pool_bufs:

@@ -27,6 +27,7 @@ import time
 from typing import Any, Dict, List
 
 import numpy as np
+import torch
 
 import _kv
 
@@ -67,8 +68,8 @@ def manager(args: Any, mode: str, tp: int, rank: int) -> Dict[str, Any]:
         init_mooncake_transfer_engine(hostname="127.0.0.1", gpu_id=0, ib_device=None)
     g = _kv.geometry(args.model, tp, rank, args.page)
     pool = _kv.make_pool(g, args.pool_tokens)
-    meta = MetadataBuffers(args.slots, hidden_size=16, hidden_states_dtype=__import__(
-        "torch").float32, max_sampling_mask_tokens=1)
+    meta = MetadataBuffers(args.slots, hidden_size=16, hidden_states_dtype=torch.float32,
+                           max_sampling_mask_tokens=1)
     kv_args = _kv.kv_args(get_kv_class(backend, KVClassType.KVARGS), pool, g, meta)
     dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
     mgr = get_kv_class(backend, KVClassType.MANAGER)(kv_args, dmode, sa, g.mla)

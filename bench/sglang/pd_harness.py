@@ -99,7 +99,7 @@ class Rank:
         self.role, self.rank, self.lines = role, rank, []  # type: ignore[var-annotated]
         self.ready = threading.Event()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env, start_new_session=False)
+                                     text=True, env=env)
         self.err: List[str] = []
         self.log = os.path.join(args.log_dir, f"{role}{rank}.log")
         threading.Thread(target=self._read, daemon=True).start()
@@ -163,7 +163,7 @@ def drive(args: argparse.Namespace) -> int:
     reqs = [{"room": rng.getrandbits(62), "tokens": max(1, int(args.tokens * rng.uniform(0.5, 1.5)))}
             for _ in range(args.requests)]
     abort_rooms = [r["room"] for r in reqs[1::4]] if args.fault == "decode-abort" else []
-    extra = [a for a in sys.argv[1:]] + ["--bootstrap-port", str(port), "--model-dir", mdir,
+    extra = list(sys.argv[1:]) + ["--bootstrap-port", str(port), "--model-dir", mdir,
                                          "--abort-rooms", json.dumps(abort_rooms)]
     env = dict(os.environ)
     env["PYTHONPATH"] = f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}"
