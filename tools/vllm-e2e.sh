@@ -63,9 +63,13 @@ done
 echo "== vllm serve over HTTP over tcp: prefill, decode and python -m hixl.vllm.proxy, token-exact against one server"
 "$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
   --extra '{"transport": "tcp"}' --reference-cache "$refs" --out "$PD_E2E_RESULTS/serve-tcp" || rc=1
-echo "== vllm serve over HTTP, prefill TP 2 -> decode TP 1 (the decode pulls its heads from both prefill ranks)"
-"$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
-  --prefill-tp 2 --reference-cache "$refs" --out "$PD_E2E_RESULTS/serve-p2d1" || rc=1
+hybrid=${VLLM_HYBRID_MODEL:-$(dirname "$VLLM_TINY_MODEL")/tiny-hybrid}
+[ -f "$hybrid/config.json" ] || "$VLLM_VENV/bin/python" bench/vllm/make_tiny_llama.py \
+  --size hybrid --out "$hybrid" >/dev/null
+echo "== vllm serve over HTTP, a hybrid model (sliding-window and full layers, vLLM's hybrid allocator: two KV cache groups), prefill TP 2 -> decode TP 1 (the decode pulls its heads from both prefill ranks)"
+"$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$hybrid" --dtype float32 \
+  --prefill-tp 2 --expect-groups 2 --reference-cache "$refs" \
+  --out "$PD_E2E_RESULTS/serve-hybrid-p2d1" || rc=1
 echo "== hixl.vllm host-buffer mode, forced on CPU caches (the mode accelerator caches use)"
 RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --kv-extra '{"host_buffer": true}' \
   --reference-cache "$refs" "${dtype[@]}" --batch 0 --num-prompts 4 || rc=1

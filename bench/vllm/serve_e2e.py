@@ -195,6 +195,9 @@ def main():
     ap.add_argument("--decode-tp", type=int, choices=[1, 2], default=1)
     ap.add_argument("--connector", choices=["hixl", "nixl"], default="hixl",
                     help="nixl: vLLM's NixlConnector (bench/vllm/nixl_noprog.py), same setup")
+    ap.add_argument("--expect-groups", type=int, default=None, metavar="N",
+                    help="fail unless the decode's vLLM ran N KV cache groups (a hybrid "
+                         "model with vLLM's hybrid allocator on)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--reference-cache", default=None, metavar="DIR",
                     help="keep the single server's answers here and reuse them when the "
@@ -266,6 +269,11 @@ def main():
         placed = {"prefill": worker_cpus(pre[0].pid), "decode": worker_cpus(dec[0].pid)}
         checks["workers_where_bound"] = all(
             placed[side] == sorted([int(c)] for c in bind[side].split("|")) for side in bind)
+        if args.expect_groups is not None:
+            # vLLM's own line: "kv cache group sizes (128, 128)", one size per group.
+            sizes = re.findall(r"kv cache group sizes \(([^)]*)\)", open(dec[1]).read())
+            groups = len([x for x in sizes[-1].split(",") if x.strip()]) if sizes else 0
+            checks["kv_cache_groups"] = groups == args.expect_groups
         bad = [(n, b) for n, log in srv.logs() for b in BAD_LOG if b in open(log).read()]
         checks["no_failure_in_logs"] = not bad
         # Then a single server's answers to the same requests (on the decode's core).
@@ -305,7 +313,7 @@ def main():
             json.dump(res, f, indent=1)
     finally:
         srv.stop()
-    ok = all(checks.values()) and len(checks) == 4
+    ok = all(checks.values()) and len(checks) == 4 + (args.expect_groups is not None)
     print(f"serve e2e: {'PASS' if ok else 'FAIL'} ({out})")
     return 0 if ok else 1
 

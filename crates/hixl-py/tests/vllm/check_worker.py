@@ -19,12 +19,14 @@ import torch
 import vllm.distributed.parallel_state as ps
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                         MLAAttentionSpec, SlidingWindowSpec)
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.request import RequestStatus
 
 from hixl.vllm._scheduler import _Scheduler
 from hixl.vllm._worker import _Worker
 from hixl.vllm._common import _extra
-from hixl.vllm._geometry import missing_blocks
+from hixl.vllm._geometry import group_pairs, missing_blocks
 
 NB, BS, HD, LATENT = 32, 16, 8, 24
 
@@ -106,8 +108,24 @@ def until(what, cond, timeout=20.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def request_blocks(groups, hits=0):
+    """vLLM's ``KVCacheBlocks`` of a decode request: per group, its blocks in position order
+    (0: vLLM's null block), the first ``hits`` of the full-attention group a local prefix hit
+    (hashed)."""
+    out = []
+    for g, ids in enumerate(groups):
+        blocks = []
+        for i, b in enumerate(ids):
+            blk = KVCacheBlock(b, is_null=b == 0)
+            if g == 0 and i < hits:
+                blk._block_hash = b"hit%d" % i  # what a cached block carries
+            blocks.append(blk)
+        out.append(blocks)
+    return KVCacheBlocks(tuple(out))
+
+
 def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
-         expect_refusal=None):
+         expect_refusal=None, hits=0):
     print(f"== {name}: P TP {ptp} -> D TP {dtp}, {kind}, {total} KV heads", flush=True)
     ref = reference(kind, total)
     pcfg = config("kv_producer", ptp, total)
@@ -131,27 +149,34 @@ def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
             w.on_meta(meta)
         dsched = _Scheduler(dcfg, _extra(dcfg))
         dreq = SimpleNamespace(request_id="req-1", kv_transfer_params=dict(params),
-                               num_computed_tokens=0, prompt_token_ids=req.prompt_token_ids)
-        blocks = SimpleNamespace(get_unhashed_block_ids_all_groups=lambda: dst_groups)
-        dsched.update_state_after_alloc(dreq, blocks, len(req.prompt_token_ids))
+                               num_computed_tokens=hits * BS,
+                               prompt_token_ids=req.prompt_token_ids)
+        blocks = request_blocks(dst_groups, hits)
+        dsched.update_state_after_alloc(dreq, blocks, len(req.prompt_token_ids) - hits * BS)
         dmeta = dsched.build_connector_meta()
         for w in dec:
             w.on_meta(dmeta)
         for r, w in enumerate(dec):
             until(f"decode rank {r} to report the pull", lambda w=w: (w.finished()[1] or ()))
         errors = [w.take_load_errors() for w in dec]
+        failed = [w.take_failed_reqs() for w in dec]
         if expect_refusal is not None:
-            want = {b for g in dst_groups for b in g if b}
-            assert all(e == want for e in errors), errors
+            if len(dst_groups) > 1:  # block ids are per group: vLLM takes failed requests
+                assert not any(errors) and all(f == {"req-1"} for f in failed), (errors, failed)
+                print("   refused as expected, the request reported failed")
+                return
+            want = {b for g in blocks.get_unhashed_block_ids_all_groups() for b in g}
+            assert all(e == want for e in errors) and not any(failed), (errors, failed)
             print(f"   refused as expected, every local block reported failed: {sorted(want)}")
             return
+        assert not any(failed), f"failed requests {failed}"
         assert not any(errors), f"load errors {errors}"
         # Every pulled block holds what the prefill held for this rank's heads.
         for r, (kv, _) in enumerate(dec_kv):
             hs = heads_of(r, dtp, total)
-            for src, dst in zip(src_groups, dst_groups):
-                for s, d in zip(src, dst):
-                    if s == 0 or d == 0:
+            for g, (src, dst) in enumerate(zip(src_groups, dst_groups)):
+                for i, (s, d) in enumerate(zip(src, dst)):
+                    if s == 0 or d == 0 or (g == 0 and i < hits):
                         continue
                     for n, t in kv.items():
                         full = ref[n if n in ref else ("t" + n[-1])]
@@ -165,8 +190,8 @@ def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
                             want = full[s][hs]
                             got = t[d]
                         assert torch.equal(got, want), f"rank {r} {n} block {s}->{d} differs"
-        # Blocks nobody pulled into stay untouched.
-        moved = {d for g in dst_groups for d in g}
+        # Blocks nobody pulled into (a local prefix hit among them) stay untouched.
+        moved = {d for g in blocks.get_unhashed_block_ids_all_groups() for d in g}
         for kv, _ in dec_kv:
             for t in kv.values():
                 bdim = 1 if kind == "nhd" else 0
@@ -185,12 +210,14 @@ def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
-    # Which local blocks cannot land: past the prefill's blocks (after the local prefix hit),
-    # never one facing the prefill's null block.
-    assert missing_blocks([[3, 4]], [[7, 8, 9]], 0) == [9]
-    assert missing_blocks([[0, 4]], [[7, 8]], 0) == []
-    assert missing_blocks([[1, 2, 3]], [[7, 8]], 2) == [8]
-    assert missing_blocks([[1, 2], [0, 5]], [[7, 8], [9, 10, 11]], 0) == [11]
+    # Each decode block pairs with the prefill's block at its position; which cannot land:
+    # past the prefill's blocks, or facing its null block.
+    assert group_pairs([[3, 4, 5]], [[8, 9]], [[1, 2]]) == [([4, 5], [8, 9])]
+    assert group_pairs([[0, 0, 5, 6]], [[8, 9]], [[2, 3]]) == [([5, 6], [8, 9])]
+    assert missing_blocks([[3, 4]], [[7, 8, 9]], [[0, 1, 2]]) == [9]
+    assert missing_blocks([[0, 4]], [[7, 8]], [[0, 1]]) == [7]
+    assert missing_blocks([[1, 2, 3]], [[7, 8]], [[2, 3]]) == [8]
+    assert missing_blocks([[1, 2], [0, 0, 5]], [[7, 8], [11]], [[0, 1], [2]]) == []
     full = ([[3, 4, 5, 9]], [[7, 8, 1, 2]])
     case("same TP", "cpu", 1, 1, 2, *full)
     case("prefill TP > decode TP", "cpu", 2, 1, 2, *full)
@@ -198,10 +225,15 @@ def main() -> int:
     case("prefill TP 4 over 2 KV heads (replicas) -> decode TP 2", "cpu", 4, 2, 2, *full)
     case("K/V apart, tokens first (GPU backends' layout), P2 -> D1", "nhd", 2, 1, 4, *full)
     case("K/V apart, tokens first, P1 -> D2", "nhd", 1, 2, 4, *full)
-    hybrid = ([[3, 4, 5, 9], [0, 0, 11, 12]], [[7, 8, 1, 2], [0, 0, 13, 14]])
+    # A long prompt: the sliding-window group holds blocks at its last positions only, on
+    # both sides (vLLM's list of the decode's new blocks leaves out its null blocks).
+    hybrid = ([[3, 4, 5, 9, 10, 15], [0, 0, 0, 11, 12, 16]],
+              [[7, 8, 1, 2, 17, 18], [0, 0, 0, 13, 14, 19]])
     case("hybrid: full + sliding window sharing tensors, null blocks", "hybrid", 1, 1, 2,
          *hybrid)
     case("hybrid, P2 -> D1", "hybrid", 2, 1, 2, *hybrid)
+    case("hybrid, a local prefix hit of 2 blocks", "hybrid", 1, 1, 2, *hybrid, hits=2)
+    case("same TP, a local prefix hit of 1 block", "cpu", 1, 1, 2, *full, hits=1)
     case("MLA, same TP", "mla", 1, 1, 1, *full)
     case("MLA, P2 -> D1 (read once, unsplit)", "mla", 2, 1, 1, *full)
     case("MLA, P1 -> D2", "mla", 1, 2, 1, *full)
@@ -209,6 +241,8 @@ def main() -> int:
          expect_refusal="block_size")
     case("TP pair that does not map (3 heads over TP 2): refused", "cpu", 1, 2, 3,
          [[3, 4]], [[7, 8]], expect_refusal="tp")
+    case("hybrid, block sizes differ: refused, per request", "hybrid", 1, 1, 2, *hybrid,
+         d_block_size=2 * BS, expect_refusal="block_size")
     print("all worker-half cases hold")
     return 0
 

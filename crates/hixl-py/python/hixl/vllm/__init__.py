@@ -63,8 +63,10 @@ the same indexed copy in torch.
 
 Tensor parallelism: prefill and decode may differ; each decode rank pulls exactly its KV heads
 from the prefill ranks holding them (``pull_leased_blocks_resharded``, under each rank's
-lease). MLA caches are read once. Several KV cache groups are pulled group by group; vLLM gives
-this connector one group (it does not declare ``SupportsHMA``, see docs/vllm.md). Before it
+lease). MLA caches are read once. The connector declares vLLM's ``SupportsHMA``: a hybrid
+model's KV cache groups (full attention, sliding window) are pulled group by group, each decode
+block from the prefill's block at the same position of the request, and a failed pull is
+reported per request (``failed_recving``), as vLLM requires with several groups. Before it
 links or pulls, a decode compares the prefill's compatibility record with its own (model, KV
 dtype, block size, layout, KV heads, head size, groups, wire version) and refuses a mismatch
 naming both values. Not supported: different block sizes (refused), pipeline parallelism

@@ -68,22 +68,41 @@ def mismatch(decode: Dict[str, Any], prefill: Dict[str, Any], decode_tp: int,
 
 
 def group_pairs(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]],
-                skip: int) -> List[Tuple[List[int], List[int]]]:
-    """Per KV cache group, the (prefill block, decode block) pairs to move: the prefill's
-    blocks from ``skip`` on (the decode already holds the first ``skip`` from its own prefix
-    cache) against the decode's, position by position. Block 0 is vLLM's null block (a sliding
-    window's dropped positions): a pair with it on either side moves nothing."""
+                pos: Sequence[Sequence[int]]) -> List[Tuple[List[int], List[int]]]:
+    """Per KV cache group, the (prefill block, decode block) pairs to move. ``src[g]`` is the
+    prefill's block list of group ``g``, one block per position of the request (block 0,
+    vLLM's null block, at a sliding window's dropped positions); ``dst[g]`` the decode's blocks
+    to fill and ``pos[g]`` their positions (vLLM's list of them leaves out the decode's local
+    prefix hit and its null blocks, so a list index is not a position). A decode block with no
+    prefill block at its position moves nothing (:func:`missing_blocks` names it)."""
     out = []
-    for s, d in zip(src, dst):
-        pairs = [(int(a), int(b)) for a, b in zip(list(s)[skip:], d) if a != 0 and b != 0]
+    for s, d, p in zip(src, dst, pos):
+        pairs = [(int(s[i]), int(b)) for i, b in zip(p, d)
+                 if 0 <= int(i) < len(s) and int(s[i]) != 0 and int(b) != 0]
         out.append(([a for a, _ in pairs], [b for _, b in pairs]))
     return out
 
 
 def missing_blocks(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]],
-                   skip: int) -> List[int]:
-    """The decode's blocks with no prefill block at their position (the prefill holds fewer):
-    they cannot land. A decode block facing the prefill's null block needs nothing (that
-    position is outside a sliding window there), and is not among them."""
-    return [int(d) for s, dl in zip(src, dst) for d in list(dl)[max(0, len(s) - skip):]
-            if d != 0]
+                   pos: Sequence[Sequence[int]]) -> List[int]:
+    """The decode's blocks that cannot land: past the prefill's blocks (it holds fewer), or
+    facing its null block (the prefill dropped that position from its sliding window while
+    the decode keeps it). Never pulled from somewhere else: vLLM recomputes or fails them."""
+    return [int(b) for s, d, p in zip(src, dst, pos) for i, b in zip(p, d)
+            if int(b) != 0 and not (0 <= int(i) < len(s) and int(s[i]) != 0)]
+
+
+def new_blocks(groups: Sequence[Sequence[Any]]) -> Tuple[List[List[int]], List[List[int]]]:
+    """Per KV cache group, the decode's blocks a pull fills and their positions in the
+    request, from the request's blocks in position order (vLLM's ``KVCacheBlocks.blocks``):
+    neither a local prefix hit (a block with a hash) nor a null block (a sliding window's
+    dropped positions). The blocks are those of vLLM's
+    ``get_unhashed_block_ids_all_groups``."""
+    ids: List[List[int]] = []
+    pos: List[List[int]] = []
+    for group in groups:
+        keep = [(i, int(b.block_id)) for i, b in enumerate(group)
+                if b.block_hash is None and not getattr(b, "is_null", False)]
+        pos.append([i for i, _ in keep])
+        ids.append([b for _, b in keep])
+    return ids, pos

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ._common import (PARAMS_VERSION, HixlConnectorMetadata, HixlHandshakeMetadata, _trace,
                       _u64_of, logger)
+from ._geometry import new_blocks
 
 
 class _Scheduler:
@@ -59,9 +60,8 @@ class _Scheduler:
         if h is None:
             return
         if num_external_tokens > 0:
-            local = [list(g) for g in blocks.get_unhashed_block_ids_all_groups()]
-            skip = request.num_computed_tokens // max(1, int(h["block_size"]))
-            self.to_recv[request.request_id] = (local, {"hixl": h, "skip": skip})
+            local, pos = new_blocks(blocks.blocks)
+            self.to_recv[request.request_id] = (local, {"hixl": h, "pos": pos})
         else:
             # Everything is here already (a local prefix hit): free the prefill's blocks.
             self.to_drop[request.request_id] = {"hixl": h}

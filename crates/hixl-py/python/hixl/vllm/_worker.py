@@ -76,6 +76,7 @@ class _Worker:
         self.lease_req: Dict[int, str] = {}
         self.sending_done: Set[str] = set()
         self.load_errors: Set[int] = set()
+        self.failed_reqs: Set[str] = set()
         self.stats = HixlKVConnectorStats()
         self.closed = False
 
@@ -211,10 +212,12 @@ class _Worker:
             if len(remote) != len(local):
                 raise LLMException(f"refused: the prefill has {len(remote)} KV cache groups, "
                                    f"this decode {len(local)}", LLMStatusCode.LLM_PARAM_INVALID)
-            skip = int(p.get("skip", 0))
-            pairs = group_pairs(remote, local, skip)
+            pos = p["pos"]
+            if len(pos) != len(local) or any(len(a) != len(b) for a, b in zip(pos, local)):
+                raise ValueError(f"{len(pos)} position lists for {len(local)} block lists")
+            pairs = group_pairs(remote, local, pos)
             landing = {b for _, dst in pairs for b in dst}
-            missing = set(missing_blocks(remote, local, skip))
+            missing = set(missing_blocks(remote, local, pos))
             grants = [h["grants"][r] for r in sources]
             ranks = [h["ranks"][r] for r in sources]
             for rank in ranks:
@@ -381,7 +384,12 @@ class _Worker:
                 if failed:
                     logger.warning("hixl: KV load failure for request %s: blocks %s did not "
                                    "land (%s)", req_id, sorted(failed), why)
-                    self.load_errors |= failed
+                    if self.layout is not None and len(self.layout.groups) > 1:
+                        # Block ids are per group: vLLM takes such failures per request
+                        # (and recomputes or fails the request as its policy says).
+                        self.failed_reqs.add(req_id)
+                    else:
+                        self.load_errors |= failed
                 recving.add(req_id)
                 _trace("reported", req_id)
         return (sending or None), (recving or None)
@@ -413,6 +421,11 @@ class _Worker:
     def take_load_errors(self) -> Set[int]:
         e, self.load_errors = self.load_errors, set()
         return e
+
+    def take_failed_reqs(self) -> Set[str]:
+        """Requests whose pull failed, with several KV cache groups (reported per request)."""
+        f, self.failed_reqs = self.failed_reqs, set()
+        return f
 
     def shutdown(self) -> None:
         if self.closed:
