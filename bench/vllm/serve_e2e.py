@@ -5,16 +5,21 @@ and `python -m hixl.vllm.proxy` in front; every answer through the proxy is comp
 token (temperature 0) with a single server's answer to the same request.
 
     serve_e2e.py --model DIR [--num-prompts 8] [--max-tokens 16] [--extra '{"transport": "tcp"}']
-                 [--prefill-tp 1] [--out DIR]
+                 [--prefill-tp 1] [--decode-tp 1] [--connector hixl|nixl] [--pin workers|all]
+                 [--expect-groups N] [--out DIR]
 
 Checks: every answer through the proxy equals the single server's (asked after the P/D run,
-on its own); the decode's own
-Prometheus counters say its prompt tokens came from the KV transfer (at most one token per
-request computed locally) and hixl's connector moved bytes; no lease expiry or load failure in
-a log; every worker still runs where it was bound. The servers' workers run one core each, as
-bench/vllm/pd_e2e.py pins them (prefill on core 0, decode and the single server on core 1; a
-side of TP 2 has one rank per core); the API servers and EngineCores are not pinned. Exit status
-0 when every check holds. Needs the vLLM venv (bench/vllm/setup.sh) with hixl installed."""
+on its own); the decode's own Prometheus counters say its prompt tokens came from the KV
+transfer (at most one token per request computed locally) and hixl's connector moved bytes;
+no lease expiry or load failure in a log; every worker still runs where it was bound; with
+--expect-groups, the decode ran that many KV cache groups. The servers' workers run one core
+each, as bench/vllm/pd_e2e.py pins them (prefill on core 0, decode and the single server on
+core 1; a side of TP 2 has one rank per core); with --pin all the API servers, EngineCores, the
+proxy and this client are pinned too (else they float). Measured: TTFT, time per output token
+and request time as the client sees them through the proxy (medians of the warm requests),
+the decode server's own means of the same (its vLLM histograms), and the CPU time of every
+thread of each side while the requests ran. Exit status 0 when every check holds. Needs the
+vLLM venv (bench/vllm/setup.sh) with hixl installed."""
 import argparse
 import hashlib
 import http.client
@@ -68,14 +73,17 @@ class Servers:
     def __init__(self, out):
         self.out, self.procs = out, []
 
-    def start(self, name, cmd, env_extra, port, timeout=300):
+    def start(self, name, cmd, env_extra, port, timeout=300, cpus=None):
+        """`cpus`: the CPUs the server's processes start on (its workers then bind where
+        VLLM_CPU_OMP_THREADS_BIND says)."""
         env = dict(os.environ, **env_extra)
         log = os.path.join(self.out, f"{name}.log")
         # A process group of its own (to stop it whole), in this session: with the kernel's
         # autogroup scheduling a session per server made the servers sharing a core starve
         # each other's hixl threads for seconds (lease notifies timed out).
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
         proc = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env,
-                                process_group=0)
+                                process_group=0, preexec_fn=pin)
         self.procs.append((name, proc, log))
         return proc, log, port
 
@@ -145,9 +153,8 @@ def stream(port, model, prompt, max_tokens):
     return toks, times[0] - t0, tpot, total
 
 
-def worker_cpus(pid):
-    """The CPUs each vLLM worker process under `pid` may run on (its main thread's affinity),
-    sorted: what a connector's worker ended on, whatever the binding asked for."""
+def descendants(pid):
+    """(pid, comm) of every process under `pid`."""
     kids = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -159,16 +166,48 @@ def worker_cpus(pid):
             continue
         comm = st[st.index("(") + 1:st.rindex(")")]
         kids.setdefault(int(st[st.rindex(")") + 2:].split()[1]), []).append((int(d), comm))
-    cpus, todo = [], [pid]
+    out, todo = [], [pid]
     while todo:
         for child, comm in kids.get(todo.pop(), []):
             todo.append(child)
-            if comm.startswith("VLLM::Worker"):
-                try:
-                    cpus.append(sorted(os.sched_getaffinity(child)))
-                except OSError:
-                    pass
+            out.append((child, comm))
+    return out
+
+
+def worker_cpus(pid):
+    """The CPUs each vLLM worker process under `pid` may run on (its main thread's affinity),
+    sorted: what a connector's worker ended on, whatever the binding asked for."""
+    cpus = []
+    for child, comm in descendants(pid):
+        if comm.startswith("VLLM::Worker"):
+            try:
+                cpus.append(sorted(os.sched_getaffinity(child)))
+            except OSError:
+                pass
     return sorted(cpus)
+
+
+def thread_cpu(pid):
+    """CPU seconds so far of each thread under `pid` (itself included), summed by
+    "process/thread" name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for proc, comm in [(pid, "root")] + descendants(pid):
+        try:
+            tids = os.listdir(f"/proc/{proc}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{proc}/task/{tid}/stat") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            name = st[st.index("(") + 1:st.rindex(")")]
+            f = st[st.rindex(")") + 2:].split()
+            key = f"{comm}/{re.sub(r'[0-9]+$', '#', name)}"
+            out[key] = out.get(key, 0.0) + (int(f[11]) + int(f[12])) / tick
+    return out
 
 
 def metric(text, name, **labels):
@@ -198,6 +237,10 @@ def main():
     ap.add_argument("--expect-groups", type=int, default=None, metavar="N",
                     help="fail unless the decode's vLLM ran N KV cache groups (a hybrid "
                          "model with vLLM's hybrid allocator on)")
+    ap.add_argument("--pin", choices=["workers", "all"], default="workers",
+                    help="workers: only vLLM's workers are bound (one core per rank); all: "
+                         "also each server's API server and EngineCore (the prefill's on core "
+                         "0, the decode's on core 1), the proxy and this client (core 0)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--reference-cache", default=None, metavar="DIR",
                     help="keep the single server's answers here and reuse them when the "
@@ -231,20 +274,32 @@ def main():
         # takes both).
         bind = {"prefill": {1: "0", 2: "0|1"}[args.prefill_tp],
                 "decode": {1: "1", 2: "1|0"}[args.decode_tp]}
+        cpus = ({"prefill": {0}, "decode": {1}, "proxy": {0}} if args.pin == "all"
+                else {"prefill": None, "decode": None, "proxy": None})
+        if args.pin == "all":
+            os.sched_setaffinity(0, {0})
         pre = srv.start("prefill", vllm_cmd(args, pp, dict(kv, kv_role="kv_producer"),
                                             tp=args.prefill_tp),
-                        dict(p_env, VLLM_CPU_OMP_THREADS_BIND=bind["prefill"]), pp)
+                        dict(p_env, VLLM_CPU_OMP_THREADS_BIND=bind["prefill"]), pp,
+                        cpus=cpus["prefill"])
         dec = srv.start("decode", vllm_cmd(args, dp, dict(kv, kv_role="kv_consumer"),
                                            tp=args.decode_tp),
-                        dict(d_env, VLLM_CPU_OMP_THREADS_BIND=bind["decode"]), dp)
+                        dict(d_env, VLLM_CPU_OMP_THREADS_BIND=bind["decode"]), dp,
+                        cpus=cpus["decode"])
         prox = srv.start("proxy", [sys.executable, "-m", "hixl.vllm.proxy", "--port", str(xp),
                                    "--prefill", f"http://127.0.0.1:{pp}",
-                                   "--decode", f"http://127.0.0.1:{dp}"], {}, xp)
+                                   "--decode", f"http://127.0.0.1:{dp}"], {}, xp,
+                         cpus=cpus["proxy"])
         for name, (proc, log, port) in (("prefill", pre), ("decode", dec), ("proxy", prox)):
             wait_healthy(name, proc, port, log, 300)
+        roots = {"prefill": pre[0].pid, "decode": dec[0].pid}
+        cpu0 = {side: thread_cpu(pid) for side, pid in roots.items()}
         t0 = time.perf_counter()
         got, lat, ttft, tpot = [], [], [], []
-        for pr in prompts:
+        dm0 = None
+        for i, pr in enumerate(prompts):
+            if i == 1:  # the decode's own histograms from here on: the warm requests only
+                dm0 = get_json(f"http://127.0.0.1:{dp}/metrics")
             try:
                 toks, first, per, total = stream(xp, args.model, pr, args.max_tokens)
                 got.append(toks)
@@ -256,7 +311,27 @@ def main():
             except urllib.error.HTTPError as e:  # counted as unequal; the logs say why
                 got.append(f"HTTP {e.code}: {e.msg}")
         wall = time.perf_counter() - t0
+        # Where the CPU went while the requests ran: the threads of each side that used
+        # 1 % of the wall time or more.
+        cpu_ms = {}
+        for side, pid in roots.items():
+            now = thread_cpu(pid)
+            d = {k: round((v - cpu0[side].get(k, 0.0)) * 1e3) for k, v in now.items()}
+            cpu_ms[side] = dict(sorted(((k, v) for k, v in d.items() if v >= wall * 10),
+                                       key=lambda kv: -kv[1]))
         m = get_json(f"http://127.0.0.1:{dp}/metrics")
+
+        def d_mean_ms(name):
+            """The decode server's own mean of histogram `name` over the warm requests."""
+            if dm0 is None:
+                return None
+            n = metric(m, name + "_count") - metric(dm0, name + "_count")
+            t = metric(m, name + "_sum") - metric(dm0, name + "_sum")
+            return round(t / n * 1e3, 2) if n > 0 else None
+
+        decode_side = {"d_ttft_ms": d_mean_ms("vllm:time_to_first_token_seconds"),
+                       "d_total_ms": d_mean_ms("vllm:e2e_request_latency_seconds"),
+                       "d_tpot_ms": d_mean_ms("vllm:inter_token_latency_seconds")}
         moved = metric(m, "vllm:hixl_bytes_transferred_sum")
         sources = {s: metric(m, "vllm:prompt_tokens_by_source_total", source=s)
                    for s in sorted(set(re.findall(r'source="([a-z_]+)"', m)))}
@@ -299,15 +374,17 @@ def main():
             return round(statistics.median(xs) * 1e3, 2) if xs else None
 
         # The first request links the connector (cold); the medians are of the others.
-        res = {"connector": args.connector, "prefill_tp": args.prefill_tp,
+        res = {"connector": args.connector, "pin": args.pin, "prefill_tp": args.prefill_tp,
                "decode_tp": args.decode_tp, "prompts": len(prompts), "equal": equal,
                "wall_s": round(wall, 2), "cold_ttft_ms": ms(ttft[:1]),
                "ttft_ms": ms(ttft[1:]), "tpot_ms": ms(tpot[1:]), "total_ms": ms(lat[1:]),
                "tpot_each_ms": [round(x * 1e3, 2) for x in tpot],
+               # the decode server's own means (its vLLM histograms), warm requests
+               **decode_side,
                "unequal": [{"request": i, "got": g, "single": r}
                            for i, (g, r) in enumerate(zip(got, ref)) if g != r],
                "hixl_bytes": moved, "decode_prompt_tokens_by_source": sources,
-               "worker_cpus": placed, "bad_log_lines": bad, "checks": checks, "extra": extra}
+               "worker_cpus": placed, "cpu_ms": cpu_ms, "bad_log_lines": bad, "checks": checks, "extra": extra}
         print(json.dumps(res, indent=1))
         with open(os.path.join(out, "results.json"), "w") as f:
             json.dump(res, f, indent=1)
