@@ -153,19 +153,23 @@ def stream(port, model, prompt, max_tokens):
     return toks, times[0] - t0, tpot, total
 
 
+def read_stat(path):
+    """(comm, the fields after it) of a /proc stat file, or None when it is gone."""
+    try:
+        with open(path) as f:
+            st = f.read()
+    except OSError:
+        return None
+    return st[st.index("(") + 1:st.rindex(")")], st[st.rindex(")") + 2:].split()
+
+
 def descendants(pid):
     """(pid, comm) of every process under `pid`."""
     kids = {}
     for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                st = f.read()
-        except OSError:
-            continue
-        comm = st[st.index("(") + 1:st.rindex(")")]
-        kids.setdefault(int(st[st.rindex(")") + 2:].split()[1]), []).append((int(d), comm))
+        st = read_stat(f"/proc/{d}/stat") if d.isdigit() else None
+        if st is not None:
+            kids.setdefault(int(st[1][1]), []).append((int(d), st[0]))
     out, todo = [], [pid]
     while todo:
         for child, comm in kids.get(todo.pop(), []):
@@ -198,13 +202,10 @@ def thread_cpu(pid):
         except OSError:
             continue
         for tid in tids:
-            try:
-                with open(f"/proc/{proc}/task/{tid}/stat") as f:
-                    st = f.read()
-            except OSError:
+            st = read_stat(f"/proc/{proc}/task/{tid}/stat")
+            if st is None:
                 continue
-            name = st[st.index("(") + 1:st.rindex(")")]
-            f = st[st.rindex(")") + 2:].split()
+            name, f = st
             key = f"{comm}/{re.sub(r'[0-9]+$', '#', name)}"
             out[key] = out.get(key, 0.0) + (int(f[11]) + int(f[12])) / tick
     return out
