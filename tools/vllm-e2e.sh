@@ -77,6 +77,9 @@ if [ "${HIXL_VLLM_FAULTS:-1}" = 1 ]; then
   echo "== fault: the prefill is killed once it handed out the transfer parameters (recompute)"
   RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --fault kill-prefill \
     --reference-cache "$refs" "${dtype[@]}" --kv-load-failure-policy recompute --batch 0 || rc=1
+  echo "== fault: the same with the hybrid model (two KV cache groups): the failure is reported per request and vLLM recomputes the whole prompt"
+  VLLM_TINY_MODEL="$hybrid" RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector \
+    --fault kill-prefill --dtype float32 --kv-load-failure-policy recompute --batch 0 || rc=1
   echo "== fault: the decode never pulls; the prefill's lease expires and vLLM frees the blocks"
   RUNS=1 bench/vllm/run.sh --connector hixl.vllm:HixlConnector --fault no-pull \
     --kv-extra '{"lease_ms": 2000}' "${dtype[@]}" --batch 0 --skip-baseline || rc=1

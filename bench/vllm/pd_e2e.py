@@ -556,6 +556,14 @@ def kv_bytes_of(stats_list):
     return tot if seen else None
 
 
+def layer_blocks(groups):
+    """The blocks a request's KV takes, in blocks of every layer: per KV cache group its
+    blocks but vLLM's null block 0 (a sliding window's dropped positions), each holding that
+    group's share of the layers (vLLM's hybrid allocator gives its groups equal layer counts)."""
+    groups = [g for g in (groups or []) if isinstance(g, (list, tuple))] or [groups or []]
+    return sum(1 for g in groups for b in g if b != 0) / len(groups)
+
+
 def run_batch(args, pre, dec, prompts, ref, bytes_per_block, log):
     """All prompts to P at once, then all their params to D at once."""
     p0 = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
@@ -578,7 +586,7 @@ def run_batch(args, pre, dec, prompts, ref, bytes_per_block, log):
                    "kv": d_params}, args.req_timeout)
     t_c = time.perf_counter()
     kvb = kv_bytes_of(dr.get("kv_stats") or [])
-    nblk = sum(sum(len(g) for g in (prm.get("remote_block_ids") or [])) for prm in params)
+    nblk = sum(layer_blocks(prm.get("remote_block_ids")) for prm in params)
     eq = [ref is not None and d["tokens"] == r["tokens"] for d, r in
           zip(dr["results"], (ref or {}).get("results", [{}] * len(prompts)))]
     pt = dr["prompt_tokens"]
@@ -818,7 +826,7 @@ def orchestrate(args):
                            "kv": d_params}, args.req_timeout)
             t_d = time.perf_counter()
             kvb = kv_bytes_of(dr.get("kv_stats") or [])
-            nblk = sum(len(g) for g in (params.get("remote_block_ids") or []))
+            nblk = layer_blocks(params.get("remote_block_ids"))
             rr = ref.get((kind, i))
             rec = {
                 "kind": kind, "idx": i, "prompt_len": len(p),
