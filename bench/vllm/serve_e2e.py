@@ -275,22 +275,21 @@ def main():
         # takes both).
         bind = {"prefill": {1: "0", 2: "0|1"}[args.prefill_tp],
                 "decode": {1: "1", 2: "1|0"}[args.decode_tp]}
-        cpus = ({"prefill": {0}, "decode": {1}, "proxy": {0}} if args.pin == "all"
-                else {"prefill": None, "decode": None, "proxy": None})
+        cpus = {"prefill": {0}, "decode": {1}, "proxy": {0}} if args.pin == "all" else {}
         if args.pin == "all":
             os.sched_setaffinity(0, {0})
         pre = srv.start("prefill", vllm_cmd(args, pp, dict(kv, kv_role="kv_producer"),
                                             tp=args.prefill_tp),
                         dict(p_env, VLLM_CPU_OMP_THREADS_BIND=bind["prefill"]), pp,
-                        cpus=cpus["prefill"])
+                        cpus=cpus.get("prefill"))
         dec = srv.start("decode", vllm_cmd(args, dp, dict(kv, kv_role="kv_consumer"),
                                            tp=args.decode_tp),
                         dict(d_env, VLLM_CPU_OMP_THREADS_BIND=bind["decode"]), dp,
-                        cpus=cpus["decode"])
+                        cpus=cpus.get("decode"))
         prox = srv.start("proxy", [sys.executable, "-m", "hixl.vllm.proxy", "--port", str(xp),
                                    "--prefill", f"http://127.0.0.1:{pp}",
                                    "--decode", f"http://127.0.0.1:{dp}"], {}, xp,
-                         cpus=cpus["proxy"])
+                         cpus=cpus.get("proxy"))
         for name, (proc, log, port) in (("prefill", pre), ("decode", dec), ("proxy", prox)):
             wait_healthy(name, proc, port, log, 300)
         roots = {"prefill": pre[0].pid, "decode": dec[0].pid}

@@ -77,10 +77,15 @@ def group_pairs(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]],
     prefill block at its position moves nothing (:func:`missing_blocks` names it)."""
     out = []
     for s, d, p in zip(src, dst, pos):
-        pairs = [(int(s[i]), int(b)) for i, b in zip(p, d)
-                 if 0 <= int(i) < len(s) and int(s[i]) != 0 and int(b) != 0]
+        pairs = [(a, int(b)) for i, b in zip(p, d) if int(b) != 0 and (a := _at(s, i)) != 0]
         out.append(([a for a, _ in pairs], [b for _, b in pairs]))
     return out
+
+
+def _at(blocks: Sequence[int], position: int) -> int:
+    """The prefill's block at ``position``, or 0 (the null block) when it holds none there."""
+    i = int(position)
+    return int(blocks[i]) if 0 <= i < len(blocks) else 0
 
 
 def missing_blocks(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]],
@@ -89,7 +94,7 @@ def missing_blocks(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]],
     facing its null block (the prefill dropped that position from its sliding window while
     the decode keeps it). Never pulled from somewhere else: vLLM recomputes or fails them."""
     return [int(b) for s, d, p in zip(src, dst, pos) for i, b in zip(p, d)
-            if int(b) != 0 and not (0 <= int(i) < len(s) and int(s[i]) != 0)]
+            if int(b) != 0 and _at(s, i) == 0]
 
 
 def new_blocks(groups: Sequence[Sequence[Any]]) -> Tuple[List[List[int]], List[List[int]]]:
