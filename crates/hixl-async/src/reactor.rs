@@ -108,11 +108,11 @@ impl Reactor {
             let mut ops = crate::sync::lock(&self.ops);
             for (token, result) in batch.drain(..) {
                 match ops.complete(token, result, reaped) {
-                    Completed::Finished(Some(w)) => wake.push(w),
+                    Completed::Finished(Some(w)) | Completed::Reaped(Some(w)) => wake.push(w),
                     Completed::Stale => {
                         tracing::debug!(token = token.0, "stale completion ignored")
                     }
-                    Completed::Finished(None) | Completed::Pending | Completed::Reaped => {}
+                    Completed::Finished(None) | Completed::Pending | Completed::Reaped(None) => {}
                 }
             }
             if self.stopping.load(std::sync::atomic::Ordering::Acquire) && ops.outstanding() == 0 {

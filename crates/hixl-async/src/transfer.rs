@@ -34,12 +34,18 @@ pub struct Transfer {
     spun: Option<std::time::Instant>,
     /// Its telemetry, counted when it ends (see [`crate::telemetry`]).
     tele: Option<Box<Started>>,
+    /// Past the deadline, resolve only once no part of the op is in flight
+    /// ([`Transfer::quiesce_on_timeout`]).
+    quiesce: bool,
 }
 
 enum State {
     /// AutoConnect: the link is being set up by a task, which then posts the transfer.
     Connecting(tokio::task::JoinHandle<Result<Transfer>>),
     Posted(Token),
+    /// Timed out and abandoned, waiting until none of its parts is in flight any more; then
+    /// it resolves with the timeout after this long.
+    Quiescing(Token, Duration),
     Failed(Option<Error>),
     Done(TransferStatus),
 }
@@ -63,6 +69,7 @@ impl Transfer {
             peer: None,
             spun: None,
             tele: None,
+            quiesce: false,
         }
     }
 
@@ -84,6 +91,7 @@ impl Transfer {
             peer: Some(peer),
             spun: None,
             tele: None,
+            quiesce: false,
         }
     }
 
@@ -101,6 +109,7 @@ impl Transfer {
             peer: Some(peer),
             spun: None,
             tele: None,
+            quiesce: false,
         }
     }
 
@@ -119,8 +128,29 @@ impl Transfer {
 
     /// Bounds the wait: past `after` the future resolves with [`Error::Timeout`] (HIXL
     /// `TIMEOUT`) and the op is abandoned as on drop.
+    ///
+    /// One deadline: a transfer whose deadline has passed when it is polled is a timeout even
+    /// if its last part arrived meanwhile.
     pub fn timeout(mut self, after: Duration) -> Transfer {
         self.deadline = Some((Box::pin(tokio::time::sleep(after)), after));
+        self
+    }
+
+    /// As [`Transfer::timeout`], with the deadline an instant (a caller's window that opened
+    /// before the transfer was created, so that its parts' deadline is not later than it).
+    pub fn deadline(mut self, at: tokio::time::Instant) -> Transfer {
+        let after = at.saturating_duration_since(tokio::time::Instant::now());
+        self.deadline = Some((Box::pin(tokio::time::sleep_until(at)), after));
+        self
+    }
+
+    /// Past its deadline the transfer still abandons the op (parts not started are not
+    /// started), but resolves with the timeout only once every part already in flight is done:
+    /// after it returns, nothing of it moves any more. A caller that hands the memory on after
+    /// a failed transfer (a leased pull releasing its lease, so that the owner reuses the
+    /// source blocks) needs this; a part only ends with its completion or its link's failure.
+    pub fn quiesce_on_timeout(mut self) -> Transfer {
+        self.quiesce = true;
         self
     }
 
@@ -155,6 +185,7 @@ impl Transfer {
         match &self.state {
             State::Posted(t) => lock(&self.ops).status(*t).unwrap_or(TransferStatus::Failed),
             State::Connecting(_) => TransferStatus::Waiting,
+            State::Quiescing(..) => TransferStatus::TimedOut,
             State::Failed(_) => TransferStatus::Failed,
             State::Done(s) => *s,
         }
@@ -173,6 +204,7 @@ impl Future for Transfer {
                     this.state =
                         std::mem::replace(&mut posted.state, State::Done(TransferStatus::Failed));
                     this.tele = posted.tele.take();
+                    this.quiesce |= posted.quiesce;
                 }
                 Poll::Ready(Ok(Err(e))) => this.state = State::Failed(Some(e)),
                 Poll::Ready(Err(e)) => {
@@ -202,6 +234,10 @@ impl Future for Transfer {
         let token = match &mut this.state {
             State::Connecting(_) => return Poll::Pending,
             State::Posted(t) => *t,
+            State::Quiescing(t, after) => {
+                let (t, after) = (*t, *after);
+                return poll_quiesced(this, t, after, cx);
+            }
             State::Failed(e) => {
                 let e = e.take().unwrap_or(Error::UnknownRequest { req: 0 });
                 this.state = State::Done(TransferStatus::Failed);
@@ -214,6 +250,18 @@ impl Future for Transfer {
                 }))
             }
         };
+        // The deadline first: a result that arrived after it is a timeout too.
+        if let Some((sleep, after)) = &mut this.deadline {
+            if sleep.as_mut().poll(cx).is_ready() {
+                let after = *after;
+                abandon(&this.ops, this.link.as_deref(), token);
+                if this.quiesce {
+                    this.state = State::Quiescing(token, after);
+                    return poll_quiesced(this, token, after, cx);
+                }
+                return timed_out(this, after);
+            }
+        }
         let mut r = lock(&this.ops).poll_result(token, cx.waker().clone());
         if r.is_none() {
             if let Some(link) = this.link.as_deref() {
@@ -238,21 +286,41 @@ impl Future for Transfer {
             });
             return Poll::Ready(r);
         }
-        if let Some((sleep, after)) = &mut this.deadline {
-            if sleep.as_mut().poll(cx).is_ready() {
-                let after = *after;
-                abandon(&this.ops, this.link.as_deref(), token);
-                this.state = State::Done(TransferStatus::TimedOut);
-                this.ended(Outcome::TimedOut);
-                return Poll::Ready(Err(Error::Timeout {
-                    what: "transfer",
-                    peer: this.peer_name().to_string(),
-                    after,
-                }));
-            }
-        }
         Poll::Pending
     }
+}
+
+/// A transfer past its deadline, abandoned already: the timeout.
+fn timed_out(this: &mut Transfer, after: Duration) -> Poll<Result<()>> {
+    this.state = State::Done(TransferStatus::TimedOut);
+    this.ended(Outcome::TimedOut);
+    Poll::Ready(Err(Error::Timeout {
+        what: "transfer",
+        peer: this.peer_name().to_string(),
+        after,
+    }))
+}
+
+/// A timed-out transfer that quiesces: the timeout once the op's last part in flight is done
+/// (its slot reaped), pending until then (woken by that part's completion).
+fn poll_quiesced(
+    this: &mut Transfer,
+    token: Token,
+    after: Duration,
+    cx: &mut Context<'_>,
+) -> Poll<Result<()>> {
+    if lock(&this.ops).watch_parked(token, cx.waker().clone()) {
+        if let Some(link) = this.link.as_deref() {
+            // Drive the link here too (answers arrive on this thread when it spins).
+            link.progress();
+            if lock(&this.ops).watch_parked(token, cx.waker().clone()) {
+                return Poll::Pending;
+            }
+        } else {
+            return Poll::Pending;
+        }
+    }
+    timed_out(this, after)
 }
 
 impl Drop for Transfer {

@@ -30,6 +30,10 @@ pub(crate) enum How {
     SleepThenDrop,
     /// `.timeout(d)` with d of 1 µs–5 ms.
     Deadline,
+    /// `.timeout(d).quiesce_on_timeout()` with d of 1 µs–5 ms: a timeout resolves only once
+    /// nothing of the op moves, so its destination is settled (each byte old or new) and
+    /// reused at once; a byte landing later breaks the round's model.
+    Quiesce,
     /// Polled, left alone for a while, then awaited to completion.
     PauseThenAwait,
     /// One descriptor out of the peer's bounds: refused as a whole, nothing moves.
@@ -45,7 +49,8 @@ impl How {
             52..=56 => How::NowOrNever,
             57..=69 => How::TokioTimeout,
             70..=75 => How::SleepThenDrop,
-            76..=88 => How::Deadline,
+            76..=82 => How::Deadline,
+            83..=88 => How::Quiesce,
             89..=95 => How::PauseThenAwait,
             _ => How::Invalid,
         }
@@ -58,6 +63,8 @@ pub(crate) enum Fate {
     Completed,
     /// Dropped or timed out before it was seen to complete.
     Abandoned,
+    /// Timed out and quiesced: nothing of it moves any more.
+    Settled,
     Refused,
     NoSpace,
 }
@@ -375,6 +382,22 @@ pub(crate) async fn one_op(
                     Err(e) => panic!("op {id} (seed {:#x}) with a deadline: {e:?}", cx.seed),
                 }
             }
+            How::Quiesce => {
+                let d = Duration::from_micros(rng.range(1, 5000));
+                let mut t = t.timeout(d).quiesce_on_timeout();
+                let r = tokio::time::timeout(HANG, &mut t)
+                    .await
+                    .unwrap_or_else(|_| panic!("op {id} quiescing after {d:?} hung"));
+                match r {
+                    Ok(()) => Fate::Completed,
+                    Err(Error::Timeout { after, .. }) => {
+                        assert_eq!(after, d, "op {id}");
+                        assert_eq!(t.status(), TransferStatus::TimedOut, "op {id}");
+                        Fate::Settled
+                    }
+                    Err(e) => panic!("op {id} (seed {:#x}) quiescing: {e:?}", cx.seed),
+                }
+            }
             How::PauseThenAwait => {
                 let mut done = None;
                 for _ in 0..rng.below(4) {
@@ -436,6 +459,29 @@ pub(crate) async fn one_op(
                 if fate == Fate::Completed {
                     m.side(!src_t).model[dof..dof + p.len].copy_from_slice(want);
                 }
+                release(&mut m, p);
+            }
+        }
+        Fate::Settled => {
+            // Each byte holds what it held or the op's; it is taken as the model's and the
+            // run reused at once, so a byte of this op landing later is caught.
+            for (p, &seed) in pieces.iter().zip(&seeds) {
+                let (src_t, _, dof) = ends(p);
+                let Scratch { data, got } = &mut *scratch;
+                got.resize(p.len, 0);
+                cx.region(!src_t)
+                    .read_at(dof as u64, got)
+                    .expect("read destination");
+                Scratch::draw_into(data, p.len, seed);
+                let mut m = cx.model();
+                let old = &mut m.side(!src_t).model[dof..dof + p.len];
+                if let Some(i) = (0..p.len).find(|&i| got[i] != old[i] && got[i] != data[i]) {
+                    panic!(
+                        "op {id} (seed {:#x}, {op:?}, quiesced): destination offset {dof}+{i} holds {:#04x}, neither the old {:#04x} nor the new {:#04x}",
+                        cx.seed, got[i], old[i], data[i]
+                    );
+                }
+                old.copy_from_slice(got);
                 release(&mut m, p);
             }
         }

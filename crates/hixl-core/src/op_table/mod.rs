@@ -80,8 +80,9 @@ pub enum Completed<W> {
     Pending,
     /// That was the last part; wake this waiter (outside any lock), if there was one.
     Finished(Option<W>),
-    /// That was the last part of an abandoned op; its slot is free again.
-    Reaped,
+    /// That was the last part of an abandoned op; its slot is free again. Wake this waiter
+    /// (outside any lock), if one watches the parked op ([`OpTable::watch_parked`]).
+    Reaped(Option<W>),
 }
 
 /// A misuse of the op table by the engine (a bug, reported rather than panicking).
@@ -278,8 +279,9 @@ impl<W, K> OpTable<W, K> {
         // The device is done with every part: nothing needs the op's memory any more.
         reaped.append(&mut s.keep);
         if op.phase == Phase::Abandoned {
+            let waiter = op.waiter.take();
             self.release(t);
-            return Completed::Reaped;
+            return Completed::Reaped(waiter);
         }
         op.phase = Phase::Done;
         Completed::Finished(op.waiter.take())
@@ -362,6 +364,21 @@ impl<W, K> OpTable<W, K> {
                 op.waiter = None;
                 false
             }
+        }
+    }
+
+    /// Watches an abandoned op until its device is done with it: while parts are outstanding
+    /// `waiter` is stored (woken when the last part reaps the op) and `true` comes back;
+    /// `false` once nothing of the op is in flight any more (its slot was reaped or reused).
+    /// An owner that must not go on while its memory may still be written (a leased pull
+    /// before it releases its lease) waits for `false`.
+    pub fn watch_parked(&mut self, t: Token, waiter: W) -> bool {
+        match self.op_mut(t) {
+            Some(op) if op.phase == Phase::Abandoned => {
+                op.waiter = Some(waiter);
+                true
+            }
+            _ => false,
         }
     }
 }

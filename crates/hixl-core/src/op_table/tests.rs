@@ -76,9 +76,37 @@ fn abandoned_op_is_kept_until_the_device_is_done() {
     ));
     assert!(matches!(
         t.complete(tok, Ok(()), &mut vec![]),
-        Completed::Reaped
+        Completed::Reaped(None)
     ));
     assert_eq!(t.live(), 1);
+}
+
+#[test]
+fn a_watched_parked_op_wakes_its_watcher_when_reaped() {
+    let mut t: OpTable<u8> = OpTable::new();
+    let tok = t.insert();
+    t.post(tok, 2, [], &mut vec![]).unwrap();
+    // Not abandoned yet: nothing to watch.
+    assert!(!t.watch_parked(tok, 1));
+    assert!(!t.abandon(tok));
+    assert!(t.watch_parked(tok, 2));
+    assert!(matches!(
+        t.complete(tok, Ok(()), &mut vec![]),
+        Completed::Pending
+    ));
+    assert!(t.watch_parked(tok, 3), "one part is still in flight");
+    assert!(matches!(
+        t.complete(tok, Ok(()), &mut vec![]),
+        Completed::Reaped(Some(3))
+    ));
+    assert!(
+        !t.watch_parked(tok, 4),
+        "reaped: nothing of it is in flight"
+    );
+    // Its slot, reused, is another op: the old token sees nothing parked.
+    let next = t.insert();
+    assert_eq!(next.slot(), tok.slot());
+    assert!(!t.watch_parked(tok, 5));
 }
 
 #[test]
@@ -121,7 +149,7 @@ fn keep_alive_is_held_until_the_last_part_and_handed_back_once() {
     assert!(reaped.is_empty() && t.kept(tok) == 2);
     assert!(matches!(
         t.complete(tok, Ok(()), &mut reaped),
-        Completed::Reaped
+        Completed::Reaped(None)
     ));
     assert_eq!(reaped, [1, 2]);
     // A reused slot starts empty; a zero-part op and a misuse hand the keep back at once.
@@ -188,7 +216,7 @@ proptest! {
                     model[i].1 -= 1;
                     if rem > 1 { prop_assert!(matches!(r, Completed::Pending)); }
                     else if owner { prop_assert!(matches!(r, Completed::Finished(_))); }
-                    else { prop_assert!(matches!(r, Completed::Reaped)); model.remove(i); }
+                    else { prop_assert!(matches!(r, Completed::Reaped(None))); model.remove(i); }
                 }
                 Step::Poll(i) if !model.is_empty() => {
                     let i = i % model.len();

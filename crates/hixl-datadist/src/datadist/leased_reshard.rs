@@ -6,13 +6,13 @@
 
 use std::collections::HashSet;
 
+use super::bound::Bound;
 use super::leases::{check_grant_blocks, check_grant_cache};
 use super::{Cache, LlmDataDist};
 use crate::cache::{BlocksCacheKey, KvCacheExtParam};
 use crate::lease::LeaseGrant;
 use crate::status::{DataDistError, Result};
 use crate::tp::readers;
-use hixl_async::clock::now;
 
 impl LlmDataDist {
     /// [`LlmDataDist::pull_kv_blocks_resharded`] under leases: `grants[i]` is the lease of the
@@ -77,7 +77,7 @@ impl LlmDataDist {
                 Some((grants.get(i)?, counts.get(p as usize).copied()?))
             })
             .collect();
-        let start = now();
+        let start = tokio::time::Instant::now();
         let acquired = futures::future::join_all(
             read.iter()
                 .map(|&(g, n)| async move { (g, self.acquire_lease(g, n, window).await) }),
@@ -97,9 +97,9 @@ impl LlmDataDist {
             // Nothing moves when one lease is not held: the others are given back undone.
             Some(e) => Err(e),
             None => {
-                // Every owner's window opened after `start`.
-                let left = window.saturating_sub(now().saturating_duration_since(start));
-                plan.run(left).await
+                // Every owner's window opened after `start`; past it each layer waits for
+                // its parts in flight, so the releases go out when nothing reads the blocks.
+                plan.run(Bound::leased(start, window)).await
             }
         };
         let ok = res.is_ok();

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use hixl_core::{Error, Notify, Status};
 
+use super::bound::Bound;
 use super::{Cache, Inner, LlmDataDist};
 use crate::cache::{coalesce, BlocksCacheKey, KvCacheExtParam};
 use crate::lease::{EndedLease, Frame, LeaseGrant, LEASE_NOTIFY};
@@ -375,13 +376,22 @@ impl LlmDataDist {
             remote.desc.units()?,
             dst.desc.units()?,
         )?;
-        let start = now();
+        let start = tokio::time::Instant::now();
         let ticket = self.acquire_lease(grant, 1, window).await?;
         // The owner's window opened when it admitted the acquire, after `start`: ending the
-        // pull by `start + window` ends it inside the window.
-        let left = window.saturating_sub(now().saturating_duration_since(start));
+        // pull by `start + window` ends it inside the window, and a layer past it resolves
+        // only once none of its parts is in flight, so the release below goes out when
+        // nothing of this pull reads the blocks any more.
         let res = self
-            .move_runs(&peer, &remote, dst, &runs, ext, true, left)
+            .move_runs(
+                &peer,
+                &remote,
+                dst,
+                &runs,
+                ext,
+                true,
+                Bound::leased(start, window),
+            )
             .await;
         self.release_lease(grant, ticket, done && res.is_ok(), window)
             .await;

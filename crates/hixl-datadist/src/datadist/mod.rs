@@ -15,6 +15,7 @@ use crate::status::{DataDistError, LlmStatus, Result};
 use crate::table::{CacheEntry, CacheTable, TABLE_REGION};
 use hixl_async::sync::lock;
 
+mod bound;
 mod caches;
 mod lease_metrics;
 mod leased_reshard;

@@ -2,11 +2,11 @@
 //! them, each head slice moved by strided descriptors straight into the decode layout.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use hixl_async::Peer;
 use hixl_core::{StridedDesc, TransferOp};
 
+use super::bound::Bound;
 use super::{Cache, LlmDataDist};
 use crate::cache::{coalesce, layer_tensors, BlocksCacheKey, KvCacheExtParam, Run};
 use crate::status::{DataDistError, LlmStatus, Result};
@@ -60,7 +60,7 @@ impl LlmDataDist {
         let timeout = self.inner()?.opts.sync_wait;
         self.plan_resharded(prefill, dst, src_blocks, dst_blocks, ext)
             .await?
-            .run(timeout)
+            .run(Bound::after(timeout))
             .await
     }
 
@@ -221,13 +221,13 @@ pub(super) struct Resharded {
 }
 
 impl Resharded {
-    /// Moves every descriptor at once, each transfer bounded by `timeout`. On failure the
+    /// Moves every descriptor at once, each transfer bounded by `bound`. On failure the
     /// error lists the (layer, block) pairs that did not land.
-    pub(super) async fn run(self, timeout: Duration) -> Result<()> {
+    pub(super) async fn run(self, bound: Bound) -> Result<()> {
         let results = futures::future::join_all(
             self.jobs
                 .iter()
-                .map(|(_, peer, d)| peer.transfer_strided(TransferOp::Read, d).timeout(timeout)),
+                .map(|(_, peer, d)| bound.apply(peer.transfer_strided(TransferOp::Read, d))),
         )
         .await;
         let layers: Vec<(u32, u32)> = self.jobs.iter().map(|(l, _, _)| *l).collect();

@@ -1,11 +1,10 @@
 //! Pull and push of blocks and of whole batch entries between a local cache and a linked
 //! peer's cache.
 
-use std::time::Duration;
-
 use hixl_async::Peer;
 use hixl_core::{StridedDesc, TransferOp};
 
+use super::bound::Bound;
 use super::{Cache, LlmDataDist};
 use crate::cache::{
     block_descs, coalesce, layer_tensors, BlocksCacheKey, CacheDesc, CacheIndex, CacheKey,
@@ -25,7 +24,7 @@ impl LlmDataDist {
         ext: &KvCacheExtParam,
     ) -> Result<()> {
         let t = self.inner()?.opts.sync_wait;
-        self.move_runs(peer, remote, local, runs, ext, false, t)
+        self.move_runs(peer, remote, local, runs, ext, false, Bound::after(t))
             .await
     }
 
@@ -41,7 +40,7 @@ impl LlmDataDist {
         runs: &[Run],
         ext: &KvCacheExtParam,
         pull: bool,
-        timeout: Duration,
+        bound: Bound,
     ) -> Result<()> {
         let (src_desc, src_addrs, dst_desc, dst_addrs) = if pull {
             (
@@ -70,7 +69,7 @@ impl LlmDataDist {
         }
         // The remote tensors this moves: in the peer's memory table, or on their way to it.
         let remote_t = if pull { src_t.clone() } else { dst_t.clone() };
-        let missing = super::links::announced(peer, remote, remote_t, timeout).await?;
+        let missing = super::links::announced(peer, remote, remote_t, bound.left()).await?;
         let src = Side {
             addrs: src_addrs,
             stride: src_desc.stride()?,
@@ -101,7 +100,7 @@ impl LlmDataDist {
         let results = futures::future::join_all(
             plans
                 .iter()
-                .map(|d| peer.transfer_strided(op, d).timeout(timeout)),
+                .map(|d| bound.apply(peer.transfer_strided(op, d))),
         )
         .await;
         layer_outcome(&layers, results, runs).map_err(|mut e| {
@@ -134,7 +133,7 @@ impl LlmDataDist {
         };
         let runs = coalesce(src_blocks, dst_blocks, src_units, dst_units)?;
         let t = self.inner()?.opts.sync_wait;
-        self.move_runs(&peer, &remote, local, &runs, ext, pull, t)
+        self.move_runs(&peer, &remote, local, &runs, ext, pull, Bound::after(t))
             .await
     }
 
@@ -301,7 +300,7 @@ impl LlmDataDist {
             coalesce(&[l], &[r], local.desc.units()?, remote.desc.units()?)?
         };
         let t = self.inner()?.opts.sync_wait;
-        self.move_runs(peer, remote, local, &runs, ext, pull, t)
+        self.move_runs(peer, remote, local, &runs, ext, pull, Bound::after(t))
             .await
     }
 
