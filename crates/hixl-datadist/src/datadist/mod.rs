@@ -193,6 +193,14 @@ impl LlmDataDist {
             b = b.option(k, v);
         }
         let engine = b.build().await?;
+        // A ticket past its window is held while its puller's link lives, up to the time
+        // this engine takes to notice a dead link: the puller quiesces its parts in flight
+        // before it releases, and a link that dies voids its tickets at once.
+        let grace = {
+            let o = engine.options();
+            Duration::from_millis(o.heartbeat_interval_ms)
+                .saturating_mul(o.heartbeat_miss_limit.max(1))
+        };
         let (ended_tx, ended_rx) = futures::channel::mpsc::unbounded();
         let inner = Arc::new(Inner {
             engine,
@@ -201,7 +209,7 @@ impl LlmDataDist {
                 next_id: 1,
                 ..State::default()
             }),
-            leases: Mutex::new(LeaseTable::default()),
+            leases: Mutex::new(LeaseTable::with_grace(grace)),
             lease_counts: lease_metrics::LeaseCounts::default(),
             ended_tx,
             ended_rx: Mutex::new(Some(ended_rx)),

@@ -82,9 +82,28 @@ pub struct LeaseTable {
     live: HashMap<u64, Live>,
     /// `(cache, block)` → the lease holding it.
     held: HashMap<(i64, u64), u64>,
+    /// How long past its window a ticket whose link is alive is still held: the puller's
+    /// parts still in flight at its deadline resolve (it quiesces before it releases) within
+    /// the time a dead link takes to be noticed.
+    grace: Duration,
 }
 
 impl LeaseTable {
+    /// An empty table whose tickets are held `grace` past their window while their link is
+    /// alive (see [`LeaseTable::grace`]).
+    pub fn with_grace(grace: Duration) -> LeaseTable {
+        LeaseTable {
+            grace: grace.min(MAX_WINDOW),
+            ..LeaseTable::default()
+        }
+    }
+
+    /// How long past its window a ticket is held while its puller's link is alive; then the
+    /// lease may end although the puller never released it (a puller that hangs).
+    pub fn grace(&self) -> Duration {
+        self.grace
+    }
+
     /// Leases `blocks` of `caches` for `request_id`, with generation `gen`, under a fresh id.
     ///
     /// # Errors
@@ -247,6 +266,7 @@ impl LeaseTable {
         let Some(frame) = frame else {
             return (Err(Refusal::Malformed), Vec::new());
         };
+        let grace = self.grace;
         let r = match frame {
             Frame::Acquire {
                 lease,
@@ -269,7 +289,7 @@ impl LeaseTable {
                 }
                 l.bind(link, readers)?;
                 l.readers = Some(readers);
-                let window = Duration::from_millis(u64::from(window_ms)).min(MAX_WINDOW);
+                let window = Duration::from_millis(u64::from(window_ms)).min(MAX_WINDOW) + grace;
                 l.tickets
                     .insert((link, ticket), now.checked_add(window).unwrap_or(now));
                 l.extend(now);

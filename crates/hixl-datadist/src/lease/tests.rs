@@ -82,6 +82,36 @@ fn expiry_waits_for_a_held_ticket_and_progress_extends() {
 }
 
 #[test]
+fn a_ticket_past_its_window_is_held_for_the_grace_while_its_link_lives() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let mut t = LeaseTable::with_grace(ms(400));
+    assert_eq!(t.grace(), ms(400));
+    let g = t.create(1, 42, &[7], &[3], TTL, 0xabc, t0).unwrap();
+    t.on_frame(acquire(&g, 1, 50), 77, t0).0.unwrap();
+    // Revoked mid-pull: the end waits for the ticket, past its window (the puller may
+    // still be quiescing what it had in flight at its deadline)...
+    assert!(t.revoke(g.lease_id));
+    assert!(t.tick(t0 + ms(200), |_| true).is_empty());
+    // ...until the puller releases it, which ends the lease at once,
+    let (r, ended) = t.on_frame(release(&g, 1, false), 77, t0 + ms(300));
+    assert_eq!(r, Ok(()));
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].why, LeaseEnd::Revoked);
+    // or its link dies (at once),
+    let g = t.create(1, 43, &[7], &[3], TTL, 0xabc, t0).unwrap();
+    t.on_frame(acquire(&g, 1, 50), 77, t0).0.unwrap();
+    assert!(t.revoke(g.lease_id));
+    assert_eq!(t.tick(t0 + ms(60), |l| l != 77).len(), 1);
+    // or window + grace passes (a puller that hangs).
+    let g = t.create(1, 44, &[7], &[3], TTL, 0xabc, t0).unwrap();
+    t.on_frame(acquire(&g, 1, 50), 77, t0).0.unwrap();
+    assert!(t.revoke(g.lease_id));
+    assert!(t.tick(t0 + ms(449), |_| true).is_empty());
+    assert_eq!(t.tick(t0 + ms(450), |_| true).len(), 1);
+}
+
+#[test]
 fn a_dead_link_ends_the_lease_at_once_even_mid_pull() {
     let t0 = Instant::now();
     let (mut t, g) = table(t0);
