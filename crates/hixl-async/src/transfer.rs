@@ -204,7 +204,6 @@ impl Future for Transfer {
                     this.state =
                         std::mem::replace(&mut posted.state, State::Done(TransferStatus::Failed));
                     this.tele = posted.tele.take();
-                    this.quiesce |= posted.quiesce;
                 }
                 Poll::Ready(Ok(Err(e))) => this.state = State::Failed(Some(e)),
                 Poll::Ready(Err(e)) => {
@@ -310,13 +309,11 @@ fn poll_quiesced(
     cx: &mut Context<'_>,
 ) -> Poll<Result<()>> {
     if lock(&this.ops).watch_parked(token, cx.waker().clone()) {
+        // Drive the link here too (answers arrive on this thread when it spins).
         if let Some(link) = this.link.as_deref() {
-            // Drive the link here too (answers arrive on this thread when it spins).
             link.progress();
-            if lock(&this.ops).watch_parked(token, cx.waker().clone()) {
-                return Poll::Pending;
-            }
-        } else {
+        }
+        if lock(&this.ops).watch_parked(token, cx.waker().clone()) {
             return Poll::Pending;
         }
     }

@@ -150,6 +150,14 @@ impl Scratch {
         Scratch::draw_into(&mut self.data, len, seed)
     }
 
+    /// Reads `len` bytes of `region` at `off` into `got`.
+    pub(crate) fn read(&mut self, region: &Region, off: usize, len: usize) {
+        self.got.resize(len, 0);
+        region
+            .read_at(off as u64, &mut self.got)
+            .expect("read destination");
+    }
+
     pub(crate) fn draw_into(buf: &mut Vec<u8>, len: usize, seed: u64) -> &[u8] {
         buf.resize(len, 0);
         fill(&mut buf[..len], seed);
@@ -432,11 +440,8 @@ pub(crate) async fn one_op(
             // The destination holds the data now (or, refused, what it held before).
             for (p, &seed) in pieces.iter().zip(&seeds) {
                 let (src_t, _, dof) = ends(p);
+                scratch.read(cx.region(!src_t), dof, p.len);
                 let Scratch { data, got } = &mut *scratch;
-                got.resize(p.len, 0);
-                cx.region(!src_t)
-                    .read_at(dof as u64, got)
-                    .expect("read destination");
                 if fate == Fate::Completed {
                     Scratch::draw_into(data, p.len, seed);
                 } else {
@@ -467,11 +472,8 @@ pub(crate) async fn one_op(
             // run reused at once, so a byte of this op landing later is caught.
             for (p, &seed) in pieces.iter().zip(&seeds) {
                 let (src_t, _, dof) = ends(p);
+                scratch.read(cx.region(!src_t), dof, p.len);
                 let Scratch { data, got } = &mut *scratch;
-                got.resize(p.len, 0);
-                cx.region(!src_t)
-                    .read_at(dof as u64, got)
-                    .expect("read destination");
                 Scratch::draw_into(data, p.len, seed);
                 let mut m = cx.model();
                 let old = &mut m.side(!src_t).model[dof..dof + p.len];
