@@ -37,6 +37,9 @@ use serde::{Deserialize, Serialize};
 mod frame;
 mod table;
 
+#[cfg(test)]
+mod model;
+
 pub use frame::Frame;
 pub use table::{LeaseTable, Refusal};
 
