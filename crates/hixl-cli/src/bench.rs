@@ -69,9 +69,14 @@ pub struct CommArgs {
     /// `uring`; engine default if unset).
     #[arg(long)]
     pub tcp_io: Option<String>,
-    /// An existing target (`ip:port`) instead of starting one; no baseline then.
+    /// An existing target (`ip:port`, or a name with `--directory`) instead of starting one;
+    /// no baseline then.
     #[arg(long)]
     pub target: Option<String>,
+    /// The etcd directory (`etcd://host:port[,host:port...]`) that `--target NAME` is looked
+    /// up in (`hixl.Directory`).
+    #[arg(long, value_name = "URL", requires = "target")]
+    pub directory: Option<String>,
     /// Data connections per peer (hixl.TcpStreams), or copy streams with `--transport fabric`
     /// (fabric_memory.task_stream_num).
     #[arg(long)]
@@ -238,6 +243,9 @@ async fn initiator(a: &CommArgs, fabric: bool) -> CliResult<Engine> {
     }
     if let Some(io) = &a.tcp_io {
         builder = builder.option("hixl.TcpIo", io);
+    }
+    if let Some(d) = &a.directory {
+        builder = builder.option("hixl.Directory", d);
     }
     for (k, v) in &a.options {
         builder = builder.option(k, v);

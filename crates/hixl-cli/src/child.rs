@@ -161,6 +161,25 @@ impl Target {
         let _ = self.child.wait();
     }
 
+    /// Sends the target signal `sig` (e.g. `libc::SIGTERM`) and waits up to `timeout` for it
+    /// to exit; its exit status, or `None` if it is still running.
+    pub fn signal(&mut self, sig: i32, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let pid = i32::try_from(self.pid).ok()?;
+        // SAFETY: a plain signal to our own child, which has not been waited for (so its pid
+        // is not reused).
+        unsafe { libc::kill(pid, sig) };
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Peak resident memory of the target, in bytes.
     pub fn peak_rss(&self) -> Option<u64> {
         crate::util::peak_rss(self.pid)

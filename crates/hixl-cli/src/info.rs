@@ -8,9 +8,18 @@ use crate::util::CliResult;
 /// Arguments of `hixl info`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Also connect to this engine (`ip:port`) and say which transport serves it and why.
+    /// Also connect to this engine (`ip:port`, or a name with `--directory`) and say which
+    /// transport serves it and why.
     #[arg(long)]
     pub peer: Option<String>,
+    /// The etcd directory (`etcd://host:port[,host:port...]`) that `--peer NAME` is looked up
+    /// in (`hixl.Directory`).
+    #[arg(long, value_name = "URL", requires = "peer")]
+    pub directory: Option<String>,
+    /// A directory option `KEY=VALUE` (`hixl.DirectoryPrefix`, `hixl.DirectoryUser`,
+    /// `hixl.DirectoryPassword`); repeatable.
+    #[arg(long = "option", value_parser = crate::util::parse_kv, requires = "directory")]
+    pub options: Vec<(String, String)>,
 }
 
 #[cfg_attr(feature = "verbs", allow(dead_code))]
@@ -127,7 +136,19 @@ pub async fn run(a: Args) -> CliResult {
     verbs_report().await;
     println!("memory kinds: host (device memory needs a device runtime; none in this build)");
     if let Some(p) = a.peer {
-        let e = hixl::Engine::builder("127.0.0.1").build().await?;
+        let mut b = hixl::Engine::builder("127.0.0.1");
+        if let Some(d) = &a.directory {
+            b = b.option("hixl.Directory", d);
+        }
+        for (k, v) in &a.options {
+            if !k.starts_with("hixl.Directory") {
+                return Err(hixl_cli::fail!(
+                    "--option {k}: only hixl.Directory* keys apply to `hixl info`"
+                ));
+            }
+            b = b.option(k, v);
+        }
+        let e = b.build().await?;
         let peer = e.connect(&p, Duration::from_secs(5)).await?;
         println!("peer {p}: {}", peer.transport());
         for r in peer.rails() {

@@ -10,6 +10,7 @@ mod peers;
 mod progress;
 mod serve;
 mod soak;
+mod stop;
 
 use hixl_cli::util;
 

@@ -63,8 +63,17 @@ fn say(line: String) {
     let _ = out.flush();
 }
 
-/// Runs the target until stopped.
+/// Runs the target until stopped (SIGINT, SIGTERM, or standard input closing with
+/// `--stdin-control`), then withdraws its directory entry and shuts the engine down.
 pub async fn run(a: Args) -> CliResult {
+    // Caught before anything is published or READY printed: a signal at any moment from here
+    // on goes through the shutdown below.
+    let mut stop = crate::stop::Stop::install()?;
+    if a.name.as_deref() == Some("") {
+        return Err(hixl_cli::fail!(
+            "--name \"\": an engine name cannot be empty (omit --name to serve unpublished)"
+        ));
+    }
     let mut b = builder_for(&a.listen);
     for (k, v) in &a.options {
         b = b.option(k, v);
@@ -139,7 +148,10 @@ pub async fn run(a: Args) -> CliResult {
                 }
             }
             _ = quit.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            sig = stop.recv() => {
+                say(format!("STOPPING on {sig}"));
+                break;
+            }
         }
     }
     engine.shutdown(std::time::Duration::from_secs(1)).await;

@@ -161,6 +161,7 @@ pub async fn serve(a: ServeArgs) -> CliResult {
     if a.max_check == 0 || a.max_check > MAX_CHECK {
         return Err(fail!("--max-check must be 1..=64M, got {}", a.max_check));
     }
+    let mut stop = crate::stop::Stop::install()?;
     let engine = crate::serve::builder_for("127.0.0.1:0").build().await?;
     let pool = engine.register_pooled(a.mem, Access::REMOTE_RW, Some(REGIONS[0]))?;
     let heap = engine.register_with(
@@ -205,7 +206,7 @@ pub async fn serve(a: ServeArgs) -> CliResult {
                 }
             }
             _ = quit.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = stop.recv() => break,
         }
     }
     engine.shutdown(Duration::from_secs(1)).await;

@@ -56,8 +56,15 @@ impl DirectoryOptions {
 }
 
 impl super::Options {
-    /// Sets one of the directory's string keys (`canon`, given as `key`) to `v` (trimmed).
-    pub(super) fn set_directory(&mut self, key: &str, canon: &str, v: &str) -> crate::Result<()> {
+    /// Sets one of the directory's string keys (`canon`, given as `key`) to `v` (trimmed;
+    /// `raw` as given).
+    pub(super) fn set_directory(
+        &mut self,
+        key: &str,
+        canon: &str,
+        v: &str,
+        raw: &str,
+    ) -> crate::Result<()> {
         let d = &mut self.directory;
         let err = |reason: String| super::invalid(key, v, reason);
         let opt = |v: &str| (!v.is_empty()).then(|| v.to_owned());
@@ -67,11 +74,13 @@ impl super::Options {
                 check_prefix(v).map_err(err)?;
                 d.prefix = v.to_owned();
             }
+            // A name is used exactly as given or refused: never trimmed into another name.
+            // Only the empty value means "no name".
             "hixl.Name" => {
-                if !v.is_empty() {
-                    check_name(v).map_err(err)?;
+                if !raw.is_empty() {
+                    check_name(raw).map_err(|r| super::invalid(key, raw, r))?;
                 }
-                d.name = opt(v);
+                d.name = opt(raw);
             }
             "hixl.DirectoryUser" => {
                 if v.contains(':') {
@@ -192,6 +201,21 @@ mod tests {
             e.to_string().contains("hixl.Name") && e.to_string().contains("a/b"),
             "{e}"
         );
+        // A name is used as given or refused naming it: never trimmed into another one.
+        for (bad, says) in [
+            ("  ", "' '"),
+            ("prefill-0\t", "'\\t'"),
+            ("prefill-0\u{85}", "'\\u{85}'"),
+            (" prefill-0", "' '"),
+        ] {
+            let e = crate::Options::from_pairs([("hixl.Name", bad)]).unwrap_err();
+            let m = e.to_string();
+            assert!(m.contains("hixl.Name") && m.contains(says), "{bad:?}: {m}");
+            assert!(
+                m.contains(&format!("{bad:?}")) || m.contains(bad),
+                "{bad:?}: {m}"
+            );
+        }
         let e = crate::Options::from_pairs([("hixl.DirectoryTtlSec", "1")]).unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
         let e = crate::Options::from_pairs([

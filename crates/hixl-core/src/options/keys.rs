@@ -148,7 +148,7 @@ impl Options {
             | "hixl.DirectoryPrefix"
             | "hixl.Name"
             | "hixl.DirectoryUser"
-            | "hixl.DirectoryPassword" => return self.set_directory(key, canon, v),
+            | "hixl.DirectoryPassword" => return self.set_directory(key, canon, v, value),
             "hixl.VerbsDevice" | "hixl.VerbsDevices" => {
                 self.verbs_devices = parse_devices(v).map_err(err)?;
             }
