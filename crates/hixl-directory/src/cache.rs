@@ -91,6 +91,13 @@ impl Cache {
         }
     }
 
+    /// A value under `name` that could not even be read (`why`): as a malformed one.
+    pub fn put_unreadable(&mut self, name: &str, why: String) -> Option<Change> {
+        tracing::warn!(name, "directory: skipping an entry hixl cannot read: {why}");
+        self.malformed.insert(name.to_owned(), why);
+        self.entries.remove(name).map(Change::Removed)
+    }
+
     /// A delete (or lease expiry) of `name`'s key.
     pub fn delete(&mut self, name: &str) -> Option<Change> {
         self.malformed.remove(name);

@@ -10,7 +10,7 @@ use tokio::sync::{broadcast, watch, Notify};
 use tokio::task::JoinHandle;
 
 use crate::cache::{Cache, Change};
-use crate::connect::{describe, failed, request};
+use crate::connect::{describe, failed, Members};
 use crate::entry::{Entry, Malformed};
 use crate::publish;
 use crate::shared::{Publication, PublishState, Shared};
@@ -49,13 +49,11 @@ impl Directory {
                 reason: "no directory configured (etcd://host:port,...)".into(),
             });
         }
-        let client = crate::connect::client(opts).await?;
-        let watcher = crate::connect::client(opts).await?;
         let (changes, _) = broadcast::channel(1024);
         let sh = Arc::new(Shared {
             opts: opts.clone(),
-            client,
-            watcher,
+            members: Members::new(opts)?,
+            watchers: Members::new(opts)?,
             cache: Mutex::new(Cache::default()),
             changes,
             synced: watch::channel(false).0,
@@ -63,6 +61,7 @@ impl Directory {
             publication: Mutex::new(None),
             entry_gone: Notify::new(),
             requests: AtomicU64::new(0),
+            publish_failures: AtomicU64::new(0),
         });
         let rev = crate::watch::list(&sh).await?;
         let d = Directory {
@@ -163,11 +162,14 @@ impl Directory {
         let o = &self.sh.opts;
         let key = self.sh.key_of(name);
         self.sh.requests.fetch_add(1, Ordering::Relaxed);
-        let r = request(o, "looking up a name", || {
-            let (mut c, key) = (self.sh.client.clone(), key.clone());
-            async move { c.get(key, None).await }
-        })
-        .await?;
+        let r = self
+            .sh
+            .members
+            .request("looking up a name", |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await?;
         let Some(kv) = r.kvs().first() else {
             return Err(Error::UnknownName {
                 name: name.to_owned(),
@@ -220,6 +222,13 @@ impl Directory {
     /// Whether etcd answered the watch last time (the cache is being kept current).
     pub fn etcd_reachable(&self) -> bool {
         self.sh.etcd_up.load(Ordering::SeqCst)
+    }
+
+    /// Attempts to publish this engine's entry again that failed so far (etcd away, refusing,
+    /// or an expired token it could not renew); while they go on the publication's state is
+    /// `Retrying` with the last error.
+    pub fn publish_failures(&self) -> u64 {
+        self.sh.publish_failures.load(Ordering::Relaxed)
     }
 
     /// etcd requests made through this handle so far (calls, stream opens, keep-alives).

@@ -9,10 +9,13 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use hixl_core::{Error, Result};
 
-use crate::connect::{failed, request};
+use crate::connect::failed;
 use crate::entry::{Entry, Malformed};
 use crate::shared::{PublishState, Shared};
 use crate::sync::lock;
+
+/// How often a publication that keeps failing is reported again.
+const REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// Writes `entry` under its name with `lease` (granting one if `lease` is 0) unless another
 /// incarnation holds the name. Returns the lease.
@@ -23,11 +26,12 @@ pub(crate) async fn claim(sh: &Shared, entry: &Entry, lease: i64) -> Result<i64>
     } else {
         let ttl = o.ttl_sec as i64;
         sh.requests.fetch_add(1, Ordering::Relaxed);
-        let r = request(o, "granting a lease", || {
-            let mut c = sh.client.clone();
-            async move { c.lease_grant(ttl, None).await }
-        })
-        .await?;
+        let r = sh
+            .members
+            .request("granting a lease", |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
+            .await?;
         r.id()
     };
     let key = sh.key_of(&entry.name);
@@ -45,11 +49,13 @@ pub(crate) async fn claim(sh: &Shared, entry: &Entry, lease: i64) -> Result<i64>
     // Someone holds the key: ours from before (a lease lost while etcd was away, or this
     // engine's earlier publish), or another engine.
     sh.requests.fetch_add(1, Ordering::Relaxed);
-    let r = request(o, "reading the name's holder", || {
-        let (mut c, k) = (sh.client.clone(), key.clone());
-        async move { c.get(k, None).await }
-    })
-    .await?;
+    let r = sh
+        .members
+        .request("reading the name's holder", |mut c| {
+            let k = key.clone();
+            async move { c.get(k, None).await }
+        })
+        .await?;
     let Some(kv) = r.kvs().first() else {
         return Err(failed(
             o,
@@ -94,11 +100,12 @@ pub(crate) async fn revoke(sh: &Shared, lease: i64) {
         return;
     }
     sh.requests.fetch_add(1, Ordering::Relaxed);
-    if let Err(e) = request(&sh.opts, "revoking the lease", || {
-        let mut c = sh.client.clone();
-        async move { c.lease_revoke(lease).await }
-    })
-    .await
+    if let Err(e) = sh
+        .members
+        .request("revoking the lease", |mut c| async move {
+            c.lease_revoke(lease).await
+        })
+        .await
     {
         tracing::warn!("{e}; the entry expires with its lease instead");
     }
@@ -111,11 +118,13 @@ pub(crate) async fn withdraw(sh: &Shared, entry: &Entry, lease: i64) {
     revoke(sh, lease).await;
     let key = sh.key_of(&entry.name);
     sh.requests.fetch_add(1, Ordering::Relaxed);
-    let held = request(&sh.opts, "reading the entry to delete", || {
-        let (mut c, k) = (sh.client.clone(), key.clone());
-        async move { c.get(k, None).await }
-    })
-    .await;
+    let held = sh
+        .members
+        .request("reading the entry to delete", |mut c| {
+            let k = key.clone();
+            async move { c.get(k, None).await }
+        })
+        .await;
     let Ok(held) = held else { return };
     let Some(kv) = held.kvs().first() else { return };
     let ours =
@@ -139,6 +148,8 @@ pub(crate) async fn withdraw(sh: &Shared, entry: &Entry, lease: i64) {
 /// the entry vanished, claims the name again.
 pub(crate) async fn keep(sh: Arc<Shared>) {
     let mut backoff = Duration::from_millis(100);
+    // When the current streak of failed publications began, and when it was last reported.
+    let mut failing: Option<(tokio::time::Instant, tokio::time::Instant)> = None;
     loop {
         let Some(p) = lock(&sh.publication).clone() else {
             return;
@@ -165,7 +176,14 @@ pub(crate) async fn keep(sh: Arc<Shared>) {
             Ok(l) => {
                 backoff = Duration::from_millis(100);
                 sh.set_state(l, PublishState::Live);
-                tracing::info!(name = %p.entry.name, "directory: published again");
+                match failing.take() {
+                    Some((since, _)) => tracing::warn!(
+                        name = %p.entry.name,
+                        "directory: published again, after failing for {:?}",
+                        since.elapsed()
+                    ),
+                    None => tracing::info!(name = %p.entry.name, "directory: published again"),
+                }
             }
             Err(Error::NameTaken { holder, .. }) => {
                 tracing::error!(
@@ -177,7 +195,23 @@ pub(crate) async fn keep(sh: Arc<Shared>) {
                 return;
             }
             Err(e) => {
-                tracing::debug!("publishing again: {e}");
+                sh.publish_failures.fetch_add(1, Ordering::Relaxed);
+                let now = tokio::time::Instant::now();
+                // Said at once, then every 30 s while it lasts: an engine that cannot publish
+                // is unreachable by name, which an operator must see.
+                match &mut failing {
+                    Some((_, said)) if now.duration_since(*said) < REPORT_EVERY => {
+                        tracing::debug!("publishing again: {e}");
+                    }
+                    Some((since, said)) => {
+                        tracing::warn!(name = %p.entry.name, "directory: not published for {:?}: {e}", since.elapsed());
+                        *said = now;
+                    }
+                    None => {
+                        tracing::warn!(name = %p.entry.name, "directory: cannot publish: {e}; retrying");
+                        failing = Some((now, now));
+                    }
+                }
                 sh.set_state(0, PublishState::Retrying(e.to_string()));
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
@@ -188,27 +222,36 @@ pub(crate) async fn keep(sh: Arc<Shared>) {
 
 /// Keeps `lease` alive: a keep-alive every third of the TTL, whether or not the last one was
 /// answered yet (a busy etcd answers late; the lease lives as long as requests reach it).
+/// A keep-alive the member leaves unanswered for a sixth of the TTL (at most 2 s) ends the
+/// stream, and the keeper goes on through the next member, well inside the TTL: a frozen
+/// member must not let a healthy engine's entry expire.
 /// `Err(None)`: the lease is gone (expired or revoked) or the entry vanished; `Err(Some(e))`:
-/// etcd failed, or answered nothing for a whole TTL.
+/// etcd failed, or the member stopped answering.
 async fn keep_lease(sh: &Shared, lease: i64) -> std::result::Result<(), Option<Error>> {
     let o = &sh.opts;
     sh.requests.fetch_add(1, Ordering::Relaxed);
-    let (mut keeper, mut stream) = request(o, "keeping the lease alive", || {
-        let mut c = sh.client.clone();
-        async move { c.lease_keep_alive(lease).await }
-    })
-    .await
-    .map_err(Some)?;
+    let (mut keeper, mut stream) = sh
+        .members
+        .request("keeping the lease alive", |mut c| async move {
+            c.lease_keep_alive(lease).await
+        })
+        .await
+        .map_err(Some)?;
+    let member = sh.members.current();
     let ttl = Duration::from_secs(o.ttl_sec);
     let period = ttl / 3;
+    let answer_within = (ttl / 6).clamp(Duration::from_millis(300), Duration::from_secs(2));
     let fail = |why: &dyn std::fmt::Display| Some(failed(o, "keeping the lease alive", why));
-    let mut answered = tokio::time::Instant::now();
-    let mut next = answered + period;
+    let now = tokio::time::Instant::now();
+    let mut next = now + period;
+    // Since when a keep-alive waits for its answer (opening the stream sent the first).
+    let mut waiting = Some(now);
     loop {
+        let overdue = waiting.map_or(next + period, |w| w + answer_within);
         tokio::select! {
             m = stream.message() => match m {
                 Ok(Some(m)) if m.ttl() > 0 => {
-                    answered = tokio::time::Instant::now();
+                    waiting = None;
                     let live = matches!(lock(&sh.publication).as_ref(), Some(p) if p.state == PublishState::Live);
                     if !live {
                         sh.set_state(lease, PublishState::Live);
@@ -219,12 +262,18 @@ async fn keep_lease(sh: &Shared, lease: i64) -> std::result::Result<(), Option<E
                 Err(e) => return Err(fail(&e)),
             },
             _ = tokio::time::sleep_until(next) => {
-                if answered.elapsed() >= ttl {
-                    return Err(fail(&format!("no answer for a whole TTL ({ttl:?})")));
-                }
                 next += period;
                 sh.requests.fetch_add(1, Ordering::Relaxed);
                 keeper.keep_alive().await.map_err(|e| fail(&e))?;
+                waiting.get_or_insert_with(tokio::time::Instant::now);
+            }
+            _ = tokio::time::sleep_until(overdue), if waiting.is_some() => {
+                sh.members.failed(member);
+                let why = format!(
+                    "member {} left a keep-alive unanswered for {answer_within:?}",
+                    o.endpoints.get(member).map_or("?", String::as_str)
+                );
+                return Err(fail(&why));
             }
             _ = sh.entry_gone.notified() => return Err(None),
         }

@@ -3,11 +3,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Mutex;
 
-use etcd_client::Client;
 use hixl_core::options::DirectoryOptions;
 use tokio::sync::{broadcast, watch, Notify};
 
 use crate::cache::{Cache, Change};
+use crate::connect::Members;
 use crate::entry::Entry;
 use crate::sync::lock;
 
@@ -37,10 +37,11 @@ pub struct Publication {
 /// What the tasks and the handle share.
 pub(crate) struct Shared {
     pub(crate) opts: DirectoryOptions,
-    pub(crate) client: Client,
-    /// A second connection for the watch alone: a flood of watch events must never hold
+    /// The etcd members, for requests and keep-alives.
+    pub(crate) members: Members,
+    /// Second connections for the watch alone: a flood of watch events must never hold
     /// keep-alives and lookups up behind HTTP/2 flow control.
-    pub(crate) watcher: Client,
+    pub(crate) watchers: Members,
     pub(crate) cache: Mutex<Cache>,
     pub(crate) changes: broadcast::Sender<Change>,
     /// `true` once the watch is established (the cache is current).
@@ -52,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) entry_gone: Notify,
     /// etcd requests this handle made (unary calls, stream opens, keep-alives).
     pub(crate) requests: AtomicU64,
+    /// Attempts to publish the entry again that failed.
+    pub(crate) publish_failures: AtomicU64,
 }
 
 impl std::fmt::Debug for Shared {
@@ -92,7 +95,7 @@ impl Shared {
         }
     }
 
-    /// Runs `txn` (see [`crate::connect::request`]), counted among this handle's requests.
+    /// Runs `txn` (see [`Members::request`]), counted among this handle's requests.
     pub(crate) async fn txn(
         &self,
         what: &str,
@@ -100,11 +103,12 @@ impl Shared {
     ) -> hixl_core::Result<etcd_client::TxnResponse> {
         self.requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        crate::connect::request(&self.opts, what, || {
-            let (mut c, txn) = (self.client.clone(), txn.clone());
-            async move { c.txn(txn).await }
-        })
-        .await
+        self.members
+            .request(what, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
     }
 
     pub(crate) fn set_state(&self, lease: i64, state: PublishState) {

@@ -21,6 +21,8 @@ struct Member {
 pub struct Etcd {
     dir: PathBuf,
     members: Vec<Member>,
+    /// More flags for every member (e.g. `--auth-token-ttl=2`).
+    extra: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -50,6 +52,11 @@ pub fn available() -> bool {
 impl Etcd {
     /// Starts a cluster of `n` members and waits until it serves.
     pub fn start(n: usize) -> Etcd {
+        Etcd::start_with(n, &[])
+    }
+
+    /// [`Etcd::start`] with more flags for every member.
+    pub fn start_with(n: usize, extra: &[&str]) -> Etcd {
         let dir =
             std::env::temp_dir().join(format!("hixl-etcd-{}-{}", std::process::id(), free_port()));
         std::fs::create_dir_all(&dir).expect("etcd temp dir");
@@ -61,7 +68,12 @@ impl Etcd {
                 child: None,
             })
             .collect();
-        let mut e = Etcd { dir, members };
+        let extra = extra.iter().map(|s| (*s).to_owned()).collect();
+        let mut e = Etcd {
+            dir,
+            members,
+            extra,
+        };
         for i in 0..n {
             e.spawn(i);
         }
@@ -97,6 +109,7 @@ impl Etcd {
             .arg(format!("--initial-cluster={}", cluster.join(",")))
             .args(["--initial-cluster-state", "new", "--log-level", "warn"])
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log.map_or(Stdio::null(), Stdio::from))
             .spawn()
@@ -119,6 +132,27 @@ impl Etcd {
         if let Some(mut c) = self.members[i].child.take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// Freezes member `i` (SIGSTOP), as a stuck disk or a long GC pause does: its sockets stay
+    /// open and it answers nothing.
+    pub fn freeze(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Lets a frozen member `i` run again (SIGCONT).
+    pub fn thaw(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, sig: &str) {
+        if let Some(c) = &self.members[i].child {
+            let ok = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "kill {sig} etcd member {i}");
         }
     }
 
