@@ -351,8 +351,13 @@ def main():
             checks["kv_cache_groups"] = groups == args.expect_groups
         bad = [(n, b) for n, log in srv.logs() for b in BAD_LOG if b in open(log).read()]
         checks["no_failure_in_logs"] = not bad
-        # Then a single server's answers to the same requests (on the decode's core).
+        # Stopped as an operator does (SIGTERM to each server's group): vLLM's shutdown path
+        # closes the connector's engine in both servers.
         srv.stop()
+        closed = "hixl: connector shut down, its engine closed"
+        checks["connector_closed_on_sigterm"] = args.connector != "hixl" or all(
+            closed in open(log).read() for n, log in srv.logs() if n in ("prefill", "decode"))
+        # Then a single server's answers to the same requests (on the decode's core).
         key = hashlib.sha256(json.dumps([os.path.abspath(args.model), args.dtype,
                                          args.max_tokens, prompts]).encode()).hexdigest()[:16]
         cached = os.path.join(args.reference_cache or out, f"reference-{key}.json")
@@ -390,7 +395,7 @@ def main():
             json.dump(res, f, indent=1)
     finally:
         srv.stop()
-    ok = all(checks.values()) and len(checks) == 4 + (args.expect_groups is not None)
+    ok = all(checks.values()) and len(checks) == 5 + (args.expect_groups is not None)
     print(f"serve e2e: {'PASS' if ok else 'FAIL'} ({out})")
     return 0 if ok else 1
 

@@ -3,8 +3,10 @@ taken name, delete on close. Skipped without ``etcd`` unless HIXL_REQUIRE_ETCD=1
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -91,3 +93,27 @@ def test_connect_by_name_and_the_lifecycle_of_an_entry(etcd):
     finally:
         me.close()
         target.close()
+
+
+@pytest.mark.parametrize("kind", ["engine", "datadist"])
+def test_sigterm_withdraws_the_entry_at_once(etcd, kind):
+    """SIGTERM (Kubernetes, systemd, docker stop) ends a Python process with an engine, or an
+    LLMDataDist, cleanly: exit 0 and its entry withdrawn at once, not after its 30 s TTL."""
+    me = hixl.Engine("127.0.0.1", {"hixl.Directory": etcd})
+    child = subprocess.Popen(
+        [sys.executable, os.path.join(os.path.dirname(__file__), "sigterm_child.py"), etcd,
+         f"py-term-{kind}", kind],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "READY"
+        until("listed", lambda: [e["name"] for e in me.directory_entries()]
+              == [f"py-term-{kind}"])
+        t0 = time.monotonic()
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=10) == 0
+        until("withdrawn", lambda: me.directory_entries() == [], timeout=5.0)
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        child.kill()
+        child.wait()
+        me.close()

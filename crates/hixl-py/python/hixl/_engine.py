@@ -13,6 +13,7 @@ from typing import (Any, AsyncIterator, Callable, Dict, Generator, Generic, List
 
 from . import _hixl
 from ._directory import DirectoryMixin
+from ._signals import exit_cleanly_on_sigterm
 from ._spans import Descs, _array_ptr, _buffer_span
 
 __all__ = [
@@ -341,6 +342,13 @@ class _Notifications:
 
 
 _engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+def _close_native(native: Any) -> None:
+    try:
+        native.close(0.2)
+    except Exception:  # noqa: BLE001 - closing on the way out
+        pass
 _engines_lock = threading.Lock()
 
 
@@ -358,6 +366,10 @@ class Engine(DirectoryMixin):
         self._regions: "weakref.WeakSet[Region]" = weakref.WeakSet()
         with _engines_lock:
             _engines.add(self)
+        # An engine dropped without close() (its owner's frame unwound by SystemExit, say)
+        # is closed as it goes: links closed, a published directory entry withdrawn.
+        weakref.finalize(self, _close_native, self._native)
+        exit_cleanly_on_sigterm()
 
     @property
     def local_engine(self) -> str:

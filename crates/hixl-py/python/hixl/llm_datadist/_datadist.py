@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from .. import _hixl
 from ._status import LLMException, LLMStatusCode, _check_native_codes, _type_error, _value_error
 from ._config import LLMClusterInfo
+from ._exit import track
 from ._types import (BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAndIndex, LLMRole,
                      MemInfo, Placement, RegisterMemStatus, _int, _ints, _U32, _INVALID_ID)
 from ._layerwise import _Layerwise
@@ -111,6 +112,7 @@ class LLMDataDist:
         self._listen = self._native.init(pairs)
         self._state = "ready"
         self._cache_manager = CacheManager(self)
+        track(self)
 
     def finalize(self) -> None:
         """Closes every link and stops the engine. The caches are unregistered (their memory

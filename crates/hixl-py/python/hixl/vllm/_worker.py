@@ -436,3 +436,5 @@ class _Worker:
             self.dd.finalize()
         except LLMException:
             pass
+        # vLLM's shutdown path (SIGTERM included) reaches here; serve_e2e.py checks it did.
+        logger.info("hixl: connector shut down, its engine closed")
