@@ -337,6 +337,8 @@ impl Engine {
                 crate::telemetry::label_value(&peer),
             );
         }
+        #[cfg(feature = "directory")]
+        self.directory_metrics(&mut out, &engine);
         out
     }
 

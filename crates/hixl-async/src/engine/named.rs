@@ -117,6 +117,34 @@ impl Engine {
         self.inner.named.get().map(|n| &*n.dir)
     }
 
+    /// The directory's lines of [`Engine::metrics_text`]: whether this engine's entry is
+    /// published (by state) and how many attempts to publish it again failed.
+    pub(super) fn directory_metrics(&self, out: &mut String, engine: &str) {
+        use std::fmt::Write as _;
+        let Some(d) = self.directory() else { return };
+        let Some(p) = d.publication() else { return };
+        let name = crate::telemetry::label_value(&p.entry.name);
+        let state = match p.state {
+            hixl_directory::PublishState::Live => "live",
+            hixl_directory::PublishState::Retrying(_) => "retrying",
+            hixl_directory::PublishState::Lost(_) => "lost",
+        };
+        out.push_str("# HELP hixl_directory_published Whether this engine's directory entry is live (1) or not (0), with its state.\n");
+        out.push_str("# TYPE hixl_directory_published gauge\n");
+        let live = u8::from(state == "live");
+        let _ = writeln!(
+            out,
+            "hixl_directory_published{{engine=\"{engine}\",name=\"{name}\",state=\"{state}\"}} {live}"
+        );
+        out.push_str("# HELP hixl_directory_publish_failures_total Attempts to publish this engine's entry again that failed.\n");
+        out.push_str("# TYPE hixl_directory_publish_failures_total counter\n");
+        let _ = writeln!(
+            out,
+            "hixl_directory_publish_failures_total{{engine=\"{engine}\",name=\"{name}\"}} {}",
+            d.publish_failures()
+        );
+    }
+
     pub(super) fn named(&self) -> Option<&Named> {
         self.inner.named.get()
     }
