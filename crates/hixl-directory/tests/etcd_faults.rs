@@ -247,15 +247,32 @@ async fn an_auth_token_etcd_forgot_is_renewed_and_the_entry_republished() {
     })
     .await;
     etcd.restart(0);
-    let reader = Directory::open(&o).await.unwrap();
-    until(20, "republished after the restart", || {
-        reader.lookup("prefill-auth").is_some()
-    })
-    .await;
-    until(10, "the publication is live", || {
+    until(20, "the publication is live again", || {
         d.publication()
             .is_some_and(|p| p.state == PublishState::Live)
     })
     .await;
     assert!(d.publish_failures() > 0);
+    // etcd keeps leases across a restart, and a keep-alive needs no permission: revoke the
+    // lease (as an operator, or an expiry, would) so that the engine must grant a new one,
+    // a request that checks its token.
+    let old = d.publication().unwrap().lease;
+    let ep = etcd.url()[7..].to_owned();
+    etcdctl(
+        &ep,
+        &[
+            "--user",
+            "root:rootpw",
+            "lease",
+            "revoke",
+            &format!("{old:x}"),
+        ],
+    );
+    let reader = Directory::open(&o).await.unwrap();
+    until(20, "republished under a new lease", || {
+        reader.lookup("prefill-auth").is_some()
+            && d.publication()
+                .is_some_and(|p| p.state == PublishState::Live && p.lease != old)
+    })
+    .await;
 }
