@@ -162,7 +162,7 @@ async fn large_values_and_50k_entries_are_listed_in_pages() {
 
 /// etcd with auth on, and tokens that expire after 2 s unused (`--auth-token-ttl`, 300 s by
 /// default).
-fn etcd_with_auth() -> (Etcd, DirectoryOptions) {
+fn etcd_with_auth(ttl: u64) -> (Etcd, DirectoryOptions) {
     let etcd = Etcd::start_with(1, &["--auth-token-ttl=2"]);
     let ep = etcd.url()[7..].to_owned();
     let ctl = |args: &[&str]| etcdctl(&ep, args);
@@ -179,7 +179,7 @@ fn etcd_with_auth() -> (Etcd, DirectoryOptions) {
     ]);
     ctl(&["user", "grant-role", "hixl", "engines"]);
     ctl(&["--user", "root:rootpw", "auth", "enable"]);
-    let mut o = opts(&etcd.url(), 2);
+    let mut o = opts(&etcd.url(), ttl);
     o.user = Some("hixl".into());
     o.password = Some("s3cret-pw".into());
     (etcd, o)
@@ -208,7 +208,8 @@ async fn an_entry_deleted_under_an_idle_authenticated_engine_is_republished() {
     if !available() {
         return;
     }
-    let (etcd, o) = etcd_with_auth();
+    // A lease of 30 s: its keep-alives go every 10 s, leaving the token unused past its TTL.
+    let (etcd, o) = etcd_with_auth(30);
     let d = Directory::open(&o).await.unwrap();
     d.publish(entry("prefill-auth", 3)).await.unwrap();
     let reader = Directory::open(&o).await.unwrap();
@@ -235,7 +236,7 @@ async fn an_auth_token_etcd_forgot_is_renewed_and_the_entry_republished() {
     if !available() {
         return;
     }
-    let (mut etcd, o) = etcd_with_auth();
+    let (mut etcd, o) = etcd_with_auth(2);
     let d = Directory::open(&o).await.unwrap();
     d.publish(entry("prefill-auth", 3)).await.unwrap();
     // Down until publishing again has failed (seen, and counted); the token the client
