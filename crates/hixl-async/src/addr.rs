@@ -43,6 +43,12 @@ impl EngineAddr {
             return Self::with_port(ip, port).ok_or_else(|| bad("port must be 0-65535"));
         }
         let (ip, port) = t.rsplit_once(':').ok_or_else(|| bad("not an IP address"))?;
+        if !port.is_empty()
+            && port.bytes().all(|b| b.is_ascii_digit())
+            && port.parse::<u16>().is_err()
+        {
+            return Err(bad(&format!("port {port} is out of range (0-65535)")));
+        }
         let ip: IpAddr = ip.parse().map_err(|_| bad("not an IP address"))?;
         if ip.is_ipv6() {
             return Err(bad("write IPv6 with a port as [ip]:port"));
@@ -194,5 +200,9 @@ mod tests {
         );
         let e = EngineAddr::lookup_blocking("not an address").unwrap_err();
         assert!(e.to_string().contains("not an IP address"), "{e}");
+        for bad in ["localhost:99999", "127.0.0.1:65536"] {
+            let e = EngineAddr::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("out of range") && e.contains(bad), "{e}");
+        }
     }
 }

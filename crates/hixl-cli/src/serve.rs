@@ -74,6 +74,21 @@ pub async fn run(a: Args) -> CliResult {
             "--name \"\": an engine name cannot be empty (omit --name to serve unpublished)"
         ));
     }
+    let has_port = a
+        .listen
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    if !has_port {
+        return Err(hixl_cli::fail!(
+            "--listen {}: a target listens on ip:port (port 0 picks a free one); an address without a port would serve nobody",
+            a.listen
+        ));
+    }
+    if a.mem == 0 {
+        return Err(hixl_cli::fail!(
+            "--mem 0: the region to serve needs at least one byte (e.g. --mem 256M)"
+        ));
+    }
     let mut b = builder_for(&a.listen);
     for (k, v) in &a.options {
         b = b.option(k, v);
