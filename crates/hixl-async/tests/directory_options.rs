@@ -31,6 +31,9 @@ async fn an_unreachable_directory_is_named_and_nothing_listens() {
     let msg = e.to_string();
     assert!(matches!(e, Error::Directory { .. }), "{msg}");
     assert!(msg.contains("etcd://127.0.0.1:1"), "{msg}");
+    // in words, not the client's debug text
+    assert!(msg.contains("Connection refused"), "{msg}");
+    assert!(!msg.contains("tonic::") && !msg.contains("Os {"), "{msg}");
 }
 
 #[tokio::test]

@@ -36,6 +36,32 @@ pub(crate) fn failed(o: &DirectoryOptions, what: &str, e: &dyn std::fmt::Display
     }
 }
 
+/// `e` in words: gRPC's message and the root cause (e.g. "tcp connect error: Connection
+/// refused (os error 111)"), never the client's debug text.
+pub(crate) fn plain(e: &etcd_client::Error) -> String {
+    let (mut out, mut src): (String, Option<&dyn std::error::Error>) = match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            let m = s.message();
+            let m = if m.is_empty() {
+                s.code().description()
+            } else {
+                m
+            };
+            (m.to_owned(), std::error::Error::source(s))
+        }
+        other => (other.to_string(), std::error::Error::source(other)),
+    };
+    let mut root = None;
+    while let Some(x) = src {
+        root = Some(x.to_string());
+        src = x.source();
+    }
+    if let Some(r) = root.filter(|r| !out.contains(r.as_str())) {
+        out = format!("{out}: {r}");
+    }
+    out
+}
+
 /// Whether `e` may pass by itself or on another member: a member that is down or electing a
 /// leader, a connection that broke. Not: bad credentials, a refused request.
 fn transient(e: &etcd_client::Error) -> bool {
@@ -158,8 +184,8 @@ impl Members {
             };
             let why = match tokio::time::timeout_at(until, attempt).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if !transient(&e) => return Err(failed(o, what, &e)),
-                Ok(Err(e)) => e.to_string(),
+                Ok(Err(e)) if !transient(&e) => return Err(failed(o, what, &plain(&e))),
+                Ok(Err(e)) => plain(&e),
                 Err(_) => format!(
                     "member {} did not answer in {:?}",
                     o.endpoints[i],

@@ -259,12 +259,12 @@ async fn keep_lease(sh: &Shared, lease: i64) -> std::result::Result<(), Option<E
                 }
                 Ok(Some(_)) => return Err(None),
                 Ok(None) => return Err(fail(&"the stream ended")),
-                Err(e) => return Err(fail(&e)),
+                Err(e) => return Err(fail(&crate::connect::plain(&e))),
             },
             _ = tokio::time::sleep_until(next) => {
                 next += period;
                 sh.requests.fetch_add(1, Ordering::Relaxed);
-                keeper.keep_alive().await.map_err(|e| fail(&e))?;
+                keeper.keep_alive().await.map_err(|e| fail(&crate::connect::plain(&e)))?;
                 waiting.get_or_insert_with(tokio::time::Instant::now);
             }
             _ = tokio::time::sleep_until(overdue), if waiting.is_some() => {

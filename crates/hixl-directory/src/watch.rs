@@ -171,14 +171,14 @@ async fn watch_from(sh: &Shared, rev: i64) -> Result<()> {
         let msg = match tokio::time::timeout(quiet, stream.message()).await {
             Ok(Ok(Some(m))) => m,
             Ok(Ok(None)) => return Err(failed(&sh.opts, "watching", &"etcd ended the watch")),
-            Ok(Err(e)) => return Err(failed(&sh.opts, "watching", &e)),
+            Ok(Err(e)) => return Err(failed(&sh.opts, "watching", &crate::connect::plain(&e))),
             Err(_) if !probed => {
                 // Quiet: ask for progress; a live member answers at once.
                 probed = true;
                 stream
                     .request_progress()
                     .await
-                    .map_err(|e| failed(&sh.opts, "watching", &e))?;
+                    .map_err(|e| failed(&sh.opts, "watching", &crate::connect::plain(&e)))?;
                 continue;
             }
             Err(_) => {
