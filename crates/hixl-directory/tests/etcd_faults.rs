@@ -277,3 +277,21 @@ async fn an_auth_token_etcd_forgot_is_renewed_and_the_entry_republished() {
     })
     .await;
 }
+
+/// A quiet watch on a live member is probed for progress and kept: no list or watch is
+/// opened again while nothing changes (a member that answers no probe would be left).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_watch_on_a_live_member_is_kept() {
+    if !available() {
+        return;
+    }
+    let etcd = Etcd::start(1);
+    let d = Directory::open(&opts(&etcd.url(), 10)).await.unwrap();
+    // The listing, then the watch.
+    until(5, "watching", || d.requests() >= 2).await;
+    let before = d.requests();
+    // Past two probes (one every 3 s of quiet).
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(d.etcd_reachable());
+    assert_eq!(d.requests(), before, "the watch was opened again");
+}
