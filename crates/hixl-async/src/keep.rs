@@ -22,6 +22,7 @@ pub(crate) enum Keep {
     Region(Lease),
     /// What a transport keeps for the op on the peer's side (the fabric: its reach of a peer
     /// region, whose last holder unmaps it and lets a revocation finish).
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     Peer(Arc<dyn Any + Send + Sync>),
 }
 
@@ -30,6 +31,7 @@ impl Keep {
         matches!(self, Keep::Region(l) if std::ptr::eq(l.region(), Arc::as_ptr(r)))
     }
 
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     fn same_peer(&self, p: *const ()) -> bool {
         matches!(self, Keep::Peer(a) if std::ptr::eq(Arc::as_ptr(a).cast::<()>(), p))
     }
@@ -87,6 +89,7 @@ impl Keeps {
     }
 
     /// Keeps `p` for the op, unless it is kept already.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn peer<T: Any + Send + Sync>(&mut self, p: &Arc<T>) {
         let ptr = Arc::as_ptr(p).cast::<()>();
         if !self.seen(|k| k.same_peer(ptr)) {

@@ -114,6 +114,7 @@ pub(crate) enum Owned {
     Host(HostBuffer),
     /// Memory a transport allocated (the fabric pool's sealed memfds), returned to it when
     /// the region goes; the transport finds its own type in it again ([`RegionInner::pooled`]).
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     Pooled(Box<dyn Any + Send + Sync>),
 }
 
@@ -172,10 +173,13 @@ pub(crate) struct RegionInner {
     mr: Mutex<Option<DeviceMr>>,
     owned: Mutex<Option<Owned>>,
     /// Local keys of `mr` (one per device) for work requests of this engine (read by verbs).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) lkeys: Option<Arc<[u32]>>,
     /// Remote keys of `mr` (one per device) that peers' devices present (read by verbs).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) dev_rkeys: Option<Arc<[u32]>>,
     /// The memory's NUMA node, when the host said at registration (read by verbs).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) numa: Option<u32>,
     inflight: AtomicUsize,
     revoked: AtomicBool,
@@ -239,6 +243,7 @@ impl RegionInner {
 
     /// `f` of the transport memory this region owns, when it is a `T` (the fabric asks for
     /// its pool buffers).
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn pooled<T: Any, R>(&self, f: impl FnOnce(&T) -> R) -> Option<R> {
         let g = lock(&self.owned);
         match g.as_ref()? {

@@ -148,6 +148,7 @@ impl NotifyQueue {
     /// Takes a notify frame from `peer` on `link` and returns the ack to send back (a served
     /// name's status, or RESOURCE_EXHAUSTED when that link already has the maximum pending).
     /// The fabric channel's path (the control connection's goes through its session).
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn receive(
         &self,
         peer: &str,

@@ -39,6 +39,7 @@ impl Completions {
 
     /// Fails every part of `tokens` (one completion each) with `e` (the fabric's copy engine
     /// refusing a submission).
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) fn fail(&self, tokens: impl IntoIterator<Item = Token>, e: &Error) {
         self.complete_all(tokens.into_iter().map(|token| Completion {
             token,

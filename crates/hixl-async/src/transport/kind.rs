@@ -10,8 +10,10 @@ pub(crate) enum TransportKind {
     /// Host TCP streams: the path every peer has.
     Tcp,
     /// Same-host shared memory and copy engines.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     Fabric,
     /// RDMA verbs.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     Verbs,
 }
 
@@ -37,20 +39,28 @@ impl fmt::Display for TransportKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Declined {
     /// `hixl.Transport` names another transport.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     Off(&'static str),
     /// This engine has no RDMA device (and why).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     NoDevice(String),
     /// The peer offered nothing for it.
+    #[cfg_attr(not(any(feature = "fabric", feature = "verbs")), allow(dead_code))]
     PeerLacks(TransportKind),
     /// The peer is on another host.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     OtherHost,
     /// The peer is on this host, in another mount namespace.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     OtherNamespace,
     /// Setting the channel up failed (what, and the error).
+    #[cfg_attr(not(any(feature = "fabric", feature = "verbs")), allow(dead_code))]
     Setup(String),
     /// The peer refused a queue pair (its reason).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     Refused(String),
     /// A forced transport that would have to send some regions over another path.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     Partial(String),
 }
 

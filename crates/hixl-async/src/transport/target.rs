@@ -46,6 +46,7 @@ impl Session {
 /// What one transport keeps for each session that uses it (the fabric's channel, the verbs
 /// queue pair): owned by that transport, by session id.
 #[derive(Debug)]
+#[cfg_attr(not(any(feature = "fabric", feature = "verbs")), allow(dead_code))]
 pub(crate) struct PerSession<T> {
     map: Mutex<HashMap<u64, Arc<T>>>,
 }
@@ -58,6 +59,7 @@ impl<T> Default for PerSession<T> {
     }
 }
 
+#[cfg_attr(not(any(feature = "fabric", feature = "verbs")), allow(dead_code))]
 impl<T> PerSession<T> {
     /// What is kept for session `id`.
     pub(crate) fn get(&self, id: u64) -> Option<Arc<T>> {
