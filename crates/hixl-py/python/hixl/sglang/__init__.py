@@ -1,5 +1,6 @@
 """hixl as a KV transfer backend of SGLang's prefill/decode disaggregation (SGLang 0.5.23),
-as a plugin: ``pip install hixl`` then::
+as a plugin: install the ``hixl`` wheel into SGLang's environment (it is not on PyPI:
+``tools/release.sh wheel`` in a checkout of the repository builds it, see docs/sglang.md), then::
 
     python -m sglang.launch_server ... --disaggregation-mode prefill \\
         --disaggregation-transfer-backend hixl
