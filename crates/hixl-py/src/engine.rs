@@ -481,7 +481,7 @@ impl Peer {
 /// `hixl._hixl.Region`: a registered region.
 #[pyclass(module = "hixl._hixl", frozen)]
 pub(crate) struct Region {
-    region: Mutex<Option<RsRegion>>,
+    pub(crate) region: Mutex<Option<RsRegion>>,
     addr: u64,
     len: u64,
 }
@@ -495,7 +495,7 @@ impl Region {
         }
     }
 
-    fn get(&self) -> PyResult<RsRegion> {
+    pub(crate) fn get(&self) -> PyResult<RsRegion> {
         lock(&self.region)
             .clone()
             .ok_or_else(|| crate::hixl_err(Error::Deregistered { addr: self.addr }))

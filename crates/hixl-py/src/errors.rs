@@ -70,7 +70,19 @@ pub(crate) fn hixl_err(e: Error) -> PyErr {
     })
 }
 
+/// [`hixl_err`] with `note` before the error's message (what was being done, how often).
+pub(crate) fn hixl_err_noted(e: Error, note: &str) -> PyErr {
+    Python::attach(|py| match make_noted(py, &e, Some(note)) {
+        Ok(err) => err,
+        Err(fallback) => fallback,
+    })
+}
+
 fn make(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
+    make_noted(py, e, None)
+}
+
+fn make_noted(py: Python<'_>, e: &Error, note: Option<&str>) -> PyResult<PyErr> {
     let status = e.status();
     let value = offending(py, e)?;
     let (kind, peer, cause) = match kind(e) {
@@ -81,7 +93,10 @@ fn make(py: Python<'_>, e: &Error) -> PyResult<PyErr> {
     let exc = errors.getattr("_make")?.call1((
         status.code(),
         status.name(),
-        e.to_string(),
+        match note {
+            Some(n) => format!("{n}: {e}"),
+            None => e.to_string(),
+        },
         value,
         kind,
         peer,

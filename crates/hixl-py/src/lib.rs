@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 
 use pyo3::prelude::*;
 
+mod connect_retry;
 mod datadist;
 mod descs;
 mod directory;
@@ -23,6 +24,7 @@ mod errors;
 mod logging;
 mod metrics;
 mod op;
+mod region_view;
 mod waker;
 
 pub(crate) use errors::{hixl_err, py_result};
@@ -73,6 +75,7 @@ fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logging::init(m)?;
     engine::add(m)?;
     op::add(m)?;
+    region_view::add(m)?;
     waker::add(m)?;
     datadist::add(m)?;
     metrics::add(m)?;

@@ -2,6 +2,7 @@
 prefill/decode-disaggregated LLM inference.
 
 ``hixl.Engine`` is the engine API (asyncio awaitables, blocking ``.wait()``);
+``hixl.xfer_descs`` builds descriptor arrays from regions, offsets and lengths;
 ``hixl.llm_datadist`` is a drop-in for HIXL's ``llm_datadist`` package.
 
 The native code logs through Python's ``logging``, to loggers under ``hixl`` (e.g.
@@ -18,6 +19,7 @@ from ._engine import (Access, Engine, Notify, Op, Peer, Region, RemoteRegion, Tr
                       TransferOp, TransferStatus)
 from ._hixl import WIRE_VERSION, __version__
 from ._hixl import _reset_log_cache as reset_log_cache
+from ._xfer_descs import xfer_descs
 
 __all__ = [
     "__version__",
@@ -32,6 +34,7 @@ __all__ = [
     "TransferStatus",
     "Access",
     "Notify",
+    "xfer_descs",
     "reset_log_cache",
     *_errors.__all__,
 ]

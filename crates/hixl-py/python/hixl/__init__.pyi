@@ -25,6 +25,7 @@ from ._errors import ResourceExhaustedError as ResourceExhaustedError
 from ._errors import TransferCancelledError as TransferCancelledError
 from ._errors import TransferTimeoutError as TransferTimeoutError
 from ._errors import UnsupportedError as UnsupportedError
+from ._xfer_descs import xfer_descs as xfer_descs
 
 __version__: str
 #: The engine-to-engine protocol's version: engines of different versions refuse to link.

@@ -1,20 +1,22 @@
-"""The engine API: `Engine`, `Peer`, `Region`, awaitable `Op`s."""
+"""The engine API: `Engine`, `Peer`, `Region` (the awaitable `Op`s are in `_ops`)."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import os
 import threading
 import weakref
 from enum import IntEnum, IntFlag
-from typing import (Any, AsyncIterator, Callable, Dict, Generator, Generic, List, NamedTuple,
-                    Optional, Tuple, TypeVar, Union)
+from typing import Any, AsyncIterator, Dict, List, NamedTuple, Optional, Tuple, Union
 
 from . import _hixl
+from ._connect import check_retries
 from ._directory import DirectoryMixin
+from ._offloop import run_off_loop
+from ._ops import Op, Transfer, TransferStatus
 from ._signals import exit_cleanly_on_sigterm
 from ._spans import Descs, _array_ptr, _buffer_span
+from ._views import ViewState, buffer, numpy
 
 __all__ = [
     "Access",
@@ -28,21 +30,6 @@ __all__ = [
     "Peer",
     "Engine",
 ]
-
-T = TypeVar("T")
-
-#: The longest an awaited transfer is driven on the event loop's thread before the loop waits
-#: for it (microseconds). It is driven there while it makes progress (the engine's own adaptive
-#: spin, ``hixl.SpinUs``), so a small or medium op finishes with no thread hand-off and no
-#: wake-up; this bounds how long other coroutines wait meanwhile. ``HIXL_PY_SPIN_US``
-#: overrides it; 0 turns it off.
-SPIN_US = int(os.environ.get("HIXL_PY_SPIN_US", "1000"))
-
-#: How long ``.wait()`` polls a transfer on the calling thread (which blocks anyway) before the
-#: thread parks (microseconds), whether or not it sees progress meanwhile: a same-host copy
-#: running on the copy engine's threads then ends with no wake-up. ``HIXL_PY_WAIT_SPIN_US``
-#: overrides it; 0 parks at once after the engine's own spin.
-WAIT_SPIN_US = int(os.environ.get("HIXL_PY_WAIT_SPIN_US", "2000"))
 
 
 class Access(IntFlag):
@@ -59,16 +46,6 @@ class TransferOp(IntEnum):
 
     READ = 0
     WRITE = 1
-
-
-class TransferStatus(IntEnum):
-    """HIXL's ``TransferStatus`` (0–3), plus ``CANCELLED`` (hixl)."""
-
-    WAITING = 0
-    COMPLETED = 1
-    TIMED_OUT = 2
-    FAILED = 3
-    CANCELLED = 4
 
 
 class RemoteRegion(NamedTuple):
@@ -92,109 +69,17 @@ class Notify(NamedTuple):
     msg: bytes
 
 
-# --- awaitables ------------------------------------------------------------------------------
-
-
-class _LoopBell:
-    """One per event loop: the eventfd Rust rings when an op driven for this loop finishes."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.native = _hixl.Waker()
-        self.waiting: Dict[int, "asyncio.Future[None]"] = {}
-        loop.add_reader(self.native.fileno(), self._ready)
-
-    def _ready(self) -> None:
-        for op_id in self.native.drain():
-            fut = self.waiting.pop(op_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
-
-
-_bells: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopBell]" = weakref.WeakKeyDictionary()
-
-
-def _bell(loop: asyncio.AbstractEventLoop) -> _LoopBell:
-    b = _bells.get(loop)
-    if b is None:
-        b = _LoopBell(loop)
-        _bells[loop] = b
-    return b
-
-
-class Op(Generic[T]):
-    """An operation in flight: ``await`` it in asyncio, or ``wait()`` for it from any thread.
-
-    The result is computed once; awaiting or waiting again returns it again (or raises the same
-    error). Cancelling the awaiting task cancels the op.
-    """
-
-    __slots__ = ("_op", "_wrap", "__weakref__")
-
-    def __init__(self, native: Any, wrap: Optional[Callable[[Any], T]] = None) -> None:
-        self._op = native
-        self._wrap = wrap
-
-    def _result(self) -> T:
-        r = self._op.result()
-        return self._wrap(r) if self._wrap is not None else r
-
-    def __await__(self) -> Generator[Any, None, T]:
-        op = self._op
-        if not (SPIN_US > 0 and op.spin(SPIN_US)):
-            loop = asyncio.get_running_loop()
-            bell = _bell(loop)
-            fut = loop.create_future()
-            bell.waiting[op.id] = fut
-            op.drive(bell.native)
-            try:
-                yield from fut
-            except BaseException:
-                bell.waiting.pop(op.id, None)
-                op.cancel()
-                raise
-        return self._result()
-
-    def wait(self, timeout: Optional[float] = None, spin_us: Optional[int] = None) -> T:
-        """Blocks until the op finishes (the GIL is released) and returns its result or raises
-        its error. Past ``timeout`` seconds the op is abandoned and ``HixlTimeoutError``
-        raised. ``spin_us`` overrides `WAIT_SPIN_US` for this wait (0: park at once, for a
-        caller with many threads waiting at the same time on few cores)."""
-        r = self._op.wait(timeout, WAIT_SPIN_US if spin_us is None else int(spin_us))
-        return self._wrap(r) if self._wrap is not None else r
-
-    def status(self) -> TransferStatus:
-        """The status now, without waiting."""
-        return TransferStatus(self._op.status())
-
-    def done(self) -> bool:
-        """Whether it finished (in any way)."""
-        return bool(self._op.done())
-
-    def cancel(self) -> bool:
-        """Cancels it: parts not yet sent are never sent; parts already sent may still land
-        until the memory they touch is deregistered (`Engine.deregister` waits for them).
-        Returns whether it was unfinished."""
-        return bool(self._op.cancel())
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.status().name}>"
-
-
-class Transfer(Op[None]):
-    """A posted transfer (HIXL ``TransferReq``)."""
-
-    __slots__ = ()
-
-
 class Region:
     """A registered region of this process's memory."""
 
-    __slots__ = ("_native", "_keep", "_engine", "name", "__weakref__")
+    __slots__ = ("_native", "_keep", "_engine", "_views", "name", "__weakref__")
 
-    def __init__(self, native: Any, keep: Any, engine: "Engine", name: Optional[str]) -> None:
+    def __init__(self, native: Any, keep: Any, engine: "Engine", name: Optional[str],
+                 pooled: bool = False) -> None:
         self._native = native
         self._keep = keep
         self._engine = engine
+        self._views: Optional[ViewState] = ViewState() if pooled else None
         self.name = name
 
     @property
@@ -221,8 +106,21 @@ class Region:
         return k[0] if isinstance(k, tuple) else k
 
     def read(self, offset: int, length: int) -> bytes:
-        """Copies bytes out (bounds-checked; for pooled regions, the only way in Python)."""
+        """Copies bytes out (bounds-checked)."""
         return bytes(self._native.read(offset, length))
+
+    def buffer(self, offset: int = 0, length: Optional[int] = None) -> memoryview:
+        """A pooled region's bytes in place: a writable ``memoryview`` (format ``B``) of
+        ``offset .. offset + length`` (to the end by default). The view keeps the memory
+        mapped (after `Engine.close` too) until released; `Engine.deregister` refuses the
+        region meanwhile (``BufferError``). Other regions raise ``ParamInvalidError``."""
+        return buffer(self, offset, length)
+
+    def numpy(self, dtype: Any = "uint8", shape: Union[None, int, Tuple[int, ...]] = None,
+              offset: int = 0) -> Any:
+        """A pooled region as a writable ``numpy.ndarray`` of ``dtype`` (and ``shape``; 1-D
+        over the rest of the region by default) from byte ``offset``; a view as `buffer`."""
+        return numpy(self, dtype, shape, offset)
 
     def write(self, offset: int, data: bytes) -> None:
         """Copies bytes in (bounds-checked)."""
@@ -432,16 +330,25 @@ class Engine(DirectoryMixin):
     def register_pooled(self, length: int, access: Access = Access.REMOTE_RW,
                         name: Optional[str] = None) -> Region:
         """Allocates and registers ``length`` bytes of the engine's shared-memory pool (peers
-        on this host map it directly). Reach it with `Region.read` / `Region.write`."""
+        on this host map it directly). Reach it in place with `Region.buffer` /
+        `Region.numpy`, or copy with `Region.read` / `Region.write`."""
         native = self._native.register_pooled(int(length), int(access), name)
-        r = Region(native, None, self, name)
+        r = Region(native, None, self, name, pooled=True)
         self._regions.add(r)
         return r
 
     def deregister(self, region: Region) -> Op[None]:
         """Deregisters: the op finishes once no op can touch the region any more; then the
-        registered object is released."""
-        inner: Op[None] = Op(self._native.deregister(region._native))
+        registered object is released. A pooled region with live views (`Region.buffer`)
+        raises ``BufferError`` instead."""
+        if region._views is not None:
+            region._views.start_deregistering(region)
+        try:
+            inner: Op[None] = Op(self._native.deregister(region._native))
+        except BaseException:
+            if region._views is not None:
+                region._views.closing = False
+            raise
 
         def release(_: Any) -> None:
             region._native._forget()
@@ -452,8 +359,18 @@ class Engine(DirectoryMixin):
 
     # links
 
-    def connect(self, remote: str, timeout: float = 3.0) -> Op[Peer]:
-        """Links to ``remote`` (``ip:port``); the op yields the `Peer`."""
+    def connect(self, remote: str, timeout: float = 3.0, retries: int = 0,
+                backoff: float = 0.1) -> Op[Peer]:
+        """Links to ``remote`` (``ip:port``); the op yields the `Peer`. ``timeout`` bounds each
+        try. With ``retries``, a try the peer refuses or that cannot reach it (nothing
+        listens yet, host or network unreachable, reset, timed out) is made again up to
+        ``retries`` times, ``backoff`` seconds after the first failure, doubling (at most
+        10 s); other errors (authentication, wire version, a bad address) end it at once.
+        After the last try the error is the last one's class, its message saying how many
+        tries were made. Each retry is logged (INFO, logger ``hixl.hixl_py.connect``)."""
+        if check_retries(retries, backoff):
+            return Op(self._native.connect_retrying(remote, timeout, retries, float(backoff)),
+                      Peer)
         return Op(self._native.connect(remote, timeout), Peer)
 
     def connect_named(self, name: str, timeout: float = 3.0) -> Op[Peer]:
@@ -519,7 +436,14 @@ class Engine(DirectoryMixin):
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        self.close()
+        await self.aclose()
+
+    async def aclose(self, grace: float = 1.0) -> None:
+        """`close` for asyncio: the blocking close runs on a thread of its own while the event
+        loop runs on (ops awaited on it fail as their links close, other coroutines keep
+        running). ``async with Engine(...)`` ends with it. Cancelling the await does not
+        stop the close."""
+        await run_off_loop("hixl-aclose", self.close, grace)
 
     def __repr__(self) -> str:
         return f"<Engine {self.local_engine}{' closed' if self.closed else ''}>"
