@@ -63,6 +63,7 @@ mounts() {
   mount -t proc proc "$ROOT/proc" && mounted+=("$ROOT/proc")
   bind /sys "$ROOT/sys"
   bind /dev "$ROOT/dev"
+  bind /dev/pts "$ROOT/dev/pts"
   mount -t tmpfs tmpfs "$ROOT/run" && mounted+=("$ROOT/run")
   mount -t tmpfs -o size=8g tmpfs "$ROOT/dev/shm" && mounted+=("$ROOT/dev/shm")
   bind "$rustup_home" "$ROOT/root/.rustup" ro
@@ -75,6 +76,7 @@ inside() {
   chroot "$ROOT" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
     PATH=/opt/cargo-bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     RUSTUP_HOME=/root/.rustup CARGO_HOME=/root/.cargo CARGO_TERM_COLOR=never \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     HIXL_REQUIRE_NETNS=1 HIXL_REQUIRE_URING=1 HIXL_REQUIRE_ETCD=1 \
     /bin/bash -c "cd /src/hixl && $1"
 }
@@ -84,6 +86,12 @@ linker() {
   # to fetch crates.
   inside "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
     --no-install-recommends gcc libc6-dev ca-certificates >/dev/null"
+  # The machine's own local CAs (a proxy's, where the network goes through one), so that the
+  # root reaches crates.io and PyPI as the machine does.
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    cp /usr/local/share/ca-certificates/*.crt "$ROOT/usr/local/share/ca-certificates/"
+    inside "update-ca-certificates >/dev/null"
+  fi
   inside "! command -v protoc && ! command -v clang && ! ls /usr/include/infiniband 2>/dev/null" \
     >/dev/null || { echo "fresh-root: the root is not bare" >&2; return 1; }
 }

@@ -50,7 +50,8 @@ pub struct CommArgs {
     pub duration: f64,
     /// Transport: `tcp`, `fabric` (same host: shared memory and copy engines), `verbs` (RDMA;
     /// builds with the `verbs` feature) or `auto` (what the engine picks for the peer).
-    /// Measured against a raw TCP baseline of the same run.
+    /// Measured against a baseline of the same run: a plain TCP stream between the same
+    /// processes for tcp and verbs, a single-thread memcpy of the same footprint for the fabric.
     #[arg(long, default_value = "tcp")]
     pub transport: String,
     /// With `--transport fabric`: the target registers heap memory (reached by cross-memory

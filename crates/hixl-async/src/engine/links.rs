@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hixl_core::{Error, OpDesc, Result, TransferOp};
 
-use super::{Engine, LinkSlot};
+use super::{http_probe, Engine, LinkSlot};
 use crate::addr::{engine_name, EngineAddr};
 use crate::link::{Link, LinkParams, Peer};
 use crate::sync::lock;
@@ -104,6 +104,14 @@ impl Engine {
                 peer: key.clone(),
                 after: timeout,
             }),
+        };
+        // An HTTP server on the port is named as such, whatever it answered (or not).
+        let r = match r {
+            Err(e) if http_probe::worth_probing(&e) => match http_probe::probe(sa).await {
+                Some(status) => Err(http_probe::http_peer_error(&key, sa, &status)),
+                None => Err(e),
+            },
+            r => r,
         };
         slot.armed = false;
         // A shutdown that began while this connect ran has closed every link but this one.

@@ -2,6 +2,7 @@
 
 mod async_connect;
 mod builder;
+mod http_probe;
 mod links;
 #[cfg(feature = "directory")]
 mod named;
