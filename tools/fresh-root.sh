@@ -10,6 +10,8 @@
 #
 #   tools/fresh-root.sh            # both (as root; needs debootstrap, which it apt-gets)
 #   tools/fresh-root.sh demo       # only the first
+#   REUSE=1 tools/fresh-root.sh    # again in the root a previous run left (its packages, crates
+#                                  # and target/ kept; the tree copied anew)
 #
 # Environment: ROOT (default /tmp/hixl-fresh-root; made anew), MIRROR (http://deb.debian.org/debian),
 # SUITE (bookworm). Prints a table of the steps and their seconds; exits with the first failure.
@@ -53,10 +55,18 @@ bootstrap() {
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
   }
+  # Never remove a root that still has something mounted in it (a run killed before its
+  # cleanup): /dev and /sys are bound in there.
+  if grep -q " $ROOT/" /proc/mounts; then
+    echo "fresh-root: $ROOT still has mounts (a run was killed?); unmount them first" >&2
+    return 1
+  fi
   rm -rf "$ROOT"
   debootstrap --variant=minbase "$SUITE" "$ROOT" "$MIRROR" >/dev/null
   echo "deb $MIRROR $SUITE main" >"$ROOT/etc/apt/sources.list"
   cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+  # What an installed machine has and debootstrap leaves out.
+  printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$ROOT/etc/hosts"
 }
 
 mounts() {
@@ -70,6 +80,8 @@ mounts() {
   bind "$cargo_bin" "$ROOT/opt/cargo-bin" ro
   mkdir -p "$ROOT/src/hixl"
   git archive HEAD | tar -x -C "$ROOT/src/hixl"
+  grep -q localhost "$ROOT/etc/hosts" 2>/dev/null ||
+    printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$ROOT/etc/hosts"
 }
 
 inside() {
@@ -96,9 +108,13 @@ linker() {
     >/dev/null || { echo "fresh-root: the root is not bare" >&2; return 1; }
 }
 
-timed "debootstrap $SUITE (minbase)" bootstrap
-timed "mounts, toolchain and tree" mounts
-timed "gcc, libc6-dev, ca-certificates (the toolchain's linker)" linker
+if [ "${REUSE:-0}" = 1 ] && [ -d "$ROOT/src/hixl" ]; then
+  timed "mounts, toolchain and tree (reusing $ROOT)" mounts
+else
+  timed "debootstrap $SUITE (minbase)" bootstrap
+  timed "mounts, toolchain and tree" mounts
+  timed "gcc, libc6-dev, ca-certificates (the toolchain's linker)" linker
+fi
 timed "main job: cargo run --release -p hixl-cli -- demo" inside "cargo run --release -p hixl-cli -- demo"
 [ "$what" = demo ] && exit 0
 timed "test command: tools/test.sh" inside "tools/test.sh"
