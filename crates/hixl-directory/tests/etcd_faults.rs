@@ -1,6 +1,6 @@
 //! The directory under faults an operator meets, against real etcd processes: a frozen
-//! member, large values and a prefix of 50k entries, an auth token etcd forgot. (Skipped
-//! without `etcd` unless HIXL_REQUIRE_ETCD=1.)
+//! member, large values and a prefix of 50k entries, an auth token etcd forgot, one that
+//! expired. (Skipped without `etcd` unless HIXL_REQUIRE_ETCD=1.)
 
 use std::time::Duration;
 
@@ -163,7 +163,11 @@ async fn large_values_and_50k_entries_are_listed_in_pages() {
 /// etcd with auth on, and tokens that expire after 2 s unused (`--auth-token-ttl`, 300 s by
 /// default).
 fn etcd_with_auth(ttl: u64) -> (Etcd, DirectoryOptions) {
-    let etcd = Etcd::start_with(1, &["--auth-token-ttl=2"]);
+    etcd_with_auth_flags(ttl, &["--auth-token-ttl=2"])
+}
+
+fn etcd_with_auth_flags(ttl: u64, flags: &[&str]) -> (Etcd, DirectoryOptions) {
+    let etcd = Etcd::start_with(1, flags);
     let ep = etcd.url()[7..].to_owned();
     let ctl = |args: &[&str]| etcdctl(&ep, args);
     ctl(&["user", "add", "root:rootpw"]);
@@ -227,6 +231,78 @@ async fn an_entry_deleted_under_an_idle_authenticated_engine_is_republished() {
                 .is_some_and(|p| p.state == PublishState::Live)
     })
     .await;
+}
+
+/// With auth on and JWT tokens that expire 2 s after they were issued, however much they are
+/// used (etcd's `--auth-token jwt,...,ttl=2s`): once the handles' tokens have expired (seen
+/// when a client that authenticated after them is refused), a handle that only read reads
+/// again (its token renewed: without the renewal this fails, "invalid auth token"), and the
+/// publisher's entry, deleted, is published again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_jwt_is_renewed_and_the_entry_republished() {
+    if !available() {
+        return;
+    }
+    let fx = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures");
+    let jwt = format!(
+        "--auth-token=jwt,pub-key={fx}/jwt-test-key.pub.pem,priv-key={fx}/jwt-test-key.pem,sign-method=RS256,ttl=2s"
+    );
+    let (etcd, o) = etcd_with_auth_flags(60, &[&jwt]);
+    let d = Directory::open(&o).await.unwrap();
+    d.publish(entry("prefill-jwt", 5)).await.unwrap();
+    let reader = Directory::open(&o).await.unwrap();
+    until(5, "listed", || reader.lookup("prefill-jwt").is_some()).await;
+    let cold = Directory::open(&o).await.unwrap();
+    cold.resolve_cold("prefill-jwt").await.unwrap();
+    // A client that authenticates after the publisher did, and never renews its token: once
+    // etcd refuses it, the publisher's older token has expired too.
+    let ep = etcd.url()[7..].to_owned();
+    let mut probe = Client::connect(
+        [format!("http://{ep}")],
+        Some(etcd_client::ConnectOptions::new().with_user("hixl", "s3cret-pw")),
+    )
+    .await
+    .unwrap();
+    let t0 = tokio::time::Instant::now();
+    while probe.get("/hixl/engines/prefill-jwt", None).await.is_ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the JWT never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A handle that only read, with the token it authenticated with when it opened: a
+    // request now needs it renewed.
+    let e = cold.resolve_cold("prefill-jwt").await;
+    assert!(e.is_ok(), "a read with an expired token: {e:?}");
+    // The key's create revision tells the entry published again from the one deleted.
+    let mut root = Client::connect(
+        [format!("http://{ep}")],
+        Some(
+            etcd_client::ConnectOptions::new()
+                .with_user("root", "rootpw")
+                .with_auto_token_refresh(true),
+        ),
+    )
+    .await
+    .unwrap();
+    let first = created(&mut root, "prefill-jwt").await.expect("published");
+    root.delete("/hixl/engines/prefill-jwt", None)
+        .await
+        .unwrap();
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let again = created(&mut root, "prefill-jwt").await;
+        if again.is_some_and(|r| r > first) && reader.lookup("prefill-jwt").is_some() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "not republished: {:?}",
+            d.publication().map(|p| p.state)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// With etcd auth on, etcd restarted (its tokens forgotten) while an engine publishes: the
