@@ -57,7 +57,7 @@ bootstrap() {
   }
   # Never remove a root that still has something mounted in it (a run killed before its
   # cleanup): /dev and /sys are bound in there.
-  if grep -q " $ROOT/" /proc/mounts; then
+  if grep -qE " $ROOT[/ ]" /proc/mounts; then
     echo "fresh-root: $ROOT still has mounts (a run was killed?); unmount them first" >&2
     return 1
   fi
@@ -70,6 +70,8 @@ bootstrap() {
 }
 
 mounts() {
+  # The root a mount point of its own, as / is on a machine (`ip netns` makes / a slave mount).
+  mount --bind "$ROOT" "$ROOT" && mounted+=("$ROOT")
   mount -t proc proc "$ROOT/proc" && mounted+=("$ROOT/proc")
   bind /sys "$ROOT/sys"
   bind /dev "$ROOT/dev"

@@ -15,7 +15,7 @@ if [ -z "$wheel" ]; then
     "${PYTHON:-python3}" -m venv "$work/build-venv" >&2
     "$work/build-venv/bin/pip" install -q 'maturin>=1.7,<2' >&2
   fi
-  "$work/build-venv/bin/maturin" build --release -m crates/hixl-py/Cargo.toml --out "$work/wheels" >&2
+  "$work/build-venv/bin/maturin" build --release --features verbs -m crates/hixl-py/Cargo.toml --out "$work/wheels" >&2
   wheel=$(ls -t "$work"/wheels/hixl-*.whl | head -1)
 fi
 echo "$wheel"

@@ -25,7 +25,7 @@ else
     "$PY" -m venv "$work/build-venv"
     "$work/build-venv/bin/pip" install -q 'maturin>=1.7,<2'
   fi
-  "$work/build-venv/bin/maturin" build --release -m crates/hixl-py/Cargo.toml --out "$work/wheels"
+  "$work/build-venv/bin/maturin" build --release --features verbs -m crates/hixl-py/Cargo.toml --out "$work/wheels"
   wheel=$(ls "$work"/wheels/hixl-*.whl)
 fi
 rm -rf "$venv"

@@ -142,7 +142,7 @@ if want wheel; then
   venv_tools
   say "wheel (maturin --zig, manylinux_2_28)"
   rm -f "$out"/hixl-*.whl
-  maturin build --release --locked --strip --zig --compatibility manylinux_2_28 \
+  maturin build --release --locked --strip --zig --compatibility manylinux_2_28 --features verbs \
     --auditwheel check -m crates/hixl-py/Cargo.toml --out "$out"
   wheel=$(ls "$out"/hixl-"$version"-*manylinux_2_28*.whl 2>/dev/null | head -1)
   [ -n "$wheel" ] || die "maturin left no manylinux_2_28 wheel in $out"

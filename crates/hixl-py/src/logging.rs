@@ -10,9 +10,17 @@
 //! may hold a lock that a thread holding the GIL waits for. So a record that passes the cached
 //! levels is copied onto a bounded queue, and one thread of this module's own (which holds
 //! nothing else) logs it in Python. When the queue is full, records are dropped.
+//!
+//! At interpreter exit (`_stop_logging`, the last `atexit` hook: it is registered first, when
+//! the package is imported, and the engines' closing hooks after it), that thread logs what
+//! is queued, then ends, and later records are dropped. No Rust thread then waits for the GIL
+//! while Python finalizes, which ends such a thread with `pthread_exit`: unwinding Rust frames
+//! that way is undefined, and crashes where the unwinder linked in is not the system's.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use pyo3::prelude::*;
@@ -22,6 +30,23 @@ use pyo3_log::{Caching, Logger, ResetHandle};
 const QUEUE: usize = 4096;
 
 static RESET: OnceLock<ResetHandle> = OnceLock::new();
+
+/// Set at interpreter exit: records are dropped from then on.
+static STOPPED: AtomicBool = AtomicBool::new(false);
+
+/// The logging thread's queue and the process it was made in (a forked child starts a thread
+/// of its own).
+type Queue = Arc<Mutex<Option<(u32, SyncSender<Msg>)>>>;
+
+/// The logging thread's queue, for `_stop_logging`.
+static QUEUE_OF: OnceLock<Queue> = OnceLock::new();
+
+/// What the logging thread is sent: a record, or the word to end once all before it are
+/// logged (with where to say it has).
+enum Msg {
+    Record(Owned),
+    Stop(SyncSender<()>),
+}
 
 /// A record copied off the logging thread's stack.
 struct Owned {
@@ -36,12 +61,14 @@ struct Owned {
 /// The global logger: filters with pyo3-log's cached levels, queues what passes.
 struct Deferred {
     inner: Arc<Logger>,
-    /// The queue and the process it was made in: a forked child starts a thread of its own.
-    queue: Mutex<Option<(u32, SyncSender<Owned>)>>,
+    queue: Queue,
 }
 
 impl Deferred {
-    fn sender(&self) -> Option<SyncSender<Owned>> {
+    fn sender(&self) -> Option<SyncSender<Msg>> {
+        if STOPPED.load(Ordering::Acquire) {
+            return None;
+        }
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         let pid = std::process::id();
         if let Some((p, tx)) = &*q {
@@ -60,9 +87,16 @@ impl Deferred {
     }
 }
 
-/// The logging thread: each record into Python, in order.
-fn drain(inner: &Logger, rx: Receiver<Owned>) {
-    for o in rx {
+/// The logging thread: each record into Python, in order, until told to stop.
+fn drain(inner: &Logger, rx: Receiver<Msg>) {
+    for m in rx {
+        let o = match m {
+            Msg::Record(o) => o,
+            Msg::Stop(done) => {
+                let _ = done.send(());
+                return;
+            }
+        };
         inner.log(
             &Record::builder()
                 .level(o.level)
@@ -95,7 +129,7 @@ impl Log for Deferred {
             line: record.line(),
         };
         if let Some(tx) = self.sender() {
-            let _ = tx.try_send(o);
+            let _ = tx.try_send(Msg::Record(o));
         }
     }
 
@@ -110,18 +144,43 @@ pub(crate) fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
             .filter(LevelFilter::Debug)
             .set_prefix("hixl");
         let reset = logger.reset_handle();
+        let queue = Arc::new(Mutex::new(None));
         let deferred = Deferred {
             inner: Arc::new(logger),
-            queue: Mutex::new(None),
+            queue: Arc::clone(&queue),
         };
         // Another extension in the process may have installed its logger first; Rust's records
         // then go there, and ours is not needed.
         if log::set_boxed_logger(Box::new(deferred)).is_ok() {
             log::set_max_level(LevelFilter::Debug);
             let _ = RESET.set(reset);
+            let _ = QUEUE_OF.set(queue);
         }
     }
+    m.add_function(wrap_pyfunction!(_stop_logging, m)?)?;
     m.add_function(wrap_pyfunction!(_reset_log_cache, m)?)
+}
+
+/// Ends the logging thread once it has logged what is queued (waiting at most 1 s, without
+/// the GIL, which it needs), and drops later records. Called at interpreter exit.
+#[pyfunction]
+fn _stop_logging(py: Python<'_>) {
+    STOPPED.store(true, Ordering::Release);
+    let Some(q) = QUEUE_OF.get() else { return };
+    let tx = {
+        let mut g = q.lock().unwrap_or_else(|p| p.into_inner());
+        match g.take() {
+            Some((pid, tx)) if pid == std::process::id() => tx,
+            _ => return,
+        }
+    };
+    let (done_tx, done_rx) = sync_channel(1);
+    py.detach(move || {
+        // Blocks while the queue is full (the thread is draining it); fails if it is gone.
+        if tx.send(Msg::Stop(done_tx)).is_ok() {
+            let _ = done_rx.recv_timeout(Duration::from_secs(1));
+        }
+    });
 }
 
 /// Forgets the cached Python loggers and levels (after `setLevel` on a `hixl` logger).

@@ -10,7 +10,15 @@ The native code logs through Python's ``logging``, to loggers under ``hixl`` (e.
 ``hixl.reset_log_cache()``.
 """
 
-from . import _errors
+import atexit as _atexit
+
+from ._hixl import _stop_logging
+
+# Registered before any other hook of the package, so it runs last at exit (after engines
+# closed and logged it): the native logging thread ends before Python finalizes.
+_atexit.register(_stop_logging)
+
+from . import _errors  # noqa: E402
 from ._errors import (AlreadyConnectedError, AuthError, FailedError, HeartbeatLostError,
                       HixlError, HixlTimeoutError, NotConnectedError, NotifyFailedError,
                       ParamInvalidError, PeerLostError, RefusedError, ResourceExhaustedError,
