@@ -6,10 +6,13 @@
 #   1. the main job:     cargo run --release -p hixl-cli -- demo
 #      with nothing installed but what rustup's toolchain itself needs to link (gcc, libc6-dev)
 #      and ca-certificates to fetch crates: no protoc, clang or -dev package;
-#   2. the test command: tools/test.sh (which installs what the tests need, then runs them).
+#   2. the wheel from source, `pip install ./crates/hixl-py`, with only Rust and Python
+#      (python3-venv) installed, and the installed package imported and an engine made;
+#   3. the test command: tools/test.sh (which installs what the tests need, then runs them).
 #
-#   tools/fresh-root.sh            # both (as root; needs debootstrap, which it apt-gets)
+#   tools/fresh-root.sh            # all three (as root; needs debootstrap, which it apt-gets)
 #   tools/fresh-root.sh demo       # only the first
+#   tools/fresh-root.sh pip        # only the second
 #   REUSE=1 tools/fresh-root.sh    # again in the root a previous run left (its packages, crates
 #                                  # and target/ kept; the tree copied anew)
 #
@@ -117,6 +120,24 @@ else
   timed "mounts, toolchain and tree" mounts
   timed "gcc, libc6-dev, ca-certificates (the toolchain's linker)" linker
 fi
-timed "main job: cargo run --release -p hixl-cli -- demo" inside "cargo run --release -p hixl-cli -- demo"
-[ "$what" = demo ] && exit 0
+source_wheel() {
+  # What a previous test command installed goes first: only Rust and Python stay.
+  inside "DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq libibverbs-dev librdmacm-dev \
+    'libclang*-dev' protobuf-compiler >/dev/null 2>&1; apt-get autoremove -y -qq >/dev/null 2>&1;
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 \
+    python3-venv >/dev/null"
+  inside "! command -v protoc && ! ls /usr/include/infiniband && ! ls /usr/lib/llvm-*/lib/libclang* " \
+    >/dev/null 2>&1 || { echo "fresh-root: the root is not bare of protoc, rdma headers, libclang" >&2; return 1; }
+  inside "rm -rf /tmp/srcv && python3 -m venv /tmp/srcv && /tmp/srcv/bin/pip install -q ./crates/hixl-py \
+    && cd /tmp && /tmp/srcv/bin/python -c 'import hixl; e = hixl.Engine(\"127.0.0.1\"); \
+    print(\"hixl\", hixl.__version__, \"from source:\", e.local_engine, e.info()[\"verbs_reason\"]); e.close()'"
+}
+
+if [ "$what" = all ] || [ "$what" = demo ]; then
+  timed "main job: cargo run --release -p hixl-cli -- demo" inside "cargo run --release -p hixl-cli -- demo"
+fi
+if [ "$what" = all ] || [ "$what" = pip ]; then
+  timed "pip install ./crates/hixl-py with only Rust and Python" source_wheel
+fi
+[ "$what" = all ] || exit 0
 timed "test command: tools/test.sh" inside "tools/test.sh"
