@@ -3,7 +3,7 @@
 //!
 //! Depend on this crate; it re-exports the API of `hixl-core` and `hixl-async`. The README
 //! follows; its examples are compiled as doctests.
-#![doc = include_str!("../../../README.md")]
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
