@@ -52,15 +52,19 @@ async fn serve(l: TcpListener, how: Http) {
     }
 }
 
+async fn tcp_engine() -> Engine {
+    Engine::builder("127.0.0.1")
+        .option("hixl.Transport", "tcp")
+        .build()
+        .await
+        .expect("engine")
+}
+
 async fn connect_error(how: Http, timeout: Duration) -> (String, Error) {
     let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = l.local_addr().expect("addr").to_string();
     tokio::spawn(serve(l, how));
-    let e = Engine::builder("127.0.0.1")
-        .option("hixl.Transport", "tcp")
-        .build()
-        .await
-        .expect("engine");
+    let e = tcp_engine().await;
     let err = e
         .connect(&addr, timeout)
         .await
@@ -102,11 +106,7 @@ async fn a_silent_port_is_a_timeout_not_http() {
             conns.push(s);
         }
     });
-    let e = Engine::builder("127.0.0.1")
-        .option("hixl.Transport", "tcp")
-        .build()
-        .await
-        .expect("engine");
+    let e = tcp_engine().await;
     let err = e
         .connect(&addr, Duration::from_millis(300))
         .await
