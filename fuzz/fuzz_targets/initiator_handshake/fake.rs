@@ -113,6 +113,13 @@ async fn data_server(
             return;
         };
         let _ = s.set_nodelay(true);
+        // After a failed connect the engine asks once, on a connection of its own, whether
+        // the port is an HTTP server (to name one in its error): not a data connection.
+        let mut head = [0u8; 4];
+        let probe = tokio::time::timeout(Duration::from_secs(1), s.peek(&mut head)).await;
+        if matches!(probe, Ok(Ok(4))) && &head == b"GET " {
+            continue;
+        }
         let hello = read_one(&mut s, Duration::from_secs(1)).await;
         lock(&rep).data_hellos.push(hello.clone());
         let session = match hello {
