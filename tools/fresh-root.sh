@@ -109,8 +109,13 @@ linker() {
     cp /usr/local/share/ca-certificates/*.crt "$ROOT/usr/local/share/ca-certificates/"
     inside "update-ca-certificates >/dev/null"
   fi
-  inside "! command -v protoc && ! command -v clang && ! ls /usr/include/infiniband 2>/dev/null" \
-    >/dev/null || { echo "fresh-root: the root is not bare" >&2; return 1; }
+}
+
+# Nothing but the toolchain's linker: no protoc, clang, libclang or RDMA headers.
+bare() {
+  inside "! command -v protoc && ! command -v clang && ! ls /usr/include/infiniband \
+    && ! ls /usr/lib/llvm-*/lib/libclang*" >/dev/null 2>&1 ||
+    { echo "fresh-root: the root is not bare (protoc, clang, libclang or RDMA headers found)" >&2; return 1; }
 }
 
 if [ "${REUSE:-0}" = 1 ] && [ -d "$ROOT/src/hixl" ]; then
@@ -126,14 +131,14 @@ source_wheel() {
     'libclang*-dev' protobuf-compiler >/dev/null 2>&1; apt-get autoremove -y -qq >/dev/null 2>&1;
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3 \
     python3-venv >/dev/null"
-  inside "! command -v protoc && ! ls /usr/include/infiniband && ! ls /usr/lib/llvm-*/lib/libclang* " \
-    >/dev/null 2>&1 || { echo "fresh-root: the root is not bare of protoc, rdma headers, libclang" >&2; return 1; }
+  bare
   inside "rm -rf /tmp/srcv && python3 -m venv /tmp/srcv && /tmp/srcv/bin/pip install -q ./crates/hixl-py \
     && cd /tmp && /tmp/srcv/bin/python -c 'import hixl; e = hixl.Engine(\"127.0.0.1\"); \
     print(\"hixl\", hixl.__version__, \"from source:\", e.local_engine, e.info()[\"verbs_reason\"]); e.close()'"
 }
 
 if [ "$what" = all ] || [ "$what" = demo ]; then
+  bare
   timed "main job: cargo run --release -p hixl-cli -- demo" inside "cargo run --release -p hixl-cli -- demo"
 fi
 if [ "$what" = all ] || [ "$what" = pip ]; then

@@ -36,10 +36,7 @@ static STOPPED: AtomicBool = AtomicBool::new(false);
 
 /// The logging thread's queue and the process it was made in (a forked child starts a thread
 /// of its own).
-type Queue = Arc<Mutex<Option<(u32, SyncSender<Msg>)>>>;
-
-/// The logging thread's queue, for `_stop_logging`.
-static QUEUE_OF: OnceLock<Queue> = OnceLock::new();
+static LOG_QUEUE: Mutex<Option<(u32, SyncSender<Msg>)>> = Mutex::new(None);
 
 /// What the logging thread is sent: a record, or the word to end once all before it are
 /// logged (with where to say it has).
@@ -61,7 +58,6 @@ struct Owned {
 /// The global logger: filters with pyo3-log's cached levels, queues what passes.
 struct Deferred {
     inner: Arc<Logger>,
-    queue: Queue,
 }
 
 impl Deferred {
@@ -69,7 +65,7 @@ impl Deferred {
         if STOPPED.load(Ordering::Acquire) {
             return None;
         }
-        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = LOG_QUEUE.lock().unwrap_or_else(|p| p.into_inner());
         let pid = std::process::id();
         if let Some((p, tx)) = &*q {
             if *p == pid {
@@ -144,17 +140,14 @@ pub(crate) fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
             .filter(LevelFilter::Debug)
             .set_prefix("hixl");
         let reset = logger.reset_handle();
-        let queue = Arc::new(Mutex::new(None));
         let deferred = Deferred {
             inner: Arc::new(logger),
-            queue: Arc::clone(&queue),
         };
         // Another extension in the process may have installed its logger first; Rust's records
         // then go there, and ours is not needed.
         if log::set_boxed_logger(Box::new(deferred)).is_ok() {
             log::set_max_level(LevelFilter::Debug);
             let _ = RESET.set(reset);
-            let _ = QUEUE_OF.set(queue);
         }
     }
     m.add_function(wrap_pyfunction!(_stop_logging, m)?)?;
@@ -166,9 +159,8 @@ pub(crate) fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 fn _stop_logging(py: Python<'_>) {
     STOPPED.store(true, Ordering::Release);
-    let Some(q) = QUEUE_OF.get() else { return };
     let tx = {
-        let mut g = q.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = LOG_QUEUE.lock().unwrap_or_else(|p| p.into_inner());
         match g.take() {
             Some((pid, tx)) if pid == std::process::id() => tx,
             _ => return,

@@ -12,6 +12,11 @@
 //! Which transport serves a peer is one policy over the transports' answers to the peer's
 //! offers, in [`select`]: the `auto` order and the forced choice of `hixl.Transport`.
 
+// Part of the transport interface: hooks and kinds that only some transports use (the
+// fabric's, verbs'). A build without one of them leaves those unused; the full build
+// (`--features verbs`, the fabric being a default) checks every item here for dead code.
+#![cfg_attr(not(all(feature = "fabric", feature = "verbs")), allow(dead_code))]
+
 pub(crate) mod kind;
 pub(crate) mod registry;
 pub(crate) mod select;
@@ -173,14 +178,12 @@ pub(crate) trait ControlExchange: Send {
     ///
     /// # Errors
     /// A message the session does not let an initiator send, or the connection's death.
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     fn send(&mut self, m: Message) -> BoxFuture<'_, Result<()>>;
 
     /// The next transport message from the peer.
     ///
     /// # Errors
     /// The session's cause when it ends first (a lost connection, a protocol violation).
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     fn recv(&mut self) -> BoxFuture<'_, Result<Message>>;
 }
 
@@ -190,9 +193,7 @@ pub(crate) trait ControlExchange: Send {
 /// the control connection, such as verbs, reads only some of it.)
 pub(crate) struct Negotiation<'a> {
     /// The transport offers the peer sent before its memory table (`FabricInfo`, `VerbsInfo`).
-    #[cfg_attr(not(any(feature = "fabric", feature = "verbs")), allow(dead_code))]
     pub(crate) offers: &'a [Message],
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) control: &'a mut dyn ControlExchange,
     /// The peer's name and the session it handed out.
     pub(crate) peer: &'a Arc<str>,
@@ -208,7 +209,6 @@ pub(crate) struct Negotiation<'a> {
     pub(crate) chunk: u64,
     pub(crate) state: &'a Arc<LinkState>,
     pub(crate) ops: &'a crate::context::OpsHandle,
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) sink: &'a Completions,
     pub(crate) config: &'a Arc<crate::context::EngineConfig>,
 }
@@ -232,14 +232,11 @@ pub(crate) struct Accepted<'a> {
 /// What a channel may call back into its link once the link is built (read by channels with
 /// tasks of their own, such as the fabric's).
 pub(crate) struct LinkHooks {
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) state: Arc<LinkState>,
     /// A notify sent on the channel was acked: `(seq, status)`.
-    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
     pub(crate) on_ack: Box<dyn Fn(u64, u32) + Send + Sync>,
     /// Sends a transport message on the control connection (verbs: a rail's `VerbsConnect`
     /// when it is probed back); false once the link's driver has ended.
-    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) control: Box<dyn Fn(Message) -> bool + Send + Sync>,
 }
 
