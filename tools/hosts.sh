@@ -9,6 +9,7 @@
 #   tools/hosts.sh addr HOST            # HOST's address
 #   tools/hosts.sh shape HOST [SHAPE...]  # sets (or, with none, clears) HOST's link's shaping
 #   tools/hosts.sh link HOST up|down    # takes HOST's link down, or up again
+#   tools/hosts.sh mtu HOST N           # sets HOST's link's MTU (its eth0 only: a mismatch)
 #   tools/hosts.sh down                 # removes every namespace of the rig
 #   tools/hosts.sh run N [SHAPE...] -- CMD...   # up, CMD (with HIXL_HOSTS=N), down on any exit
 #
@@ -132,6 +133,10 @@ case $cmd in
     [ $# -eq 2 ] && [[ $2 =~ ^(up|down)$ ]] || die "link HOST up|down"
     ip -n "$(ns_of "$1")" link set eth0 "$2"
     ;;
+  mtu)
+    [ $# -eq 2 ] && [[ $2 =~ ^[0-9]+$ ]] || die "mtu HOST N (bytes, e.g. 1280)"
+    ip -n "$(ns_of "$1")" link set eth0 mtu "$2"
+    ;;
   run)
     [ $# -ge 3 ] || die "run N [SHAPE...] -- CMD..."
     n=$1; shift
@@ -143,5 +148,5 @@ case $cmd in
     up "$n" "${spec[@]}"
     HIXL_HOSTS=$n "$@"
     ;;
-  *) sed -n '2,24p' "$0"; exit 2 ;;
+  *) sed -n '2,22p' "$0"; exit 2 ;;
 esac

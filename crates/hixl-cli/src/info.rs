@@ -140,6 +140,55 @@ fn ptrace_scope() -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// The engine that reaches a `--peer`: at `local`, with the directory (`hixl.Directory`) that
+/// a peer's name is looked up in and `options`.
+pub fn peer_builder(
+    local: &str,
+    directory: Option<&str>,
+    options: &[(String, String)],
+) -> hixl::EngineBuilder {
+    let mut b = hixl::Engine::builder(local);
+    if let Some(d) = directory {
+        b = b.option("hixl.Directory", d);
+    }
+    for (k, v) in options {
+        b = b.option(k, v);
+    }
+    b
+}
+
+/// Which transport serves a connected peer and why, and its rails (verbs only): what
+/// `hixl info --peer` and `hixl doctor` report of a path.
+pub struct PeerPath {
+    /// The transport, with why it was picked.
+    pub transport: String,
+    /// The link's rails.
+    pub rails: Vec<hixl::RailInfo>,
+}
+
+impl PeerPath {
+    /// The path to `peer` now.
+    pub fn of(peer: &hixl::Peer) -> PeerPath {
+        PeerPath {
+            transport: peer.transport().to_string(),
+            rails: peer.rails(),
+        }
+    }
+
+    /// As text: `peer NAME: transport`, then a line per rail.
+    pub fn lines(&self, name: &str) -> Vec<String> {
+        let mut l = vec![format!("peer {name}: {}", self.transport)];
+        l.extend(self.rails.iter().map(|x| format!("  {x}")));
+        l
+    }
+
+    /// As JSON: `{peer, transport, rails}`.
+    pub fn json(&self, name: &str) -> serde_json::Value {
+        let rails: Vec<String> = self.rails.iter().map(|r| r.to_string()).collect();
+        serde_json::json!({ "peer": name, "transport": self.transport, "rails": rails })
+    }
+}
+
 /// Prints the report.
 pub async fn run(a: Args) -> CliResult {
     let mut r = Report {
@@ -195,25 +244,22 @@ pub async fn run(a: Args) -> CliResult {
     );
     let mut peer_json = serde_json::Value::Null;
     if let Some(p) = a.peer {
-        let mut b = hixl::Engine::builder("127.0.0.1");
-        if let Some(d) = &a.directory {
-            b = b.option("hixl.Directory", d);
+        if let Some((k, _)) = a
+            .options
+            .iter()
+            .find(|(k, _)| !k.starts_with("hixl.Directory"))
+        {
+            return Err(hixl_cli::fail!(
+                "--option {k}: only hixl.Directory* keys apply to `hixl info`"
+            ));
         }
-        for (k, v) in &a.options {
-            if !k.starts_with("hixl.Directory") {
-                return Err(hixl_cli::fail!(
-                    "--option {k}: only hixl.Directory* keys apply to `hixl info`"
-                ));
-            }
-            b = b.option(k, v);
-        }
-        let e = b.build().await?;
+        let e = peer_builder("127.0.0.1", a.directory.as_deref(), &a.options)
+            .build()
+            .await?;
         let peer = e.connect(&p, Duration::from_secs(5)).await?;
-        let path = peer.transport().to_string();
-        let rails: Vec<String> = peer.rails().iter().map(|r| r.to_string()).collect();
-        r.lines.push(format!("peer {p}: {path}"));
-        r.lines.extend(rails.iter().map(|x| format!("  {x}")));
-        peer_json = serde_json::json!({ "peer": p, "transport": path, "rails": rails });
+        let path = PeerPath::of(&peer);
+        r.lines.extend(path.lines(&p));
+        peer_json = path.json(&p);
         e.shutdown(Duration::from_millis(200)).await;
     }
     if a.json {

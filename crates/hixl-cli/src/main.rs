@@ -3,6 +3,7 @@
 mod bench;
 mod demo;
 mod dirbench;
+mod doctor;
 mod info;
 mod kv;
 mod links;
@@ -41,6 +42,10 @@ enum Cmd {
     Info(info::Args),
     /// The live engines of a directory: names, incarnations, addresses, transports.
     Peers(peers::Args),
+    /// A preflight of the path to a peer (run `hixl doctor --serve` on the peer's host):
+    /// transport and why, advertised addresses, MTUs, hixl against raw TCP; names what is
+    /// wrong. Exit status 3 when something is.
+    Doctor(doctor::Args),
     /// Mixed workload (sizes, READ/WRITE, batches, notifies, drops, tiny timeouts, disconnects)
     /// against a target process over tcp and fabric for a set time; every byte verified, every
     /// op accounted for, memory of both processes watched. Exits non-zero on any violation.
@@ -85,18 +90,23 @@ fn main() {
     };
     let r = rt.block_on(async move {
         match cli.cmd {
-            Cmd::Demo(a) => demo::run(a).await,
-            Cmd::Serve(a) => serve::run(a).await,
-            Cmd::Bench(b) => bench::run(b).await,
-            Cmd::Info(a) => info::run(a).await,
-            Cmd::Peers(a) => peers::run(a).await,
-            Cmd::KvServe(a) => kv::serve(a).await,
-            Cmd::Soak(a) => soak::run(a).await,
-            Cmd::SoakServe(a) => soak::serve(a).await,
+            Cmd::Doctor(a) => doctor::run(a).await,
+            Cmd::Demo(a) => demo::run(a).await.map(|()| 0),
+            Cmd::Serve(a) => serve::run(a).await.map(|()| 0),
+            Cmd::Bench(b) => bench::run(b).await.map(|()| 0),
+            Cmd::Info(a) => info::run(a).await.map(|()| 0),
+            Cmd::Peers(a) => peers::run(a).await.map(|()| 0),
+            Cmd::KvServe(a) => kv::serve(a).await.map(|()| 0),
+            Cmd::Soak(a) => soak::run(a).await.map(|()| 0),
+            Cmd::SoakServe(a) => soak::serve(a).await.map(|()| 0),
         }
     });
-    if let Err(e) = r {
-        eprintln!("hixl: {e}");
-        std::process::exit(1);
+    match r {
+        Ok(0) => {}
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("hixl: {e}");
+            std::process::exit(1);
+        }
     }
 }

@@ -202,7 +202,12 @@ fn baseline_server(l: TcpListener) {
     }
 }
 
-fn baseline_conn(mut s: TcpStream) -> std::io::Result<()> {
+/// One baseline connection (also `hixl doctor --serve`'s raw TCP sink): the header, then calls
+/// until the peer closes.
+///
+/// # Errors
+/// The connection's failure.
+pub fn baseline_conn(mut s: TcpStream) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     let mut h = [0u8; 17];
     s.read_exact(&mut h)?;
