@@ -197,24 +197,24 @@ fn verify(region: &hixl::Region, msg: &str) -> String {
 fn baseline_server(l: TcpListener) {
     for s in l.incoming().flatten() {
         std::thread::spawn(move || {
-            let _ = baseline_conn(s);
+            let _ = baseline_conn(s, 4 << 30);
         });
     }
 }
 
 /// One baseline connection (also `hixl doctor --serve`'s raw TCP sink): the header, then calls
-/// until the peer closes.
+/// until the peer closes. A header asking for more than `max_per_call` bytes a call ends it.
 ///
 /// # Errors
 /// The connection's failure.
-pub fn baseline_conn(mut s: TcpStream) -> std::io::Result<()> {
+pub fn baseline_conn(mut s: TcpStream, max_per_call: usize) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     let mut h = [0u8; 17];
     s.read_exact(&mut h)?;
     let op = h[0];
     let per_call = u64::from_le_bytes(h[1..9].try_into().unwrap_or_default()) as usize;
     let block = (u64::from_le_bytes(h[9..17].try_into().unwrap_or_default()) as usize).max(1);
-    if per_call == 0 || per_call > (4 << 30) {
+    if per_call == 0 || per_call > max_per_call {
         return Ok(());
     }
     // The same footprint as a hixl call (per_call bytes of distinct memory), so both move

@@ -61,7 +61,11 @@ where
 pub async fn hixl(peer: &Peer, local: u64, remote: u64, p: Plan) -> Result<Figures, String> {
     let n = (p.per_call / p.block).max(1);
     let descs: Vec<OpDesc> = (0..n)
-        .map(|i| OpDesc::new(local + i * p.block, remote + i * p.block, p.block))
+        .map(|i| {
+            let off = i * p.block;
+            // The peer's table says where `remote` is: never trusted to be in range.
+            OpDesc::new(local + off, remote.wrapping_add(off), p.block)
+        })
         .collect();
     let (rate, _) = timed(p.dur, || peer.transfer(TransferOp::Write, &descs))
         .await

@@ -66,7 +66,8 @@ pub async fn run(a: ServeArgs<'_>) -> CliResult {
         Some(&format!("{}{side_addr}", side::REGION_PREFIX)),
     )?;
     let advertised = engine.local_engine().to_string();
-    std::thread::spawn(move || side::serve(l, advertised));
+    let max = a.mem as usize;
+    std::thread::spawn(move || side::serve(l, advertised, max));
     let published = match engine.directory().and_then(|d| d.publication()) {
         Some(p) => format!(" name={}", p.entry.name),
         None => String::new(),

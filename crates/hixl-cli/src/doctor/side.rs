@@ -19,17 +19,19 @@ pub const REGION_PREFIX: &str = "hixl.doctor@";
 /// The most bytes of facts a doctor reads.
 const MAX_FACTS: u64 = 64 << 10;
 
-/// Serves doctors on `l` (a thread per connection) until the process ends.
-pub fn serve(l: TcpListener, engine: String) {
+/// Serves doctors on `l` (a thread per connection) until the process ends; a raw TCP call
+/// moves at most `max_per_call` bytes (the doctor's region: no more memory than that per
+/// connection, whatever a peer asks).
+pub fn serve(l: TcpListener, engine: String, max_per_call: usize) {
     for s in l.incoming().flatten() {
         let engine = engine.clone();
         std::thread::spawn(move || {
-            let _ = conn(s, &engine);
+            let _ = conn(s, &engine, max_per_call);
         });
     }
 }
 
-fn conn(mut s: TcpStream, engine: &str) -> std::io::Result<()> {
+fn conn(mut s: TcpStream, engine: &str, max_per_call: usize) -> std::io::Result<()> {
     s.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut first = [0u8; 1];
     if s.peek(&mut first)? == 0 {
@@ -37,7 +39,7 @@ fn conn(mut s: TcpStream, engine: &str) -> std::io::Result<()> {
     }
     if first[0] != b'F' {
         s.set_read_timeout(None)?;
-        return crate::serve::baseline_conn(s);
+        return crate::serve::baseline_conn(s, max_per_call);
     }
     let local = s.local_addr()?.ip();
     let all = netif::interfaces();
@@ -121,7 +123,7 @@ mod tests {
     fn a_doctor_reads_the_facts_over_loopback() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
         let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
-        std::thread::spawn(move || serve(l, "127.0.0.1:9".into()));
+        std::thread::spawn(move || serve(l, "127.0.0.1:9".into(), 1 << 20));
         let r = fetch(addr, Duration::from_secs(5)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.advertised.as_deref(), Some("127.0.0.1:9"));
         assert_eq!(r.route_src, "127.0.0.1".parse().ok());
