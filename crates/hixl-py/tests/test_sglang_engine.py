@@ -97,7 +97,7 @@ def test_a_dead_peer_fails_the_write_as_peer_lost_or_timeout(spawn, transport, m
 def test_settings_are_checked_and_name_the_bad_value():
     assert engine_options({"HIXL_SGLANG_TRANSPORT": "tcp"}) == {"hixl.Transport": "tcp"}
     assert engine_options({}) == {}
-    with pytest.raises(ValueError, match="HIXL_SGLANG_TRANSPORT='rdma'"):
+    with pytest.raises(ValueError, match="HIXL_SGLANG_TRANSPORT = 'rdma'"):
         engine_options({"HIXL_SGLANG_TRANSPORT": "rdma"})
     os.environ["HIXL_SGLANG_TIMEOUT_S"] = "soon"
     try:

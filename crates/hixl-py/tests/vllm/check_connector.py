@@ -66,7 +66,12 @@ def main() -> int:
 
     for extra, needle in (({"transprot": "tcp"}, "transprot"), ({"transport": "rdma"}, "rdma"),
                           ({"lease_ms": 0}, "lease_ms"), ({"wait_ms": -1}, "wait_ms"),
-                          ({"lease_ms": True}, "lease_ms"), ({"host_buffer": "yes"}, "host_buffer")):
+                          ({"lease_ms": True}, "lease_ms"), ({"host_buffer": "yes"}, "host_buffer"),
+                          ({"port": 65536}, "port = 65536"), ({"host": "pfx"}, "host = 'pfx'"),
+                          ({"interface": "nic9"}, "interface = 'nic9'"),
+                          ({"directory": "etcd:/x"}, "directory = 'etcd:/x'"),
+                          ({"name": "p"}, "needs a directory"),
+                          ({"verbs_gid_index": -1}, "verbs_gid_index = -1")):
         try:
             _extra(VC(extra))
         except ValueError as e:
@@ -74,6 +79,13 @@ def main() -> int:
         else:
             raise AssertionError(f"{extra} was accepted")
     assert _extra(VC({"wait_ms": 0}))["wait_ms"] == 0
+    # The network settings (hixl._netconf, the same names as SGLang's): a named host wins,
+    # an interface gives its address, the others pass through checked.
+    e = _extra(VC({"host": "192.0.2.7", "port": 27000, "verbs_devices": "rxe0,rxe1",
+                   "verbs_gid_index": 1, "directory": "etcd://192.0.2.4:2379", "name": "p"}))
+    assert (e["host"], e["port"], e["verbs_devices"], e["verbs_gid_index"]) == (
+        "192.0.2.7", 27000, "rxe0,rxe1", 1), e
+    assert _extra(VC({"interface": "lo"}))["host"] == "127.0.0.1"
     # Every transport the wheel has is accepted, and a refusal lists them.
     for t in ("auto", "tcp", "fabric", "verbs"):
         assert _extra(VC({"transport": t}))["transport"] == t

@@ -195,6 +195,8 @@ class LLMClusterInfo:
     """A remote cluster to link with."""
     remote_cluster_id: Optional[int]
     remote_role_type: Optional[Union[LLMRole, int]]
+    #: hixl extension: the peer's ``hixl.Name``, linked by through ``hixl.Directory``
+    remote_name: Optional[str]
     def __init__(self) -> None: ...
     @property
     def local_ip_info_list(self) -> List[Tuple[Union[int, str], int]]: ...

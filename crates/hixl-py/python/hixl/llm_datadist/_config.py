@@ -36,9 +36,12 @@ def _ip_str(ip: Union[int, str]) -> str:
 class LLMClusterInfo:
     """A remote cluster to link with: set ``remote_cluster_id``, then
     ``append_remote_ip_info(ip, port)`` with the peer's ``listen_ip_info``.
-    ``append_local_ip_info`` is accepted (hixl picks the local address itself)."""
+    ``append_local_ip_info`` is accepted (hixl picks the local address itself).
+    hixl extension: with ``hixl.Directory``, ``remote_name`` (the peer's ``hixl.Name``) in
+    place of its address."""
 
     def __init__(self) -> None:
+        self._remote_name: Optional[str] = None
         self._remote_cluster_id: Optional[int] = None
         self._remote_role_type: Optional[Union[LLMRole, int]] = None
         self._local_ip_info_list: List[Tuple[Union[int, str], int]] = []
@@ -52,6 +55,19 @@ class LLMClusterInfo:
     @remote_cluster_id.setter
     def remote_cluster_id(self, value: int) -> None:
         self._remote_cluster_id = _int("remote_cluster_id", value)
+
+    @property
+    def remote_name(self) -> Optional[str]:
+        """hixl extension: the name the remote cluster's engine publishes in the directory
+        (``hixl.Name``); linked by it when set (this side needs ``hixl.Directory`` too)."""
+        return self._remote_name
+
+    @remote_name.setter
+    def remote_name(self, value: str) -> None:
+        if not isinstance(value, str) or not value or ":" in value or "/" in value:
+            raise _value_error(f"remote_name = {value!r}: expected an engine name (no ':' "
+                               "or '/')")
+        self._remote_name = value
 
     @property
     def remote_role_type(self) -> Optional[Union[LLMRole, int]]:
@@ -88,6 +104,8 @@ class LLMClusterInfo:
         return self._remote_cluster_id
 
     def _remote_addr(self) -> str:
+        if self._remote_name is not None:
+            return self._remote_name
         if not self._remote_ip_info_list:
             raise _value_error(
                 f"cluster {self._remote_cluster_id}: no remote address; call "

@@ -24,6 +24,12 @@ Settings (environment, read when a server starts):
 ``HIXL_SGLANG_SECRET``             a shared secret: links are authenticated
 ``HIXL_SGLANG_TIMEOUT_S``          the bound of one write (default 30)
 ``HIXL_SGLANG_CONNECT_TIMEOUT_S``  first contact with a decode rank (default 5)
+``HIXL_SGLANG_HOST`` ...           the network settings both connectors share, as
+                                   ``HIXL_SGLANG_<NAME>``: ``HOST``, ``INTERFACE``, ``PORT``,
+                                   ``VERBS_DEVICES``, ``VERBS_GID_INDEX``, ``DIRECTORY``,
+                                   ``NAME`` (``hixl._netconf``); SGLang's
+                                   ``--disaggregation-ib-device`` gives the RDMA devices
+                                   unless ``HIXL_SGLANG_VERBS_DEVICES`` names others
 =================================  ==========================================================
 
 Host memory only for now (``--device cpu``); a server whose KV pool is on a device is

@@ -17,7 +17,7 @@ from sglang.srt.disaggregation.base.conn import KVPoll  # type: ignore
 from sglang.srt.disaggregation.mooncake.conn import (  # type: ignore
     MooncakeKVBootstrapServer, MooncakeKVManager, MooncakeKVReceiver, MooncakeKVSender)
 
-from ._engine import HixlTransferEngine
+from ._engine import HixlTransferEngine, settings
 
 __all__ = ["HixlKVManager", "HixlKVSender", "HixlKVReceiver", "HixlKVBootstrapServer",
            "check_host_memory"]
@@ -36,6 +36,20 @@ def check_host_memory(server_args: Any) -> None:
             f"--disaggregation-transfer-backend.")
 
 
+def _ib_device(server_args: Any, gpu_id: int) -> Optional[str]:
+    """This rank's ``--disaggregation-ib-device`` (SGLang's per-GPU mapping applied), or
+    None."""
+    raw = getattr(server_args, "disaggregation_ib_device", None)
+    if not raw:
+        return None
+    try:
+        from sglang.srt.distributed.device_communicators.mooncake_transfer_engine import (  # type: ignore  # noqa: E501
+            get_ib_devices_for_gpu)
+        return get_ib_devices_for_gpu(raw, int(gpu_id or 0)) or None
+    except ImportError:
+        return str(raw)
+
+
 class HixlKVManager(MooncakeKVManager):  # type: ignore[misc]
     """SGLang's KV manager with hixl as its engine."""
 
@@ -43,7 +57,12 @@ class HixlKVManager(MooncakeKVManager):  # type: ignore[misc]
 
     def init_engine(self) -> None:
         check_host_memory(self.server_args)
-        self.engine = HixlTransferEngine(self.local_ip)
+        args = self.server_args
+        net = settings(ib_device=_ib_device(args, getattr(self.kv_args, "gpu_id", 0)))
+        role = str(getattr(self.disaggregation_mode, "value", self.disaggregation_mode))[:1]
+        self.engine = HixlTransferEngine(self.local_ip, net=net,
+                                         rank=int(getattr(self.kv_args, "engine_rank", 0)),
+                                         role=role or "x")
         logger.info("hixl: %s engine %s (%s)", self.disaggregation_mode,
                     self.engine.get_session_id(), self.engine.engine.info().get("transport"))
 

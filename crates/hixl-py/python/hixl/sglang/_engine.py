@@ -10,38 +10,43 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from .. import _netconf
 from .._engine import Engine, Peer, Region
 from .._errors import HixlError, PeerLostError, RefusedError, TransferTimeoutError
 
-__all__ = ["HixlTransferEngine", "describe_error", "engine_options"]
+__all__ = ["HixlTransferEngine", "describe_error", "engine_options", "settings"]
 
 logger = logging.getLogger("hixl.sglang")
 
-#: Environment settings of the backend (SGLang has no per-backend configuration blob).
+#: Environment settings of the backend (SGLang has no per-backend configuration blob): the
+#: connectors' network settings (``hixl._netconf.NAMES``) as ``HIXL_SGLANG_<NAME>``, and these.
+ENV_PREFIX = "HIXL_SGLANG_"
 ENV_TRANSPORT = "HIXL_SGLANG_TRANSPORT"  # auto | tcp | fabric | verbs (hixl.Transport)
 ENV_SECRET = "HIXL_SGLANG_SECRET"  # hixl.AuthSecret: links are authenticated
 ENV_TIMEOUT = "HIXL_SGLANG_TIMEOUT_S"  # one batch write's bound (default 30 s)
 ENV_CONNECT_TIMEOUT = "HIXL_SGLANG_CONNECT_TIMEOUT_S"  # first contact (default 5 s)
 
 
+def settings(env: Optional[Dict[str, str]] = None,
+             ib_device: Optional[str] = None) -> Dict[str, Any]:
+    """The network settings from ``HIXL_SGLANG_<NAME>`` (checked; an error names the
+    variable's setting). ``ib_device``: SGLang's ``--disaggregation-ib-device`` for this
+    rank, the RDMA devices unless ``HIXL_SGLANG_VERBS_DEVICES`` names others."""
+    env = dict(os.environ) if env is None else env
+    raw = {n: env[ENV_PREFIX + n.upper()].strip() for n in _netconf.NAMES
+           if env.get(ENV_PREFIX + n.upper(), "").strip()}
+    if ib_device and "verbs_devices" not in raw:
+        raw["verbs_devices"] = ib_device
+    return _netconf.validate("", raw, lambda n: ENV_PREFIX + n.upper())
+
+
 def engine_options(env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """hixl option keys from the backend's environment settings."""
-    env = dict(os.environ) if env is None else env
-    opts: Dict[str, str] = {}
-    transport = env.get(ENV_TRANSPORT, "").strip()
-    if transport:
-        if transport not in ("auto", "tcp", "fabric", "verbs"):
-            raise ValueError(f"{ENV_TRANSPORT}={transport!r}: expected auto, tcp, fabric "
-                             "or verbs")
-        opts["hixl.Transport"] = transport
-    secret = env.get(ENV_SECRET, "")
-    if secret:
-        opts["hixl.AuthSecret"] = secret
-    return opts
+    return _netconf.engine_options(settings(env))
 
 
 def _seconds(name: str, default: float) -> float:
@@ -69,15 +74,30 @@ def describe_error(e: BaseException) -> str:
 
 
 class HixlTransferEngine:
-    """One hixl engine per SGLang rank, listening on ``host`` (a free port), its session id
-    ``host:port``. Thread-safe: SGLang's transfer worker writes from several threads at once.
+    """One hixl engine per SGLang rank, listening on the settings' address (else ``host``,
+    SGLang's) and port (``port`` + ``rank``, else a free one); its session id ``host:port``,
+    or with a directory the name it publishes. Thread-safe: SGLang's transfer worker writes
+    from several threads at once.
     """
 
-    def __init__(self, host: str, options: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, host: str, options: Optional[Dict[str, str]] = None, *,
+                 net: Optional[Dict[str, Any]] = None, rank: int = 0,
+                 role: str = "x") -> None:
         self.timeout = _seconds(ENV_TIMEOUT, 30.0)
         self.connect_timeout = _seconds(ENV_CONNECT_TIMEOUT, 5.0)
-        self.engine = Engine(f"{host}:0", engine_options() if options is None else options)
-        self.session_id = self.engine.local_engine
+        net = settings() if net is None else net
+        opts = _netconf.engine_options(net) if options is None else dict(options)
+        self.host = _netconf.pick_host(net, host)
+        name = ""
+        if net.get("directory"):
+            base = net.get("name") or f"sglang-{self.host.replace(':', '_')}-{os.getpid()}"
+            name = f"{base}-{role}-{rank}"
+            opts["hixl.Name"] = name
+        where = f"[{self.host}]" if ":" in self.host else self.host
+        self.engine = Engine(f"{where}:{_netconf.listen_port(net, rank)}", opts)
+        # With a directory, peers reach this rank by its name (resolved to its current
+        # address, checked against its incarnation), not by an address.
+        self.session_id = name or self.engine.local_engine
         self._lock = threading.Lock()
         self._regions: Dict[int, Region] = {}
         self._peers: Dict[str, Peer] = {}
@@ -153,6 +173,9 @@ class HixlTransferEngine:
                     self.engine.disconnect(session_id).wait(self.connect_timeout)
                 except HixlError:
                     pass
+            if ":" in session_id:
+                _netconf.check_peer_address(self.host, session_id.rpartition(":")[0].strip("[]"),
+                                            f"decode rank {session_id}")
             peer = self.engine.connect(session_id, self.connect_timeout).wait()
             with self._lock:
                 self._peers[session_id] = peer
@@ -225,7 +248,7 @@ class HixlTransferEngine:
         """0 if ``session_id`` can be linked (or is), -1 otherwise."""
         try:
             self._peer(session_id)
-        except HixlError as e:
+        except (HixlError, ValueError) as e:
             return self._failed(session_id, "a probe", e)
         return 0
 

@@ -34,7 +34,11 @@ for up to ``lease_wait_ms``.
                     tcp), ``tcp``, ``fabric`` or ``verbs``: hixl's ``hixl.Transport`` (a
                     forced transport that cannot serve a peer fails, never falls back)
 ``host``            the address the worker listens on and advertises (default
-                    ``VLLM_HOST_IP``, else ``127.0.0.1``)
+                    ``VLLM_HOST_IP``, else the address that routes off this host)
+``interface``,      the other network settings both connectors share (``hixl._netconf``,
+``port``, ...       docs/cross-host.md): ``interface``, ``port`` (rank r listens on
+                    port + r), ``verbs_devices``, ``verbs_gid_index``, ``directory``
+                    (link by name through etcd), ``name``
 ``lease_ms``        how long a prefill keeps a request's blocks for a decode that makes no
                     progress (default 30000)
 ``lease_wait_ms``   how long a decode retries a pull the prefill has not leased yet

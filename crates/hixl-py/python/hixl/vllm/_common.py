@@ -14,6 +14,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
     KVConnectorHandshakeMetadata, KVConnectorMetadata)
 from vllm.logger import init_logger  # type: ignore
 
+from .. import _netconf
+
 
 # Under "vllm." so that vLLM's logging configuration (handlers, level, format) covers it.
 logger = init_logger("vllm.distributed.kv_transfer.hixl")
@@ -53,6 +55,9 @@ class HixlHandshakeMetadata(KVConnectorHandshakeMetadata):  # type: ignore[misc]
     tp_size: int = 1
     #: the worker's compatibility record (``_geometry.COMPARED``)
     compat: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the name the worker publishes in the directory ("" without one): a decode with the
+    #: directory too links by it, not by ``host:port``
+    name: str = ""
 
 
 class HixlConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
@@ -77,18 +82,18 @@ class _Pull(NamedTuple):
     local: List[int]  # every group's
 
 
+#: The connector's own settings (its network settings are ``hixl._netconf.NAMES``).
+OWN = ("lease_ms", "lease_wait_ms", "link_timeout_ms", "wait_ms", "host_buffer")
+
+
 def _extra(vllm_config: Any) -> Dict[str, Any]:
     kt = vllm_config.kv_transfer_config
     extra = dict(getattr(kt, "kv_connector_extra_config", None) or {})
-    known = {"transport", "host", "lease_ms", "lease_wait_ms", "secret", "link_timeout_ms",
-             "wait_ms", "host_buffer"}
+    known = set(OWN) | set(_netconf.NAMES)
     unknown = sorted(set(extra) - known)
     if unknown:
         raise ValueError(f"hixl.vllm: unknown kv_connector_extra_config key(s) {unknown}; "
                          f"known: {sorted(known)}")
-    t = extra.get("transport", "auto")
-    if t not in ("auto", "tcp", "fabric", "verbs"):
-        raise ValueError(f"hixl.vllm: transport = {t!r}: expected auto, tcp, fabric or verbs")
     for k, d in (("lease_ms", 30000), ("lease_wait_ms", 2000), ("link_timeout_ms", 5000),
                  ("wait_ms", 5)):
         v = extra.get(k, d)
@@ -96,9 +101,12 @@ def _extra(vllm_config: Any) -> Dict[str, Any]:
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"hixl.vllm: {k} = {v!r}: expected an int >= {lo} (ms)")
         extra[k] = v
-    extra["transport"] = t
     hb = extra.get("host_buffer")
     if hb is not None and not isinstance(hb, bool):
         raise ValueError(f"hixl.vllm: host_buffer = {hb!r}: expected true or false")
-    extra.setdefault("host", os.environ.get("VLLM_HOST_IP") or "127.0.0.1")
+    net = _netconf.validate("hixl.vllm", extra)
+    extra.update(net)
+    # The address the workers advertise: the settings', else vLLM's own (VLLM_HOST_IP),
+    # else the one that routes off this host (_netconf.pick_host).
+    extra["host"] = _netconf.pick_host(net, os.environ.get("VLLM_HOST_IP") or None)
     return extra

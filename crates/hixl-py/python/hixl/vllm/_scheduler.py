@@ -109,7 +109,8 @@ class _Scheduler:
                            "generation": gen, "request_id": rid, "caches": [md.cache_id],
                            "blocks": blocks, "ttl_ms": self.lease_ms})
             ranks.append({"host": md.host, "port": md.port, "cluster_id": md.cluster_id,
-                          "block_bytes": md.block_bytes, "tensors": md.tensors})
+                          "block_bytes": md.block_bytes, "tensors": md.tensors,
+                          "name": getattr(md, "name", "")})
         self.to_lease[request.request_id] = grants
         return True, {
             "do_remote_prefill": True,

@@ -14,10 +14,16 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from ..llm_datadist import (BlocksCacheKey, CacheDesc, DataType, LLMClusterInfo, LLMConfig,
                             LLMDataDist, LLMException, LLMRole, LLMStatusCode, Placement)
 from ..llm_datadist import kv_shard_readers, kv_shard_sources
+from .. import _netconf
 from ._common import HixlConnectorMetadata, HixlHandshakeMetadata, _Pull, _trace, logger
 from ._geometry import group_pairs, mismatch, missing_blocks
 from ._register import Layout, register
 from ._stats import HixlKVConnectorStats
+
+
+def _addr(host: str) -> str:
+    """``host`` as the host part of ``host:port`` (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 class _Worker:
@@ -38,12 +44,17 @@ class _Worker:
             role, LLMRole.MIX)
         self.dd = LLMDataDist(dd_role, self.cluster_id)
         cfg = LLMConfig()
-        cfg.listen_ip_info = f"{extra['host']}:0"
+        rank = self._local_rank()
+        cfg.listen_ip_info = f"{_addr(extra['host'])}:{_netconf.listen_port(extra, rank)}"
         opts = cfg.generate_options()
-        if extra["transport"] != "auto":
-            opts["hixl.Transport"] = extra["transport"]
-        if extra.get("secret"):
-            opts["hixl.AuthSecret"] = str(extra["secret"])
+        opts.update(_netconf.engine_options(extra))
+        #: the name this worker publishes in the directory ("" without one)
+        self.name = ""
+        if extra.get("directory"):
+            base = extra.get("name") or str(vllm_config.kv_transfer_config.engine_id)
+            side = {"kv_producer": "p", "kv_consumer": "d"}.get(role, "pd")
+            self.name = f"{base}-{side}-{rank}"
+            opts["hixl.Name"] = self.name
         self.dd.init(opts)
         self.cm = self.dd.cache_manager
         host, _, port = self.dd.listen_ip_info.rpartition(":")
@@ -81,6 +92,15 @@ class _Worker:
         self.closed = False
 
     # -------------------------------------------------------------- start-up
+    def _local_rank(self) -> int:
+        """This worker's rank among the server's workers on this host (its fixed port is
+        ``port`` + this): vLLM's local rank, else its TP rank."""
+        try:
+            from vllm.distributed.parallel_state import get_world_group
+            return int(get_world_group().local_rank)
+        except Exception:  # not initialised in a single-process test
+            return self.tp_rank
+
     def register(self, kv_caches: Dict[str, Any]) -> None:
         """Registers the layers' KV tensors as one blocks cache (``_register``); in
         host-buffer mode, host copies of them."""
@@ -113,7 +133,8 @@ class _Worker:
     def handshake(self) -> Optional[HixlHandshakeMetadata]:
         if self.cache is None:
             return None
-        return HixlHandshakeMetadata(host=self.host, port=self.port, cluster_id=self.cluster_id,
+        return HixlHandshakeMetadata(host=self.host, port=self.port, name=self.name,
+                                     cluster_id=self.cluster_id,
                                      cache_id=int(self.cache.cache_id),
                                      num_blocks=self.num_blocks, block_bytes=self.block_bytes,
                                      tensors=self.n_tensors, tp_rank=self.tp_rank,
@@ -180,20 +201,33 @@ class _Worker:
         with lk:
             if cid in self.transports:
                 return
+            where = f"prefill worker {rank['host']}:{rank['port']}"
+            try:
+                _netconf.check_peer_address(self.host, str(rank["host"]), where)
+            except ValueError as e:
+                if where not in self.refused:
+                    self.refused.add(where)
+                    logger.error("hixl: refusing to pull: %s", e)
+                raise LLMException(f"refused: {e}", LLMStatusCode.LLM_PARAM_INVALID) from None
             info = LLMClusterInfo()
             info.remote_cluster_id = cid
-            info.append_remote_ip_info(str(rank["host"]), int(rank["port"]))
+            if self.name and rank.get("name"):
+                # both sides publish in the directory: the link goes by name (it follows a
+                # restarted prefill to its new address, and checks its incarnation)
+                info.remote_name = str(rank["name"])
+                where = f"prefill worker {rank['name']}"
+            else:
+                info.append_remote_ip_info(str(rank["host"]), int(rank["port"]))
             _, rets = self.dd.link_clusters([info], int(self.extra["link_timeout_ms"]))
             if rets[0] not in (LLMStatusCode.LLM_SUCCESS, LLMStatusCode.LLM_ALREADY_LINK):
-                raise LLMException(f"link to prefill worker {rank['host']}:{rank['port']} "
-                                   f"(cluster {cid}) failed: {rets[0]!r}", rets[0])
+                raise LLMException(f"link to {where} (cluster {cid}) failed: {rets[0]!r}",
+                                   rets[0])
             try:
                 how = self.dd.link_transport(cid)
             except LLMException as e:
                 how = f"? ({e})"
             self.transports[cid] = how.split()[0]
-            logger.info("hixl: linked to prefill worker %s:%s (cluster %d) over %s",
-                        rank["host"], rank["port"], cid, how)
+            logger.info("hixl: linked to %s (cluster %d) over %s", where, cid, how)
 
     def _pull(self, req_id: str, local: List[List[int]],
               p: Dict[str, Any]) -> Tuple[Set[int], Optional[str]]:
@@ -309,16 +343,15 @@ class _Worker:
     def _forget(self, h: Dict[str, Any]) -> None:
         """Drops the links to the prefill workers of ``h`` (the next pull links again)."""
         try:
-            ranks = [(int(r["cluster_id"]), r) for r in h["ranks"]]
+            cids = [int(r["cluster_id"]) for r in h["ranks"]]
         except (KeyError, TypeError, ValueError):
             return
-        for cid, rank in ranks:
+        for cid in cids:
             with self.lock:
                 if self.transports.pop(cid, None) is None:
                     continue
             info = LLMClusterInfo()
             info.remote_cluster_id = cid
-            info.append_remote_ip_info(str(rank["host"]), int(rank["port"]))
             try:
                 self.dd.unlink_clusters([info], 1000, force=True)
             except Exception:  # best effort: the link is being dropped anyway
