@@ -59,7 +59,8 @@ pub struct Args {
     /// Bytes of each descriptor of a probe call.
     #[arg(long, default_value = "1M", value_parser = parse_size)]
     pub block: u64,
-    /// Seconds of each throughput measurement (hixl, then raw TCP).
+    /// Seconds of each throughput measurement (hixl, then raw TCP; two rounds of each, the
+    /// better counts).
     #[arg(long, default_value_t = 0.5)]
     pub duration: f64,
     /// Skip the probe.
@@ -112,6 +113,15 @@ pub async fn run(a: Args) -> CliResult<i32> {
         return Err(hixl_cli::fail!(
             "--block must be at least {} and --size at least --block and at most 1G",
             probe::SMALL
+        ));
+    }
+    if let Some(e) = a
+        .expect
+        .as_deref()
+        .filter(|e| !["tcp", "fabric", "verbs"].contains(&e.to_ascii_lowercase().as_str()))
+    {
+        return Err(hixl_cli::fail!(
+            "--expect {e:?}: the transports are tcp, fabric and verbs"
         ));
     }
     let mut stop = crate::stop::Stop::install()?;
@@ -247,6 +257,8 @@ async fn diagnose(engine: &Engine, a: &Args, f: &mut Facts) {
             up: r.up,
             state: r.state.clone(),
             ops: r.ops,
+            bytes: r.bytes,
+            mtu: r.mtu,
         })
         .collect();
 }
@@ -284,18 +296,32 @@ async fn run_probe(
     let local = HostBuffer::zeroed(per_call as usize)
         .and_then(|b| engine.register(b))
         .map_err(|e| e.to_string())?;
-    let h = probe::hixl(peer, local.addr(), target.addr, plan).await?;
-    let mut p = Probe {
-        hixl_gbps: h.gbps,
-        hixl_p50_us: h.p50_us,
-        ..Probe::default()
-    };
-    if let Some(s) = side {
-        let t = probe::raw_tcp(s, plan).await?;
-        p.tcp_gbps = Some(t.gbps);
-        p.tcp_p50_us = Some(t.p50_us);
+    // Two rounds, hixl and raw TCP alternating, the better of each: a burst of load from
+    // elsewhere on either host during one measurement does not decide the comparison.
+    let mut p = Probe::default();
+    for _ in 0..ROUNDS {
+        let h = probe::hixl(peer, local.addr(), target.addr, plan).await?;
+        p.hixl_gbps = p.hixl_gbps.max(h.gbps);
+        p.hixl_p50_us = best(p.hixl_p50_us, h.p50_us);
+        if let Some(s) = side {
+            let t = probe::raw_tcp(s, plan).await?;
+            p.tcp_gbps = Some(p.tcp_gbps.unwrap_or(0.0).max(t.gbps));
+            p.tcp_p50_us = Some(best(p.tcp_p50_us.unwrap_or(0.0), t.p50_us));
+        }
     }
     Ok(p)
+}
+
+/// Rounds of the probe.
+const ROUNDS: usize = 2;
+
+/// The lower of two latencies, 0 being none yet.
+fn best(a: f64, b: f64) -> f64 {
+    if a > 0.0 {
+        a.min(b)
+    } else {
+        b
+    }
 }
 
 /// Prints the facts and findings, as text or one JSON object.
@@ -333,7 +359,10 @@ fn report(f: &Facts, found: &[Finding], json: bool) -> CliResult {
         );
     }
     for r in &f.rails {
-        println!("  {}: {} ({} slices)", r.name, r.state, r.ops);
+        println!(
+            "  {}: {}, mtu {}; {} bytes in {} slices",
+            r.name, r.state, r.mtu, r.bytes, r.ops
+        );
     }
     if let Some(p) = &f.probe {
         println!(

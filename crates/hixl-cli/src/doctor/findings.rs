@@ -66,6 +66,10 @@ pub struct RailFact {
     pub state: String,
     /// Slices that landed on it.
     pub ops: u64,
+    /// Bytes of those slices.
+    pub bytes: u64,
+    /// The MTU both ends of it agreed on.
+    pub mtu: u32,
 }
 
 /// The probe's figures: hixl and raw TCP between the same two hosts, in the same run.
@@ -112,7 +116,7 @@ pub struct Facts {
 }
 
 /// hixl below this fraction of raw TCP through the same path is a slow path.
-pub const SLOW_RATIO: f64 = 0.4;
+pub const SLOW_RATIO: f64 = 0.25;
 
 fn err(code: &'static str, what: String) -> Finding {
     Finding {
@@ -409,6 +413,8 @@ mod tests {
                 "paused: port down".into()
             },
             ops,
+            bytes: ops * 4096,
+            mtu: 4096,
         };
         f.rails = vec![rail("rail 0", true, 100), rail("rail 1", true, 0)];
         assert_eq!(codes(&f), ["rail-idle"]);
