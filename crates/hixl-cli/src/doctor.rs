@@ -244,6 +244,12 @@ async fn diagnose(engine: &Engine, a: &Args, f: &mut Facts) {
             block: a.block,
             dur: Duration::from_secs_f64(a.duration),
         };
+        eprintln!(
+            "hixl doctor: probing {} over {} ({ROUNDS} rounds of hixl and raw TCP, {} s each)",
+            f.peer,
+            f.transport.as_deref().unwrap_or("?"),
+            a.duration
+        );
         match run_probe(engine, &peer, side, plan, &regions).await {
             Ok(p) => f.probe = Some(p),
             Err(e) => f.probe_error = Some(e),

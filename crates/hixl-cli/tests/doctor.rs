@@ -237,9 +237,29 @@ fn doctor_names_each_fault_and_passes_a_healthy_pair() {
         "{v}"
     );
 
+    // A doctor stopped by SIGINT mid-probe shuts its engine down and says so (exit 1).
+    let mut c = rig.hixl("h2", &["doctor", "--peer", &engine, "--duration", "30"]);
+    let mut probing = Killed(
+        c.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn doctor"),
+    );
+    let mut err = BufReader::new(probing.0.stderr.take().expect("stderr"));
+    line_starting(&mut err, "hixl doctor: probing");
+    // SAFETY: kill(2) on our own child's pid.
+    let sent = unsafe { libc::kill(probing.0.id() as i32, libc::SIGINT) };
+    assert_eq!(sent, 0);
+    let line = line_starting(&mut err, "hixl:");
+    assert!(line.contains("stopped by SIGINT"), "{line}");
+    let status = probing.0.wait().expect("wait");
+    assert_eq!(status.code(), Some(1), "{status}");
+
     // The serve end stops on SIGTERM through its shutdown path.
     // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) }, 0);
+    let sent = unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    assert_eq!(sent, 0);
     let line = line_starting(&mut serve_out, "STOPPING");
     assert!(line.contains("SIGTERM"), "{line}");
     let status = serve.0.wait().expect("wait");
