@@ -5,7 +5,10 @@
 # ranks as processes with SGLang's token-to-KV pools on CPU tensors and its KV managers,
 # senders and receivers, every page checked byte for byte; equal TP, differing attention-TP
 # both ways, MLA, a hybrid model's SWA state, a killed prefill server, a killed decode (the
-# prefill's requests fail naming hixl's cause), decode aborts; and with
+# prefill's requests fail naming hixl's cause), decode aborts; as root, the plain run and the
+# killed prefill with the prefill server and the decode in different hosts of tools/hosts.sh's
+# rig (bench/sglang/_hosts.py: each engine advertises its host's address, links run over tcp;
+# without root they run on one host over tcp); and with
 # HIXL_SGLANG_MOONCAKE=1, SGLang's own Mooncake backend (mooncake_tcp) through the same harness.
 #
 #   tools/sglang-e2e.sh
@@ -38,12 +41,22 @@ run() {
   echo "== pd_harness.py $*"
   "$py" bench/sglang/pd_harness.py --timeout 150 "$@" || rc=1
 }
-run --backend hixl --transport tcp --requests 64 --tokens 512
+if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then
+  # prefill server (bootstrap and ranks) in host h1, decode in h2: these cover the same-host
+  # runs over tcp below, which run in their place where there are no network namespaces
+  hosts=(--hosts)
+  tcp=()  # auto: across hosts it must choose tcp (checked)
+else
+  hosts=()
+  tcp=(--transport tcp)
+fi
+export HIXL_HOSTS_PREFIX=${HIXL_HOSTS_PREFIX:-hxsg}
+run --backend hixl "${hosts[@]}" "${tcp[@]}" --requests 64 --tokens 512
 # a hybrid model's SWA state (layers 1 and 3 over a 256-token window, SGLang's SWAKVPool)
 run --backend hixl --transport fabric --model tiny-swa --prefill-tp 2 --decode-tp 1 --requests 32
 run --backend hixl --transport tcp --prefill-tp 1 --decode-tp 2 --requests 32
 run --backend hixl --transport fabric --model tiny-mla --prefill-tp 1 --decode-tp 2 --requests 32
-run --backend hixl --transport tcp --fault kill-prefill --requests 32
+run --backend hixl "${hosts[@]}" --transport tcp --fault kill-prefill --requests 32
 run --backend hixl --transport fabric --fault decode-abort --requests 32
 # a real model's KV, so that writes are in flight when the decode dies
 run --backend hixl --transport tcp --fault kill-decode --model llama-3.1-8b --requests 16 \

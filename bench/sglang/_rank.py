@@ -41,7 +41,9 @@ def publish(args: Any, mode: str, tp: int, rank: int) -> Any:
     from sglang.srt.runtime_context import SpawnRanks, publish as _publish
     from sglang.srt.server_args import ServerArgs
 
-    sa = ServerArgs(model_path=args.model_dir, device="cpu", tp_size=tp, host="127.0.0.1",
+    # the prefill server's address is the bootstrap server's (its ranks register there)
+    host = args.bootstrap_host if mode == "prefill" else "127.0.0.1"
+    sa = ServerArgs(model_path=args.model_dir, device="cpu", tp_size=tp, host=host,
                     disaggregation_mode=mode, disaggregation_transfer_backend=args.backend,
                     disaggregation_bootstrap_port=args.bootstrap_port,
                     page_size=args.page, skip_tokenizer_init=True)
@@ -73,6 +75,10 @@ def manager(args: Any, mode: str, tp: int, rank: int) -> Dict[str, Any]:
     kv_args = _kv.kv_args(get_kv_class(backend, KVClassType.KVARGS), pool, g, meta)
     dmode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
     mgr = get_kv_class(backend, KVClassType.MANAGER)(kv_args, dmode, sa, g.mla)
+    eng = getattr(mgr, "engine", None)
+    if hasattr(eng, "get_session_id"):  # the address this rank's engine advertises
+        out(event="engine", role=mode, rank=rank, session=eng.get_session_id(),
+            local_ip=getattr(mgr, "local_ip", None))
     return {"backend": backend, "g": g, "pool": pool, "bufs": _kv.buffers(pool, g),
             "meta": meta, "mgr": mgr, "classes": {
                 k: get_kv_class(backend, t) for k, t in
@@ -111,6 +117,27 @@ def stages(role: str, rank: int, active: Dict[int, Dict[str, Any]], obj: str) ->
         rooms={k: v[:3] for k, v in rooms.items()})
 
 
+def links(mgr: Any) -> Dict[str, str]:
+    """The peers this rank's hixl engine is linked to, and the transport of each."""
+    eng = getattr(getattr(mgr, "engine", None), "engine", None)
+    got: Dict[str, str] = {}
+    try:
+        for p in eng.peers() if eng is not None else []:
+            got[p] = eng.peer(p).transport
+    except Exception as e:  # a link dropped meanwhile: reported next time
+        got["?"] = f"unreadable: {e}"
+    return got
+
+
+def report_links(mgr: Any, rank: int, seen: Dict[str, str]) -> Dict[str, str]:
+    """Prints this prefill rank's links (where to, over what) when they changed."""
+    now = links(mgr)
+    if now and now != seen:
+        out(event="links", role="prefill", rank=rank, links=now, t=time.monotonic())
+        return now
+    return seen
+
+
 def _pages_of(tokens: int, page: int) -> int:
     return -(-tokens // page)
 
@@ -131,9 +158,11 @@ def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
     out(event="ready", role="prefill", rank=rank, pid=os.getpid())
     todo = list(reqs)
     active: Dict[int, Dict[str, Any]] = {}
-    addr = f"127.0.0.1:{args.bootstrap_port}"
+    addr = f"{args.bootstrap_host}:{args.bootstrap_port}"
     t_start = time.perf_counter()
     next_report = t_start + 5
+    seen_links: Dict[str, str] = {}
+    next_links = t_start if m["backend"].value == "hixl" else float("inf")
     while todo or active:
         while todo and len(active) < args.window:
             r = todo.pop(0)
@@ -163,6 +192,8 @@ def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                 for i, part in enumerate(parts):  # a chunked prefill's sends
                     r["sender"].send(part, state if i == len(parts) - 1 else None)
                 r["stage"] = "inflight"
+                if not seen_links and next_links < float("inf"):  # the first link, soon
+                    seen_links = report_links(mgr, rank, seen_links)
             elif st in (KVPoll.Success, KVPoll.Failed):
                 ok, why = st == KVPoll.Success, None
                 if not ok:
@@ -183,6 +214,9 @@ def run_prefill(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                     bytes=getattr(metric, "transfer_total_bytes", None),
                     latency_ms=(getattr(metric, "transfer_latency_s", None) or 0) * 1e3)
                 del active[room]
+        if time.perf_counter() >= next_links:
+            next_links = time.perf_counter() + 1.0
+            seen_links = report_links(mgr, rank, seen_links)
         if time.perf_counter() >= next_report:
             next_report = time.perf_counter() + 5
             stages("prefill", rank, active, "sender")
@@ -203,10 +237,11 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
     out(event="ready", role="decode", rank=rank, pid=os.getpid())
     todo = list(reqs)
     active: Dict[int, Dict[str, Any]] = {}
-    addr = f"127.0.0.1:{args.bootstrap_port}"
+    addr = f"{args.bootstrap_host}:{args.bootstrap_port}"
     abort = set(args.abort_rooms)
     quarantine: List[Any] = []
     next_info, tries, next_report = 0.0, 0, time.perf_counter() + 5
+    seen_info = False
     from sglang.srt.environ import envs
 
     # decode.py's bound on holding a failed request's pages for the prefill's acks
@@ -271,6 +306,10 @@ def run_decode(args: Any, rank: int, reqs: List[Dict[str, Any]]) -> None:
                 r["recv"].send_metadata(np.asarray(r["pages"], dtype=np.int32), r["slot"],
                                         state)
                 r["stage"] = "transfer"
+                if not seen_info:  # the prefill's side channel, as the bootstrap gave it
+                    seen_info = True
+                    out(event="bootstrap_info", role="decode", rank=rank, rank_ips=sorted(
+                        {str(i.get("rank_ip")) for i in r["recv"].bootstrap_infos or []}))
                 if room in abort:  # the request is aborted while its KV is on the way
                     r["recv"].abort()
                     r["aborted_at"] = time.perf_counter()
@@ -331,7 +370,7 @@ def run_bootstrap(args: Any) -> None:
     from sglang.srt.server_args import ServerArgs
 
     sa = ServerArgs(model_path=args.model_dir, device="cpu", tp_size=args.prefill_tp,
-                    host="127.0.0.1", disaggregation_mode="prefill",
+                    host=args.bootstrap_host, disaggregation_mode="prefill",
                     disaggregation_transfer_backend=args.backend,
                     disaggregation_bootstrap_port=args.bootstrap_port, page_size=args.page,
                     skip_tokenizer_init=True)

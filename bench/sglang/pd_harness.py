@@ -7,12 +7,15 @@ Every page is checked byte for byte on the decode (``--verify``), and the aux sl
 
     pd_harness.py --backend hixl [--transport tcp|fabric] [--model tiny|tiny-mla|...]
                   [--prefill-tp 1] [--decode-tp 1] [--requests 64] [--tokens 512]
-                  [--fault kill-prefill|kill-decode|decode-abort] [--json OUT]
+                  [--fault kill-prefill|kill-decode|decode-abort] [--json OUT] [--hosts]
 
 ``--backend mooncake_tcp`` runs SGLang's Mooncake backend (mooncake-transfer-engine-non-cuda,
-TCP) through the same calls. Exit status 0 when every check holds: each request succeeded
-with every byte right (or, under a fault, ended as the fault says within its bound), every
-page and aux slot returned to its free list, no process hung.
+TCP) through the same calls. ``--hosts`` puts the prefill server (bootstrap server and ranks)
+and the decode ranks in different hosts of ``tools/hosts.sh``'s rig (``_hosts.py``). Exit
+status 0 when every check holds: each request succeeded with every byte right (or, under a
+fault, ended as the fault says within its bound), every page and aux slot returned to its free
+list, no process hung (and with ``--hosts``, each engine advertised its host's address and the
+links ran over tcp).
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _hosts  # noqa: E402
 
 
 def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -55,20 +60,27 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--json", default="", help="write the summary here")
     p.add_argument("--log-dir", default="", help="each rank's stderr (default: a temp dir)")
+    p.add_argument("--hosts", action="store_true",
+                   help="prefill (and bootstrap) in host h1, decode in h2 (_hosts.py)")
     # a rank process (started by the driver)
     p.add_argument("--role", default="", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--reqs", default="[]", help=argparse.SUPPRESS)
     p.add_argument("--bootstrap-port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--bootstrap-host", default="127.0.0.1", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", default="", help=argparse.SUPPRESS)
     p.add_argument("--abort-rooms", default="[]", type=json.loads, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.hosts and not a.role and a.backend != "hixl":
+        p.error("--hosts runs the hixl backend only")
     a.pool_tokens = a.pool_tokens or a.window * 2 * (a.tokens * 2 + a.page)
     if a.fault in ("kill-prefill", "kill-decode"):  # every request starts before the kill
         a.window = max(a.window, a.requests)
     a.slots = a.slots or 2 * a.window
     if not a.role and not a.log_dir:
         a.log_dir = tempfile.mkdtemp(prefix="hixl-sgl-logs-")
+    if not a.role:
+        os.makedirs(a.log_dir, exist_ok=True)
     return a
 
 
@@ -93,9 +105,10 @@ def free_port() -> int:
 
 class Rank:
     def __init__(self, args: argparse.Namespace, role: str, rank: int, reqs: List[Dict[str, Any]],
-                 extra: List[str], env: Dict[str, str]) -> None:
-        cmd = [sys.executable, str(HERE / "pd_harness.py"), *extra, "--role", role, "--rank",
-               str(rank), "--reqs", json.dumps(reqs)]
+                 extra: List[str], env: Dict[str, str], wrap: Optional[List[str]] = None) -> None:
+        # wrap: the command that runs it in its host (--hosts)
+        cmd = [*(wrap or []), sys.executable, str(HERE / "pd_harness.py"), *extra, "--role", role,
+               "--rank", str(rank), "--reqs", json.dumps(reqs)]
         self.role, self.rank, self.lines = role, rank, []  # type: ignore[var-annotated]
         self.ready = threading.Event()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -142,6 +155,13 @@ def pct(xs: List[float], q: float) -> float:
 
 
 def drive(args: argparse.Namespace) -> int:
+    if not args.hosts:
+        return _drive(args, None)
+    with _hosts.Rig() as rig:
+        return _drive(args, rig)
+
+
+def _drive(args: argparse.Namespace, rig: Any) -> int:
     os.environ.setdefault("SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "2")
     os.environ.setdefault("SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", "2")
     if args.transport:
@@ -165,16 +185,42 @@ def drive(args: argparse.Namespace) -> int:
     abort_rooms = [r["room"] for r in reqs[1::4]] if args.fault == "decode-abort" else []
     extra = list(sys.argv[1:]) + ["--bootstrap-port", str(port), "--model-dir", mdir,
                                          "--abort-rooms", json.dumps(abort_rooms)]
+    if rig is not None:
+        extra += ["--bootstrap-host", rig.addr("bootstrap")]
     env = dict(os.environ)
     env["PYTHONPATH"] = f"{HERE}{os.pathsep}{env.get('PYTHONPATH', '')}"
+
+    def start(role: str, rank: int, reqs: List[Dict[str, Any]]) -> Rank:
+        if rig is None:
+            return Rank(args, role, rank, reqs, extra, env)
+        return Rank(args, role, rank, reqs, extra, rig.env(role, env), rig.wrap(role))
+
     # The prefill server's main process (the bootstrap server), then the scheduler ranks.
-    boot = Rank(args, "bootstrap", 0, [], extra, env)
-    if not boot.ready.wait(120):
-        print(f"the bootstrap server did not start; its log: {boot.log}", file=sys.stderr)
-        boot.proc.kill()
-        return 1
-    ranks = [Rank(args, "prefill", r, reqs, extra, env) for r in range(args.prefill_tp)]
-    ranks += [Rank(args, "decode", r, reqs, extra, env) for r in range(args.decode_tp)]
+    boot = start("bootstrap", 0, [])
+    ranks: List[Rank] = []
+    try:
+        if not boot.ready.wait(120):
+            print(f"the bootstrap server did not start; its log: {boot.log}", file=sys.stderr)
+            return 1
+        ranks = [start("prefill", r, reqs) for r in range(args.prefill_tp)]
+        ranks += [start("decode", r, reqs) for r in range(args.decode_tp)]
+        killed_at, rc = run(args, boot, ranks)
+    finally:  # no process outlives the driver (nor the rig it ran in)
+        for r in ranks + [boot]:
+            if r.proc.poll() is None:
+                r.proc.kill()
+            r.proc.wait()
+    problems: List[str] = []
+    if rig is not None:
+        print(f"across hosts: {_hosts.describe(ranks)}")
+        problems = _hosts.check(rig, ranks)
+    return report(args, ranks, abort_rooms, killed_at, rc, problems)
+
+
+def run(args: argparse.Namespace, boot: Rank,
+        ranks: List[Rank]) -> Tuple[Optional[float], int]:
+    """Waits for the ranks to end, killing one side when ``--fault`` says; returns when it
+    killed (None if it did not) and 1 if a process hung, else 0."""
     deadline = time.monotonic() + args.timeout
     killed_at = None
     rc = 0
@@ -197,23 +243,22 @@ def drive(args: argparse.Namespace) -> int:
                 killed_at = time.monotonic()
         if args.fault == "kill-prefill" and killed_at is None:
             done = min(len(r.reqs()) for r in ranks if r.role == "decode")
-            if done >= args.requests // 4:
+            # and every prefill rank said where its link goes (the ranks' records)
+            linked = args.backend != "hixl" or all(
+                any(e.get("event") == "links" for e in r.lines)
+                for r in ranks if r.role == "prefill")
+            if done >= args.requests // 4 and linked:
                 for r in ranks + [boot]:  # the whole prefill server
                     if r.role in ("prefill", "bootstrap"):
                         os.kill(r.proc.pid, signal.SIGKILL)
                 killed_at = time.monotonic()
                 print(f"killed the prefill server at {time.strftime('%H:%M:%S')}", flush=True)
         time.sleep(0.05)
-    for r in ranks + [boot]:
-        if r.proc.poll() is None:
-            r.proc.kill()
-        r.proc.wait()
-    return report(args, ranks, abort_rooms, killed_at, rc)
+    return killed_at, rc
 
 
 def report(args: argparse.Namespace, ranks: List[Rank], abort_rooms: List[int],
-           killed_at: Optional[float], rc: int) -> int:
-    problems: List[str] = []
+           killed_at: Optional[float], rc: int, problems: List[str]) -> int:
     dec = [e for r in ranks if r.role == "decode" for e in r.reqs()]
     pre = [e for r in ranks if r.role == "prefill" for e in r.reqs()]
     for r in ranks:
@@ -286,7 +331,7 @@ def report(args: argparse.Namespace, ranks: List[Rank], abort_rooms: List[int],
         "p50_ms": pct(ms, 0.5), "p99_ms": pct(ms, 0.99),
         "mean_ms": statistics.fmean(ms) if ms else float("nan"),
         "gbps": total_bytes / wall / 1e9 if wall else 0.0, "bytes": total_bytes,
-        "wall_s": wall, "problems": problems,
+        "wall_s": wall, "hosts": bool(args.hosts), "problems": problems,
     }
     print(json.dumps(summary))
     if args.json:
@@ -299,7 +344,6 @@ def report(args: argparse.Namespace, ranks: List[Rank], abort_rooms: List[int],
 if __name__ == "__main__":
     a = parse()
     if a.role:
-        sys.path.insert(0, str(HERE))
         import _rank
 
         _rank.main(a)
