@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A Python engine pair over RDMA verbs: runs crates/hixl-py/tests/verbs_pair.py (an initiator and
 # its target, two processes, READ and WRITE verified, a notify) inside the Soft-RoCE guest of
-# tools/softroce-vm.sh with HIXL_VERBS_DEVICE=rxe0, with the installed `hixl` wheel.
+# tools/softroce-vm.sh with HIXL_VERBS_DEVICE=rxe0, with the installed `hixl` wheel; then
+# crates/hixl-py/tests/sglang_verbs_pair.py, SGLang's engine (hixl.sglang) configured by the
+# connectors' settings (HIXL_SGLANG_TRANSPORT=verbs, _VERBS_DEVICES, _PORT), every page checked.
 #
 #   tools/guest-python.sh          # after tools/python-tests.sh (whose venv has the wheel)
 #
@@ -17,6 +19,7 @@ root=$PWD
 t0=$SECONDS
 py=${HIXL_PYTHON:-$root/target/python/test-venv/bin/python}
 pair=$root/crates/hixl-py/tests/verbs_pair.py
+sglang_pair=$root/crates/hixl-py/tests/sglang_verbs_pair.py
 work=$root/target/guest-python
 die() { echo "guest-python: $*" >&2; exit 2; }
 "$py" -c 'import hixl' 2>/dev/null ||
@@ -32,15 +35,17 @@ print(os.path.realpath(sys.executable), sys.base_prefix,
 run_env=(PATH=/usr/bin:/bin HOME=/tmp PYTHONHOME="$home" PYTHONPATH="$site"
   PYTHONDONTWRITEBYTECODE=1)
 
-# What the pair imports, from both of its processes (same environment as in the guest).
+# What the pairs import, from both processes of each (same environment as in the guest).
 rm -f "$work/modules"
-env -i "${run_env[@]}" HIXL_PAIR_TRANSPORT=tcp HIXL_PAIR_MODULES="$work/modules" "$exe" "$pair" ||
-  die "the pair failed over tcp on the host"
+for p in "$pair" "$sglang_pair"; do
+  env -i "${run_env[@]}" HIXL_PAIR_TRANSPORT=tcp HIXL_PAIR_MODULES="$work/modules" "$exe" "$p" ||
+    die "$(basename "$p") failed over tcp on the host"
+done
 # The file list: the interpreter, the pair, each module's file and its cached bytecode, and
 # os.py (the landmark by which Python recognises its standard library).
-env -i "${run_env[@]}" "$exe" - "$work/modules" "$exe" "$pair" > "$work/files" <<'LIST'
+env -i "${run_env[@]}" "$exe" - "$work/modules" "$exe" "$pair" "$sglang_pair" > "$work/files" <<'LIST'
 import importlib.util, os, sys
-files = {sys.argv[2], sys.argv[3], os.__file__}
+files = {sys.argv[2], sys.argv[3], sys.argv[4], os.__file__}
 with open(sys.argv[1]) as f:
     files.update(line.strip() for line in f if line.strip())
 for p in list(files):
@@ -62,6 +67,6 @@ echo "guest-python: $(wc -l < "$work/files") files for the guest's Python ($exe)
 ROOT_FILES=$work/root-files tools/softroce-vm.sh build
 cmd="export HIXL_VERBS_DEVICE=rxe0 PATH=/usr/bin:/bin HOME=/tmp PYTHONDONTWRITEBYTECODE=1"
 cmd="$cmd PYTHONHOME=$(guest "$home") PYTHONPATH=$(guest "$site"); cd /tmp"
-cmd="$cmd; $(guest "$exe") $(guest "$pair")"
+cmd="$cmd; $(guest "$exe") $(guest "$pair") && $(guest "$exe") $(guest "$sglang_pair")"
 tools/softroce-vm.sh run "$cmd"
 echo "guest-python: total $((SECONDS - t0))s"

@@ -16,8 +16,8 @@
 # copied to GUEST_PATH, default PATH, with the shared libs of an ELF file; the guest's /tmp is a
 # fresh tmpfs, so a file from the host's /tmp needs another GUEST_PATH; tools/guest-python.sh),
 # SMP (2), TIMEOUT (s, 900), ACCEL (tcg,thread=multi: the host's /dev/kvm, if any, is not
-# relied on). CMD runs as root in /tmp with /extra on PATH; its output and the guest's console
-# are shown and kept in $WORK/run.log.
+# relied on), GUEST_CPU (max: qemu64 lacks what numpy 2 needs). CMD runs as root in /tmp with
+# /extra on PATH; its output and the guest's console are shown and kept in $WORK/run.log.
 #
 # Nothing is downloaded but Debian packages: the kernel image package that linux-image-amd64
 # currently depends on (the -cloud flavour lacks rdma_rxe). rdma_rxe needs the "crc32" crypto
@@ -29,6 +29,9 @@ MEM=${MEM:-1024}
 SMP=${SMP:-2}
 TIMEOUT=${TIMEOUT:-900}
 ACCEL=${ACCEL:-tcg,thread=multi}
+# The guest's CPU model: every feature the accelerator can give (TCG's default, qemu64, lacks
+# SSE4.2 and POPCNT, and numpy 2's wheels, built for x86-64-v2, die with SIGILL on it).
+GUEST_CPU=${GUEST_CPU:-max}
 MODULES="crc32_generic rdma_rxe ib_uverbs dummy veth"
 LIBDIR=/usr/lib/x86_64-linux-gnu
 
@@ -185,7 +188,7 @@ run() {
   cat "$WORK/initramfs.cpio.gz" "$WORK/cmd.cpio.gz" > "$WORK/boot.cpio.gz"
   local t0=$SECONDS rc
   set +e
-  timeout "$TIMEOUT" qemu-system-x86_64 -accel "$ACCEL" -smp "$SMP" -m "$MEM" -nographic -no-reboot \
+  timeout "$TIMEOUT" qemu-system-x86_64 -accel "$ACCEL" -cpu "$GUEST_CPU" -smp "$SMP" -m "$MEM" -nographic -no-reboot \
     -nic none -kernel "$WORK/vmlinuz" -initrd "$WORK/boot.cpio.gz" \
     -append "console=ttyS0 panic=-1 quiet loglevel=3" < /dev/null 2>&1 | sed -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc//g' -e 's/\r//g' | tee "$WORK/run.log"
   rc=${PIPESTATUS[0]}

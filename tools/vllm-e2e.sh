@@ -6,7 +6,8 @@
 # size, and no lease expiry or transfer failure in any log (bench/vllm/README.md).
 #
 # Then the same over HTTP (bench/vllm/serve_e2e.py: vLLM's OpenAI servers behind
-# python -m hixl.vllm.proxy), once over tcp and once with a prefill of TP 2.
+# python -m hixl.vllm.proxy): across hosts of tools/hosts.sh's rig over tcp
+# (bench/vllm/hosts_e2e.py; as root, else on one host), and with a prefill of TP 2.
 #
 #   tools/vllm-e2e.sh [pd_e2e.py options...]          the offline runs over the fabric, then HTTP
 #   RUNS=3 HIXL_VLLM_TRANSPORTS=auto tools/vllm-e2e.sh  three runs, the transport auto picks
@@ -60,9 +61,17 @@ for t in ${HIXL_VLLM_TRANSPORTS:-fabric}; do
   RUNS=${RUNS:-1} bench/vllm/run.sh --connector hixl.vllm:HixlConnector \
     --kv-extra "{\"transport\": \"$t\"}" "$@" || rc=1
 done
-echo "== vllm serve over HTTP over tcp: prefill, decode and python -m hixl.vllm.proxy, token-exact against one server"
-"$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
-  --extra '{"transport": "tcp"}' --reference-cache "$refs" --out "$PD_E2E_RESULTS/serve-tcp" || rc=1
+if [ "$(id -u)" = 0 ] && command -v etcd >/dev/null; then
+  # Covers the same-host run over tcp (serve_e2e.py --extra '{"transport": "tcp"}'), which
+  # runs in its place where there are no network namespaces.
+  echo "== vllm serve across hosts (tools/hosts.sh: prefill in h1, decode in h2, proxy in h3, etcd in h4), token-exact against one server: by detected address with a fixed port, plain, with the link capped, with the prefill's link down mid-pull; through the directory by name; a prefill advertising loopback refused"
+  HIXL_HOSTS_PREFIX=hxv "$VLLM_VENV/bin/python" bench/vllm/hosts_e2e.py --model "$VLLM_TINY_MODEL" \
+    "${dtype[@]}" --reference-cache "$refs" --out "$PD_E2E_RESULTS/hosts" || rc=1
+else
+  echo "== vllm serve over HTTP over tcp: prefill, decode and python -m hixl.vllm.proxy, token-exact against one server (one host: the cross-host run needs root and etcd)"
+  "$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
+    --extra '{"transport": "tcp"}' --reference-cache "$refs" --out "$PD_E2E_RESULTS/serve-tcp" || rc=1
+fi
 hybrid=${VLLM_HYBRID_MODEL:-$(dirname "$VLLM_TINY_MODEL")/tiny-hybrid}
 [ -f "$hybrid/config.json" ] || "$VLLM_VENV/bin/python" bench/vllm/make_tiny_llama.py \
   --size hybrid --out "$hybrid" >/dev/null

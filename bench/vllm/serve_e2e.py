@@ -55,14 +55,14 @@ def get_json(url, body=None, timeout=120):
     return json.loads(raw) if raw.startswith(("{", "[")) else raw
 
 
-def wait_healthy(name, proc, port, log, timeout):
+def wait_healthy(name, proc, port, log, timeout, addr="127.0.0.1"):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise SystemExit(f"{name} exited with {proc.returncode}; its log: {log}\n"
                              + open(log).read()[-3000:])
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            urllib.request.urlopen(f"http://{addr}:{port}/health", timeout=2)
             return
         except OSError:
             time.sleep(0.5)
@@ -73,10 +73,16 @@ class Servers:
     def __init__(self, out):
         self.out, self.procs = out, []
 
-    def start(self, name, cmd, env_extra, port, timeout=300, cpus=None):
+    def start(self, name, cmd, env_extra, port, timeout=300, cpus=None, netns=None,
+              env_drop=()):
         """`cpus`: the CPUs the server's processes start on (its workers then bind where
-        VLLM_CPU_OMP_THREADS_BIND says)."""
+        VLLM_CPU_OMP_THREADS_BIND says). `netns`: the network namespace (a host of
+        tools/hosts.sh's rig) it runs in. `env_drop`: variables it must not inherit."""
         env = dict(os.environ, **env_extra)
+        for k in env_drop:
+            env.pop(k, None)
+        if netns:
+            cmd = ["ip", "netns", "exec", netns] + list(cmd)
         log = os.path.join(self.out, f"{name}.log")
         # A process group of its own (to stop it whole), in this session: with the kernel's
         # autogroup scheduling a session per server made the servers sharing a core starve
@@ -116,21 +122,21 @@ def vllm_cmd(args, port, kv=None, tp=1):
     return cmd
 
 
-def complete(port, model, prompt, max_tokens):
-    r = get_json(f"http://127.0.0.1:{port}/v1/completions",
+def complete(port, model, prompt, max_tokens, addr="127.0.0.1"):
+    r = get_json(f"http://{addr}:{port}/v1/completions",
              {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
               "return_token_ids": True, "ignore_eos": True})
     return r["choices"][0]["token_ids"]
 
 
-def stream(port, model, prompt, max_tokens):
+def stream(port, model, prompt, max_tokens, addr="127.0.0.1"):
     """The same request streamed: (token ids, seconds to the first token, mean seconds
     between tokens after it, seconds in all)."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
                        "temperature": 0, "return_token_ids": True, "ignore_eos": True,
                        "stream": True}).encode()
     t0 = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn = http.client.HTTPConnection(addr, port, timeout=120)
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
     r = conn.getresponse()
     if r.status != 200:

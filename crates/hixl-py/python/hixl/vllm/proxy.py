@@ -23,13 +23,14 @@ decode's. Needs ``aiohttp`` (a dependency of vLLM's)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import itertools
 import json
 import logging
 from typing import Any, Dict, List
 
-from aiohttp import ClientSession, ClientTimeout, web  # type: ignore
+from aiohttp import ClientError, ClientSession, ClientTimeout, web  # type: ignore
 
 log = logging.getLogger("hixl.vllm.proxy")
 
@@ -77,12 +78,16 @@ class Proxy:
                                      status=400)
         headers = self._headers(req)
         p_url = next(self._p) + req.path
-        async with self.session.post(p_url, json=prefill_body(body), headers=headers) as r:
-            raw = await r.read()
-            if r.status != 200:
-                log.warning("prefill %s answered %d: %s", p_url, r.status, raw[:500])
-                return web.Response(status=r.status, body=raw,
-                                    content_type=r.content_type or "application/json")
+        try:
+            async with self.session.post(p_url, json=prefill_body(body),
+                                         headers=headers) as r:
+                raw = await r.read()
+                if r.status != 200:
+                    log.warning("prefill %s answered %d: %s", p_url, r.status, raw[:500])
+                    return web.Response(status=r.status, body=raw,
+                                        content_type=r.content_type or "application/json")
+        except (ClientError, asyncio.TimeoutError) as e:
+            return self._unreachable("prefill", p_url, e)
         try:
             params = json.loads(raw).get("kv_transfer_params")
         except (json.JSONDecodeError, AttributeError):
@@ -94,14 +99,29 @@ class Proxy:
             log.warning("prefill %s handed back no kv_transfer_params: the decode computes "
                         "the prompt", p_url)
         d_url = next(self._d) + req.path
-        async with self.session.post(d_url, json=d_body, headers=headers) as r:
-            out = web.StreamResponse(status=r.status, headers={
-                "Content-Type": r.headers.get("Content-Type", "application/json")})
-            await out.prepare(req)
-            async for chunk in r.content.iter_any():
-                await out.write(chunk)
-            await out.write_eof()
-            return out
+        out = None
+        try:
+            async with self.session.post(d_url, json=d_body, headers=headers) as r:
+                out = web.StreamResponse(status=r.status, headers={
+                    "Content-Type": r.headers.get("Content-Type", "application/json")})
+                await out.prepare(req)
+                async for chunk in r.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+                return out
+        except (ClientError, asyncio.TimeoutError) as e:
+            if out is None:
+                return self._unreachable("decode", d_url, e)
+            # the answer had begun: the client sees it end early
+            log.warning("decode %s failed mid-answer: %s", d_url, e)
+            raise
+
+    @staticmethod
+    def _unreachable(side: str, url: str, e: BaseException) -> web.Response:
+        why = f"{side} {url}: {type(e).__name__}: {e}"
+        log.warning("%s", why)
+        return web.json_response({"error": {"message": why, "type": "upstream_error",
+                                            "code": 502}}, status=502)
 
     async def health(self, _req: web.Request) -> web.Response:
         bad = []
