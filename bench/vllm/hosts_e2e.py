@@ -214,30 +214,6 @@ def phase_loopback(rig, args, srv, prompts, ref, checks, res):
     checks["loopback: refused naming both addresses"] = want in text
 
 
-def reference(args, prompts, out):
-    key = se.hashlib.sha256(json.dumps([os.path.abspath(args.model), args.dtype,
-                                        args.max_tokens, prompts]).encode()).hexdigest()[:16]
-    cached = os.path.join(args.reference_cache or out, f"reference-{key}.json")
-    if os.path.exists(cached):
-        with open(cached) as f:
-            return json.load(f)
-    srv = se.Servers(out)
-    try:
-        port = se.free_port()
-        p, log, _ = srv.start("single", se.vllm_cmd(args, port),
-                              {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-                               "VLLM_CPU_OMP_THREADS_BIND": "1", "VLLM_HOST_IP": "127.0.0.1"},
-                              port)
-        se.wait_healthy("single", p, port, log, 300)
-        ref = [se.complete(port, args.model, pr, args.max_tokens) for pr in prompts]
-    finally:
-        srv.stop()
-    os.makedirs(os.path.dirname(cached), exist_ok=True)
-    with open(cached, "w") as f:
-        json.dump(ref, f)
-    return ref
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -280,7 +256,7 @@ def main():
     rng = random.Random(1)
     prompts = [[rng.randrange(1, 500) for _ in range(rng.randint(100, 200))]
                for _ in range(args.num_prompts)]
-    ref = reference(args, prompts, out)
+    ref = se.reference(args, prompts, out, se.Servers(out))
     checks, res = {}, {}
     phases = {"address": phase_address, "directory": phase_directory,
               "loopback": phase_loopback}

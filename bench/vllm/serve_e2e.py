@@ -227,6 +227,31 @@ def metric(text, name, **labels):
     return total
 
 
+def reference(args, prompts, out, srv):
+    """A single server's answers to `prompts` (started with `srv` on core 1), kept in
+    --reference-cache (else `out`) and reused when the model, dtype, prompts and max tokens
+    are the same."""
+    key = hashlib.sha256(json.dumps([os.path.abspath(args.model), args.dtype,
+                                     args.max_tokens, prompts]).encode()).hexdigest()[:16]
+    cached = os.path.join(args.reference_cache or out, f"reference-{key}.json")
+    if os.path.exists(cached):
+        with open(cached) as f:
+            return json.load(f)
+    port = free_port()
+    p, log, _ = srv.start("single", vllm_cmd(args, port),
+                          {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_HOST_IP": "127.0.0.1",
+                           "VLLM_CPU_OMP_THREADS_BIND": "1"}, port)
+    try:
+        wait_healthy("single", p, port, log, 300)
+        ref = [complete(port, args.model, pr, args.max_tokens) for pr in prompts]
+    finally:
+        srv.stop("single")
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    with open(cached, "w") as f:
+        json.dump(ref, f)
+    return ref
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -364,21 +389,7 @@ def main():
         checks["connector_closed_on_sigterm"] = args.connector != "hixl" or all(
             closed in open(log).read() for n, log in srv.logs() if n in ("prefill", "decode"))
         # Then a single server's answers to the same requests (on the decode's core).
-        key = hashlib.sha256(json.dumps([os.path.abspath(args.model), args.dtype,
-                                         args.max_tokens, prompts]).encode()).hexdigest()[:16]
-        cached = os.path.join(args.reference_cache or out, f"reference-{key}.json")
-        if os.path.exists(cached):
-            with open(cached) as f:
-                ref = json.load(f)
-        else:
-            port = free_port()
-            p, log, _ = srv.start("single", vllm_cmd(args, port),
-                                  dict(base, VLLM_CPU_OMP_THREADS_BIND="1"), port)
-            wait_healthy("single", p, port, log, 300)
-            ref = [complete(port, args.model, pr, args.max_tokens) for pr in prompts]
-            os.makedirs(os.path.dirname(cached), exist_ok=True)
-            with open(cached, "w") as f:
-                json.dump(ref, f)
+        ref = reference(args, prompts, out, srv)
         equal = sum(g == r for g, r in zip(got, ref))
         checks["tokens_equal"] = equal == len(prompts)
         def ms(xs):

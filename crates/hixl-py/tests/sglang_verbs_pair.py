@@ -15,12 +15,13 @@ says verbs.
 import ctypes
 import json
 import os
-import subprocess
 import sys
 import time
 
 from hixl import _netconf
 from hixl.sglang._engine import HixlTransferEngine, settings
+
+from _pair import record_modules, start_half
 
 PAGE = 64 << 10  # one page of KV: 64 KiB
 PAGES = 48  # the pool; the prefill writes every other page, in reverse order
@@ -47,15 +48,6 @@ def page(i: int) -> bytes:
     return bytes(((i * 7 + j) % 253) for j in range(256)) * (PAGE // 256)
 
 
-def record_modules() -> None:
-    out = os.environ.get("HIXL_PAIR_MODULES")
-    if out:
-        files = sorted({m.__file__ for m in list(sys.modules.values())
-                        if getattr(m, "__file__", None)})
-        with open(out, "a") as f:
-            f.write("".join(p + "\n" for p in files))
-
-
 def decode() -> None:
     net = env_settings()
     eng = HixlTransferEngine("", options(net), net=net, rank=1, role="d")
@@ -75,11 +67,9 @@ def decode() -> None:
 
 def prefill() -> int:
     t0 = time.monotonic()
-    child = subprocess.Popen([sys.executable, __file__, "--decode"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, bufsize=1)
+    child, hello = start_half(__file__, "--decode", "session")
     assert child.stdin is not None and child.stdout is not None
-    hello = json.loads(child.stdout.readline() or "{}")
-    if "session" not in hello:
+    if hello is None:
         print(f"sglang_verbs_pair: the decode did not start (exit {child.wait()})")
         return 1
     net = env_settings()

@@ -13,11 +13,12 @@ runs in the small Python of ``tools/guest-python.sh``. ``HIXL_PAIR_TRANSPORT`` (
 
 import json
 import os
-import subprocess
 import sys
 import time
 
 import hixl
+
+from _pair import record_modules, start_half
 
 SIZE = 4 << 20  # 4 MiB: a fraction of a second per direction on Soft-RoCE under TCG
 PIECE = 1 << 20  # one descriptor per MiB, so a transfer is a chain of work requests
@@ -41,15 +42,6 @@ def options() -> dict:
     return opts
 
 
-def record_modules() -> None:
-    out = os.environ.get("HIXL_PAIR_MODULES")
-    if out:
-        files = sorted({m.__file__ for m in list(sys.modules.values())
-                        if getattr(m, "__file__", None)})
-        with open(out, "a") as f:
-            f.write("".join(p + "\n" for p in files))
-
-
 def target() -> None:
     """Registers a region holding pattern(1), prints its engine, then checks on request."""
     eng = hixl.Engine("127.0.0.1:0", options())
@@ -69,11 +61,9 @@ def target() -> None:
 
 def initiator() -> int:
     t0 = time.monotonic()
-    child = subprocess.Popen([sys.executable, __file__, "--target"], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, bufsize=1)
+    child, hello = start_half(__file__, "--target", "engine")
     assert child.stdin is not None and child.stdout is not None
-    hello = json.loads(child.stdout.readline() or "{}")
-    if "engine" not in hello:
+    if hello is None:
         print(f"verbs_pair: the target did not start (exit {child.wait()})")
         return 1
 
