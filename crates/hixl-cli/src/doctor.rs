@@ -5,19 +5,14 @@
 //! is wrong. Exit status: 0 nothing wrong (warnings allowed), 1 doctor could not run (or was
 //! stopped), 2 bad arguments, 3 something wrong was found.
 
-mod findings;
-mod netif;
-mod probe;
 mod serve;
-mod side;
 
 use std::net::IpAddr;
 use std::time::Duration;
 
-use hixl::{Engine, HostBuffer};
+use hixl_doctor::{probe, Facts, Report, Settings, Severity, ROUNDS};
 
-use self::findings::{Facts, Finding, LocalEnd, Probe, RailFact, Severity};
-use crate::info::{peer_builder, PeerPath};
+use crate::info::peer_builder;
 use crate::util::{parse_kv, parse_size, CliResult};
 
 /// Exit status when doctor found something wrong.
@@ -103,30 +98,7 @@ pub async fn run(a: Args) -> CliResult<i32> {
             "doctor needs --peer ADDR|NAME (or --serve on the peer's host)"
         ));
     };
-    if !(a.duration.is_finite() && a.duration > 0.0 && a.duration <= 60.0) {
-        return Err(hixl_cli::fail!(
-            "--duration must be in (0, 60] seconds, got {}",
-            a.duration
-        ));
-    }
-    if a.block < probe::SMALL || a.size < a.block || a.size > (1 << 30) {
-        return Err(hixl_cli::fail!(
-            "--block must be at least {} and --size at least --block and at most 1G",
-            probe::SMALL
-        ));
-    }
-    if let Some(e) = a
-        .expect
-        .as_deref()
-        .filter(|e| !["tcp", "fabric", "verbs"].contains(&e.to_ascii_lowercase().as_str()))
-    {
-        return Err(hixl_cli::fail!(
-            "--expect {e:?}: the transports are tcp, fabric and verbs"
-        ));
-    }
-    let mut stop = crate::stop::Stop::install()?;
-    let mut facts = Facts {
-        peer: peer.clone(),
+    let settings = Settings {
         expect: a.expect.clone().or_else(|| {
             a.options
                 .iter()
@@ -134,11 +106,32 @@ pub async fn run(a: Args) -> CliResult<i32> {
                 .map(|(_, v)| v.clone())
                 .filter(|v| v != "auto")
         }),
+        probe: !a.no_probe,
+        size: a.size,
+        block: a.block,
+        duration: a.duration,
+    };
+    let expect = if a.expect.is_some() {
+        "--expect"
+    } else {
+        "--option hixl.Transport"
+    };
+    match settings.check([expect, "--size", "--block", "--duration"]) {
+        Err(hixl::Error::InvalidParam { what }) => return Err(hixl_cli::fail!("{what}")),
+        r => r?,
+    }
+    let mut stop = crate::stop::Stop::install()?;
+    let mut facts = Facts {
+        peer: peer.clone(),
+        expect: settings.expect.clone(),
         ..Facts::default()
     };
     facts.peer_addrs = addresses(&peer, &a).await?;
-    facts.directory_route_src = a.directory.as_deref().and_then(directory_host);
-    facts.local = local_end(&facts.peer_addrs, a.local);
+    facts.directory_route_src = a.directory.as_deref().and_then(|url| {
+        let first = url.strip_prefix("etcd://")?.split(',').next()?;
+        hixl_doctor::directory_route_src(&[first.to_string()])
+    });
+    facts.local = hixl_doctor::local_end(&facts.peer_addrs, a.local);
     let ip = facts
         .local
         .advertised
@@ -147,27 +140,31 @@ pub async fn run(a: Args) -> CliResult<i32> {
     let engine = peer_builder(&ip, a.directory.as_deref(), &a.options)
         .build()
         .await?;
+    let diagnose = hixl_doctor::diagnose(&engine, &settings, &mut facts, |f| {
+        eprintln!(
+            "hixl doctor: probing {} over {} ({ROUNDS} rounds of hixl and raw TCP, {} s each)",
+            f.peer,
+            f.transport.as_deref().unwrap_or("?"),
+            a.duration
+        );
+    });
     let outcome = tokio::select! {
-        () = diagnose(&engine, &a, &mut facts) => None,
+        () = diagnose => None,
         sig = stop.recv() => Some(sig),
     };
     engine.shutdown(Duration::from_secs(1)).await;
     if let Some(sig) = outcome {
         return Err(hixl_cli::fail!("doctor stopped by {sig}"));
     }
-    let found = findings::check(&facts);
-    report(&facts, &found, a.json)?;
-    Ok(if found.iter().any(|f| f.severity == Severity::Error) {
-        EXIT_FOUND
-    } else {
-        0
-    })
+    let r = hixl_doctor::conclude(facts);
+    report(&r, a.json)?;
+    Ok(if r.ok { 0 } else { EXIT_FOUND })
 }
 
 /// The addresses the peer is reached at: itself, or its directory entry's.
 async fn addresses(peer: &str, a: &Args) -> CliResult<Vec<String>> {
-    if netif::ip_of(peer).is_some() {
-        return Ok(vec![peer.to_string()]);
+    if hixl_doctor::netif::ip_of(peer).is_some() {
+        return Ok(hixl_doctor::peer_addresses(peer, None, "").await?);
     }
     let Some(url) = &a.directory else {
         return Err(hixl_cli::fail!(
@@ -184,163 +181,16 @@ async fn addresses(peer: &str, a: &Args) -> CliResult<Vec<String>> {
         o.set(k, v)?;
     }
     let d = hixl::directory::Directory::open(&o.directory).await?;
-    let entry = d.resolve(peer).await?;
-    Ok(entry.addrs)
+    Ok(hixl_doctor::peer_addresses(peer, Some(&d), "--directory URL").await?)
 }
 
-/// The first etcd endpoint of a directory URL (`etcd://host:port[,...]`), and the local
-/// address the kernel routes to it from.
-fn directory_host(url: &str) -> Option<IpAddr> {
-    use std::net::ToSocketAddrs;
-    let first = url.strip_prefix("etcd://")?.split(',').next()?;
-    let addr = first.to_socket_addrs().ok()?.next()?;
-    netif::route_source(addr.ip())
-}
-
-/// This end: what it advertises and where the kernel routes the peer from.
-fn local_end(peer_addrs: &[String], given: Option<IpAddr>) -> LocalEnd {
-    let all = netif::interfaces();
-    let target = peer_addrs.iter().filter_map(|a| netif::ip_of(a)).next();
-    let route_src = target.and_then(netif::route_source);
-    let iface = route_src.and_then(|s| netif::iface_of(s, &all));
-    let advertised = given.or(route_src);
-    LocalEnd {
-        advertised,
-        route_src,
-        route_if: iface.map(|i| i.name.clone()),
-        mtu: iface.and_then(|i| i.mtu),
-        advertised_on_host: advertised.is_some_and(|ad| netif::iface_of(ad, &all).is_some()),
-    }
-}
-
-/// Connects, asks the peer's side endpoint for its end, probes; fills `f`.
-async fn diagnose(engine: &Engine, a: &Args, f: &mut Facts) {
-    let peer = match engine.connect(&f.peer, Duration::from_secs(5)).await {
-        Ok(p) => p,
-        Err(e) => {
-            f.connect_error = Some(e.to_string());
-            return;
-        }
-    };
-    f.transport = Some(PeerPath::of(&peer).transport);
-    let regions = peer.regions();
-    let names: Vec<String> = regions.iter().filter_map(|r| r.name.clone()).collect();
-    let side = side::side_of(&names);
-    match side {
-        Some(s) => {
-            match tokio::task::spawn_blocking(move || side::fetch(s, Duration::from_secs(5))).await
-            {
-                Ok(Ok(r)) => f.remote = Some(r),
-                Ok(Err(e)) => f.remote_error = Some(e),
-                Err(e) => f.remote_error = Some(e.to_string()),
-            }
-        }
-        None => f.remote_error = Some("it exports no doctor region".into()),
-    }
-    if !a.no_probe {
-        let n = (a.size / a.block).max(1);
-        let plan = probe::Plan {
-            per_call: n * a.block,
-            block: a.block,
-            dur: Duration::from_secs_f64(a.duration),
-        };
-        eprintln!(
-            "hixl doctor: probing {} over {} ({ROUNDS} rounds of hixl and raw TCP, {} s each)",
-            f.peer,
-            f.transport.as_deref().unwrap_or("?"),
-            a.duration
-        );
-        match run_probe(engine, &peer, side, plan, &regions).await {
-            Ok(p) => f.probe = Some(p),
-            Err(e) => f.probe_error = Some(e),
-        }
-    }
-    f.rails = PeerPath::of(&peer)
-        .rails
-        .iter()
-        .map(|r| RailFact {
-            name: format!("rail {} {} -> {}", r.index, r.local, r.remote),
-            up: r.up,
-            state: r.state.clone(),
-            ops: r.ops,
-            bytes: r.bytes,
-            mtu: r.mtu,
-        })
-        .collect();
-}
-
-/// hixl into the peer's writable region (its doctor region, else its largest), then raw TCP
-/// to its side endpoint when it has one.
-async fn run_probe(
-    engine: &Engine,
-    peer: &hixl::Peer,
-    side: Option<std::net::SocketAddr>,
-    plan: probe::Plan,
-    regions: &[hixl::RemoteRegion],
-) -> Result<Probe, String> {
-    let writable: Vec<&hixl::RemoteRegion> = regions
-        .iter()
-        .filter(|r| r.access.contains(hixl::Access::REMOTE_WRITE))
-        .collect();
-    let target = writable
-        .iter()
-        .find(|r| {
-            r.name
-                .as_deref()
-                .is_some_and(|n| n.starts_with(side::REGION_PREFIX))
-        })
-        .or_else(|| writable.iter().max_by_key(|r| r.len))
-        .ok_or("the peer exports no writable region to probe")?;
-    let per_call = plan.per_call.min(target.len / plan.block * plan.block);
-    if per_call < probe::SMALL {
-        return Err(format!(
-            "the peer's region of {} bytes is too small for the probe",
-            target.len
-        ));
-    }
-    let plan = probe::Plan { per_call, ..plan };
-    let local = HostBuffer::zeroed(per_call as usize)
-        .and_then(|b| engine.register(b))
-        .map_err(|e| e.to_string())?;
-    // Two rounds, hixl and raw TCP alternating, the better of each: a burst of load from
-    // elsewhere on either host during one measurement does not decide the comparison.
-    let mut p = Probe::default();
-    for _ in 0..ROUNDS {
-        let h = probe::hixl(peer, local.addr(), target.addr, plan).await?;
-        p.hixl_gbps = p.hixl_gbps.max(h.gbps);
-        p.hixl_p50_us = best(p.hixl_p50_us, h.p50_us);
-        if let Some(s) = side {
-            let t = probe::raw_tcp(s, plan).await?;
-            p.tcp_gbps = Some(p.tcp_gbps.unwrap_or(0.0).max(t.gbps));
-            p.tcp_p50_us = Some(best(p.tcp_p50_us.unwrap_or(0.0), t.p50_us));
-        }
-    }
-    Ok(p)
-}
-
-/// Rounds of the probe.
-const ROUNDS: usize = 2;
-
-/// The lower of two latencies, 0 being none yet.
-fn best(a: f64, b: f64) -> f64 {
-    if a > 0.0 {
-        a.min(b)
-    } else {
-        b
-    }
-}
-
-/// Prints the facts and findings, as text or one JSON object.
-fn report(f: &Facts, found: &[Finding], json: bool) -> CliResult {
+/// Prints the report, as text or one JSON object.
+fn report(r: &Report, json: bool) -> CliResult {
     if json {
-        let v = serde_json::json!({
-            "ok": !found.iter().any(|x| x.severity == Severity::Error),
-            "facts": f,
-            "findings": found,
-        });
-        println!("{}", crate::util::json_line(&v)?);
+        println!("{}", crate::util::json_line(r)?);
         return Ok(());
     }
+    let (f, found) = (&r.facts, &r.findings);
     let show = |i: Option<IpAddr>| i.map_or_else(|| "?".into(), |i| i.to_string());
     println!("peer {} at {}", f.peer, f.peer_addrs.join(","));
     match &f.transport {

@@ -1,7 +1,7 @@
 //! `hixl serve`: a target that registers memory and serves peers, printing what it receives.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 
 use futures::StreamExt;
 use hixl::{Access, Engine, HostBuffer};
@@ -197,43 +197,7 @@ fn verify(region: &hixl::Region, msg: &str) -> String {
 fn baseline_server(l: TcpListener) {
     for s in l.incoming().flatten() {
         std::thread::spawn(move || {
-            let _ = baseline_conn(s, 4 << 30);
+            let _ = hixl_doctor::side::baseline_conn(s, 4 << 30);
         });
-    }
-}
-
-/// One baseline connection (also `hixl doctor --serve`'s raw TCP sink): the header, then calls
-/// until the peer closes. A header asking for more than `max_per_call` bytes a call ends it.
-///
-/// # Errors
-/// The connection's failure.
-pub fn baseline_conn(mut s: TcpStream, max_per_call: usize) -> std::io::Result<()> {
-    s.set_nodelay(true)?;
-    let mut h = [0u8; 17];
-    s.read_exact(&mut h)?;
-    let op = h[0];
-    let per_call = u64::from_le_bytes(h[1..9].try_into().unwrap_or_default()) as usize;
-    let block = (u64::from_le_bytes(h[9..17].try_into().unwrap_or_default()) as usize).max(1);
-    if per_call == 0 || per_call > max_per_call {
-        return Ok(());
-    }
-    // The same footprint as a hixl call (per_call bytes of distinct memory), so both move
-    // bytes between the socket and equally cold memory. Freed when the connection ends.
-    let mut buf = vec![0u8; per_call];
-    let mut one = [0u8; 1];
-    loop {
-        if op == b'W' {
-            for c in buf.chunks_mut(block) {
-                s.read_exact(c)?;
-            }
-            s.write_all(&[1])?;
-        } else {
-            if s.read(&mut one)? == 0 {
-                return Ok(());
-            }
-            for c in buf.chunks(block) {
-                s.write_all(c)?;
-            }
-        }
     }
 }

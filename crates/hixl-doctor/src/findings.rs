@@ -144,7 +144,7 @@ pub fn check(f: &Facts) -> Vec<Finding> {
     let peer_ips: Vec<IpAddr> = f
         .peer_addrs
         .iter()
-        .filter_map(|a| super::netif::ip_of(a))
+        .filter_map(|a| crate::netif::ip_of(a))
         .collect();
     let peer_remote = peer_ips.iter().any(|i| !i.is_loopback());
     check_local(f, peer_remote, &mut out);
@@ -154,7 +154,7 @@ pub fn check(f: &Facts) -> Vec<Finding> {
         .or(not_lo(&f.local.route_src))
         .or(not_lo(&f.directory_route_src));
     for a in &f.peer_addrs {
-        if super::netif::ip_of(a).is_some_and(|i| i.is_loopback()) && !peer_remote {
+        if crate::netif::ip_of(a).is_some_and(|i| i.is_loopback()) && !peer_remote {
             if let Some(reached) = reached {
                 out.push(err("loopback-advertised", format!(
                     "peer {} advertises {a}, a loopback address, to this host at {reached}: another host cannot reach it there (advertise the address of the interface that routes to its peers)",
@@ -165,7 +165,7 @@ pub fn check(f: &Facts) -> Vec<Finding> {
     }
     if let Some(r) = &f.remote {
         if let (Some(adv), Some(rs)) = (&r.advertised, r.route_src) {
-            let adv_ip = super::netif::ip_of(adv);
+            let adv_ip = crate::netif::ip_of(adv);
             if adv_ip.is_some_and(|i| i.is_loopback()) && !rs.is_loopback() {
                 out.push(err("loopback-advertised", format!(
                     "peer {} advertises {adv}, a loopback address, though its kernel routes to this host from {rs}",

@@ -6,9 +6,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use hixl::{OpDesc, Peer, TransferOp};
-
-use crate::util::percentile;
+use hixl_async::Peer;
+use hixl_core::{OpDesc, TransferOp};
 
 /// The bytes of one small call (the latency probe).
 pub const SMALL: u64 = 4096;
@@ -31,6 +30,15 @@ pub struct Figures {
     pub gbps: f64,
     /// p50 of `SMALL`-byte calls, µs.
     pub p50_us: f64,
+}
+
+/// The `p` quantile (0..=1) of sorted samples; 0 for none.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
 }
 
 /// Times `call` for `dur` (after a few warm-up calls): (calls per second, p50 µs).

@@ -10,8 +10,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
-use super::findings::RemoteEnd;
-use super::netif;
+use crate::findings::RemoteEnd;
+use crate::netif;
 
 /// The exported region's name: this prefix, then the side endpoint's `ip:port`.
 pub const REGION_PREFIX: &str = "hixl.doctor@";
@@ -39,7 +39,7 @@ fn conn(mut s: TcpStream, engine: &str, max_per_call: usize) -> std::io::Result<
     }
     if first[0] != b'F' {
         s.set_read_timeout(None)?;
-        return crate::serve::baseline_conn(s, max_per_call);
+        return baseline_conn(s, max_per_call);
     }
     let local = s.local_addr()?.ip();
     let all = netif::interfaces();
@@ -54,6 +54,42 @@ fn conn(mut s: TcpStream, engine: &str, max_per_call: usize) -> std::io::Result<
     });
     s.write_all(facts.to_string().as_bytes())?;
     s.shutdown(std::net::Shutdown::Write)
+}
+
+/// One baseline connection (`hixl serve --baseline`, and the raw TCP sink of a doctor's side endpoint): the header, then calls
+/// until the peer closes. A header asking for more than `max_per_call` bytes a call ends it.
+///
+/// # Errors
+/// The connection's failure.
+pub fn baseline_conn(mut s: TcpStream, max_per_call: usize) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    let mut h = [0u8; 17];
+    s.read_exact(&mut h)?;
+    let op = h[0];
+    let per_call = u64::from_le_bytes(h[1..9].try_into().unwrap_or_default()) as usize;
+    let block = (u64::from_le_bytes(h[9..17].try_into().unwrap_or_default()) as usize).max(1);
+    if per_call == 0 || per_call > max_per_call {
+        return Ok(());
+    }
+    // The same footprint as a hixl call (per_call bytes of distinct memory), so both move
+    // bytes between the socket and equally cold memory. Freed when the connection ends.
+    let mut buf = vec![0u8; per_call];
+    let mut one = [0u8; 1];
+    loop {
+        if op == b'W' {
+            for c in buf.chunks_mut(block) {
+                s.read_exact(c)?;
+            }
+            s.write_all(&[1])?;
+        } else {
+            if s.read(&mut one)? == 0 {
+                return Ok(());
+            }
+            for c in buf.chunks(block) {
+                s.write_all(c)?;
+            }
+        }
+    }
 }
 
 /// The side endpoint named by a region of the peer's, if one is.

@@ -19,6 +19,7 @@ mod datadist;
 mod descs;
 mod directory;
 mod dlpack;
+mod doctor;
 mod engine;
 mod errors;
 mod logging;
@@ -79,6 +80,7 @@ fn _hixl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     waker::add(m)?;
     datadist::add(m)?;
     metrics::add(m)?;
+    doctor::add(m)?;
     m.add_function(wrap_pyfunction!(dlpack::dlpack_span, m)?)?;
     Ok(())
 }

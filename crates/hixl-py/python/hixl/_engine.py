@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import threading
 import weakref
 from enum import IntEnum, IntFlag
@@ -295,6 +296,23 @@ class Engine(DirectoryMixin):
         (``ip:port``; port 0 picks one) until the returned server is closed or dropped; its
         ``local_addr`` is where it listens."""
         return _hixl.serve_metrics(self._native, listen)
+
+    def doctor(self, peer: str, *, expect: Optional[str] = None, probe: bool = True,
+               size: int = 8 << 20, block: int = 1 << 20,
+               duration: float = 0.5) -> Dict[str, Any]:
+        """A preflight of the path from this engine to ``peer`` (``ip:port``, or a name when
+        this engine has ``hixl.Directory``): the report of ``hixl doctor --peer PEER --json``,
+        ``{"ok": bool, "facts": {...}, "findings": [{"severity", "code", "what"}...]}``.
+        ``ok`` is false when a finding is an error. ``expect`` names the transport the peer
+        should get (``tcp``, ``fabric``, ``verbs``); ``probe`` runs hixl WRITEs of ``size``
+        bytes (``block`` per descriptor) into the peer's writable region for ``duration``
+        seconds a round, against raw TCP when the peer runs ``hixl doctor --serve``.
+
+        Blocks (seconds, with the probe) with the GIL released; from a coroutine, run it with
+        ``await asyncio.to_thread(engine.doctor, peer)``. Bad arguments raise hixl's
+        PARAM_INVALID error naming the value; a peer that cannot be reached is a finding."""
+        return dict(json.loads(_hixl.doctor(self._native, peer, expect, probe, size, block,
+                                            duration)))
 
     def take_transfer_records(self) -> List[Dict[str, Any]]:
         """The transfers that ended since the last call (the last 1024 per link at most), each
