@@ -374,3 +374,26 @@ def test_interpreter_exits_cleanly_with_links_and_transfers_open(spawn, transpor
     assert "posted" in p.stdout
     # the target is unharmed
     assert target.ask(cmd="count", off=0, len=16, byte=0)["ok"]
+
+
+def test_a_dropped_region_keeps_its_memory_until_deregistered():
+    """Dropping a Region does not deregister it (a peer may still write into it): the object
+    it registered stays alive until the engine deregisters it or closes, never freed under a
+    live registration."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    eng = hixl.Engine("127.0.0.1:0", {"hixl.Transport": "tcp"})
+    arr = np.zeros(1 << 20, dtype=np.uint8)
+    alive = weakref.ref(arr)
+    region = eng.register(arr)
+    del arr, region
+    gc.collect()
+    assert alive() is not None, "the buffer was freed while still registered"
+    kept = eng.register(np.zeros(4096, dtype=np.uint8))
+    eng.deregister(kept).wait(5)
+    eng.close()
+    gc.collect()
+    assert alive() is None, "the engine kept the buffer after it closed"

@@ -8,7 +8,7 @@ import json
 import threading
 import weakref
 from enum import IntEnum, IntFlag
-from typing import Any, AsyncIterator, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, AsyncIterator, Dict, List, NamedTuple, Optional, Set, Tuple, Union
 
 from . import _hixl
 from ._connect import check_retries
@@ -262,7 +262,9 @@ class Engine(DirectoryMixin):
     def __init__(self, local_engine: str, options: Optional[Dict[str, str]] = None) -> None:
         pairs = [(str(k), str(v)) for k, v in (options or {}).items()]
         self._native = _hixl.Engine(local_engine, pairs)
-        self._regions: "weakref.WeakSet[Region]" = weakref.WeakSet()
+        # Held until deregistered or closed, not weakly: a Region the caller drops stays
+        # registered (peers may still write into it), so the object it keeps alive must too.
+        self._regions: Set[Region] = set()
         with _engines_lock:
             _engines.add(self)
         # An engine dropped without close() (its owner's frame unwound by SystemExit, say)
