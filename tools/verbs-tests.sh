@@ -2,7 +2,8 @@
 # Builds the verbs test binaries (hixl-verbs, and the engine's tests/verbs/) and the hixl
 # command with the verbs feature on the host, and runs them inside the Soft-RoCE guest of
 # tools/softroce-vm.sh with HIXL_VERBS_DEVICE=rxe0 (on the host, without it, the tests skip),
-# followed by `hixl info` and `hixl bench comm --transport verbs`.
+# followed by `hixl info`, `hixl bench comm --transport verbs`, and `hixl doctor` over two rails
+# (tools/doctor-rails-guest.sh).
 #
 #   tools/verbs-tests.sh                 # build, boot, run every hixl-verbs test binary
 #   tools/verbs-tests.sh -- --skip kill  # extra arguments go to each test binary
@@ -26,7 +27,7 @@ bins=$( {
 cli=$(cargo build -p hixl-cli --features verbs --message-format=json | exes | grep '/hixl$' | head -n 1)
 [ -n "$cli" ] || { echo "verbs-tests: the hixl command did not build" >&2; exit 1; }
 echo "verbs-tests: built in $((SECONDS - t0))s:" $bins "$cli"
-tools/softroce-vm.sh build $bins "$cli"
+tools/softroce-vm.sh build $bins "$cli" tools/doctor-rails-guest.sh
 # Each binary runs with two test threads (the guest has two vCPUs); a failing binary does not
 # stop the others, the status is the first failure's.
 args="--test-threads=2 $*"
@@ -50,6 +51,9 @@ done
 cmd="$cmd; echo '=== hixl info'; /extra/hixl info || rc=\$?"
 cmd="$cmd; echo '=== hixl bench comm --transport verbs'"
 cmd="$cmd; /extra/hixl bench comm --transport verbs --op both --blocks 16K,128K,2M --total 8M --duration 0.5 || rc=\$?"
+# hixl doctor over two rails: healthy, then a rail's link down mid-probe named rail-down.
+cmd="$cmd; echo '=== hixl doctor over two rails (tools/doctor-rails-guest.sh)'"
+cmd="$cmd; sh /extra/doctor-rails-guest.sh || rc=\$?"
 cmd="$cmd; exit \$rc"
 tools/softroce-vm.sh run "$cmd"
 echo "verbs-tests: total ${SECONDS}s"
