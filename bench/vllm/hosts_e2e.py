@@ -11,11 +11,11 @@ token with a single server's.
 
 Phases (each a fresh pair of servers):
   address    the decode links to the prefill by the address it advertised. Three passes of the
-             same prompts: plain; with the A-B link capped at --rate (the pulls' time grows as
-             the cap says: bytes / xfer time within the cap); and with h1's link taken down
-             while a pull is in flight and brought up once the decode reported it (every
-             request ends, the answers that come back are exact, the decode recomputed the
-             failed ones and serves the next pass exactly).
+             same prompts: plain; with the A-B link 1 ms each way and capped at --rate (the
+             pulls' time grows as the cap says: bytes / xfer time within the cap); and with
+             h1's link taken down while a pull is in flight and brought up once the decode
+             reported it (every request ends, the answers that come back are exact, the
+             decode recomputed the failed ones and serves the next pass exactly).
   directory  both publish in etcd (in h4) by name and the decode links by name
              (kv_connector_extra_config names the directory only).
   loopback   the prefill is misconfigured to advertise 127.0.0.1: the decode refuses it
@@ -129,15 +129,16 @@ def phase_address(rig, args, srv, prompts, ref, checks, res):
     checks["address: the decode computed no prompt (at most a token a request)"] = (
         local <= len(prompts)
         and se.metric(m, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") > 0)
-    # The A-B link capped: the pulls take as long as the cap says.
-    hosts("shape", "h1", "rate", args.rate)
+    # The A-B link 1 ms each way and capped: the pulls take as long as the cap says.
+    hosts("shape", "h1", "rate", args.rate, "delay", "1ms")
     got = run_prompts(rig, args, prompts)
     checks["address: capped exact"] = got == ref
     b1, t1 = (metric(d, API, "vllm:hixl_bytes_transferred_sum"),
               metric(d, API, "vllm:hixl_xfer_time_seconds_sum"))
     bits = float(re.match(r"([0-9.]+)mbit", args.rate).group(1)) * 1e6
     gbps = (b1 - b0) * 8 / max(t1 - t0, 1e-9)
-    res["capped"] = {"rate": args.rate, "bytes": b1 - b0, "xfer_s": round(t1 - t0, 3),
+    res["capped"] = {"rate": args.rate, "delay": "1ms each way", "bytes": b1 - b0,
+                     "xfer_s": round(t1 - t0, 3),
                      "measured_mbit": round(gbps / 1e6, 2),
                      "uncapped_mbit": round(b0 * 8 / max(t0, 1e-9) / 1e6, 1)}
     # under the cap (a token bucket lets a 32 KiB burst through at line rate), and near it

@@ -237,6 +237,22 @@ fn doctor_names_each_fault_and_passes_a_healthy_pair() {
         "{v}"
     );
 
+    // 1 ms each way (netem, or where the kernel has none the rig's relay): a 4 KiB call
+    // takes a round trip, 2 ms, through hixl as through raw TCP, and nothing is wrong.
+    rig.ok(&["shape", "h1", "delay", "1ms"]);
+    let (rc, v) = doctor(
+        &rig,
+        &["--peer", &engine, "--size", "512K", "--block", "128K"],
+    );
+    rig.ok(&["shape", "h1"]);
+    let (errors, all) = codes(&v);
+    eprintln!("1 ms each way h2 -> h1: {}", probe(&v));
+    assert_eq!((rc, errors.len()), (0, 0), "{all}");
+    for k in ["hixl_p50_us", "tcp_p50_us"] {
+        let us = v["facts"]["probe"][k].as_f64().unwrap_or(0.0);
+        assert!(us >= 2000.0, "{k} {us} us through 1 ms each way: {v}");
+    }
+
     // A doctor stopped by SIGINT mid-probe shuts its engine down and says so (exit 1).
     let mut c = rig.hixl("h2", &["doctor", "--peer", &engine, "--duration", "30"]);
     let mut probing = Killed(
