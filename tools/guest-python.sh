@@ -54,6 +54,14 @@ for p in list(files):
             files.add(importlib.util.cache_from_source(p))
         except NotImplementedError:
             pass
+    # A wheel's bundled libraries (auditwheel's PKG.libs beside PKG, e.g. numpy.libs): its
+    # extensions find them through an $ORIGIN-relative RPATH, so they go where the package
+    # goes (a venv under the host's /tmp lands under /host-tmp in the guest).
+    d = os.path.dirname(p)
+    while d not in ("/", ""):
+        if os.path.isdir(d + ".libs"):
+            files.update(os.path.join(d + ".libs", n) for n in os.listdir(d + ".libs"))
+        d = os.path.dirname(d)
 print("\n".join(sorted(p for p in files if os.path.isfile(p))))
 LIST
 # Each file goes to its own path in the guest, but for the host's /tmp (a fresh tmpfs there).
