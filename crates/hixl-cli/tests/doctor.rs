@@ -7,73 +7,11 @@
 //! HIXL_REQUIRE_ETCD=1).
 
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{ChildStdout, Stdio};
 
-fn hosts_sh() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/hosts.sh")
-}
+mod rig;
 
-/// A rig of `n` hosts, removed when dropped.
-struct Rig {
-    prefix: String,
-}
-
-impl Rig {
-    fn up(n: u32) -> Option<Rig> {
-        let prefix = format!("hxdoc{}", std::process::id());
-        let rig = Rig { prefix };
-        let out = rig.sh(&["up", &n.to_string()]).output().expect("hosts.sh");
-        if out.status.success() {
-            return Some(rig);
-        }
-        let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        assert!(
-            std::env::var("HIXL_REQUIRE_NETNS").as_deref() != Ok("1"),
-            "tools/hosts.sh up: {why} (and HIXL_REQUIRE_NETNS=1 requires this test to run)"
-        );
-        eprintln!("SKIPPED doctor: tools/hosts.sh up: {why} (needs root and iproute2)");
-        None
-    }
-
-    fn sh(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(hosts_sh());
-        c.env("HIXL_HOSTS_PREFIX", &self.prefix).args(args);
-        c
-    }
-
-    fn ok(&self, args: &[&str]) {
-        let out = self.sh(args).output().expect("hosts.sh");
-        assert!(
-            out.status.success(),
-            "hosts.sh {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// `hixl ARGS` in `host`.
-    fn hixl(&self, host: &str, args: &[&str]) -> Command {
-        let mut c = self.sh(&["exec", host, env!("CARGO_BIN_EXE_hixl")]);
-        c.args(args);
-        c
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        let _ = self.sh(&["down"]).status();
-    }
-}
-
-/// A child process, killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use rig::{Killed, Rig};
 
 /// Reads `from` until a line starting with `prefix`; returns it.
 fn line_starting(from: &mut impl BufRead, prefix: &str) -> String {
@@ -144,7 +82,9 @@ fn probe(v: &serde_json::Value) -> String {
 
 #[test]
 fn doctor_names_each_fault_and_passes_a_healthy_pair() {
-    let Some(rig) = Rig::up(3) else { return };
+    let Some(rig) = Rig::up("doc", 3, &[]) else {
+        return;
+    };
     let (mut serve, mut serve_out, listening) =
         doctor_serve(&rig, "h1", &["--listen", "192.0.2.1:0"]);
     let engine = field(&listening, "engine=");

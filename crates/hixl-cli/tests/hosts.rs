@@ -4,68 +4,11 @@
 //! Needs root, iproute2 and nftables; skipped without them unless HIXL_REQUIRE_NETNS=1.
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
-fn hosts_sh() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/hosts.sh")
-}
+mod rig;
 
-/// A rig of `n` hosts, removed when dropped.
-struct Rig {
-    prefix: String,
-}
-
-impl Rig {
-    fn up(n: u32, shape: &[&str]) -> Option<Rig> {
-        let prefix = format!("hxt{}", std::process::id());
-        let out = Command::new(hosts_sh())
-            .env("HIXL_HOSTS_PREFIX", &prefix)
-            .arg("up")
-            .arg(n.to_string())
-            .args(shape)
-            .output()
-            .expect("run tools/hosts.sh");
-        let rig = Rig { prefix };
-        if out.status.success() {
-            return Some(rig);
-        }
-        let why = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        assert!(
-            std::env::var("HIXL_REQUIRE_NETNS").as_deref() != Ok("1"),
-            "tools/hosts.sh up: {why} (and HIXL_REQUIRE_NETNS=1 requires this test to run)"
-        );
-        eprintln!("SKIPPED hosts: tools/hosts.sh up: {why} (needs root, iproute2, nftables)");
-        None
-    }
-
-    /// `hixl ARGS` in `host`.
-    fn hixl(&self, host: &str, args: &[&str]) -> Command {
-        let mut c = Command::new(hosts_sh());
-        c.env("HIXL_HOSTS_PREFIX", &self.prefix)
-            .args(["exec", host, env!("CARGO_BIN_EXE_hixl")])
-            .args(args);
-        c
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        let _ = Command::new(hosts_sh())
-            .env("HIXL_HOSTS_PREFIX", &self.prefix)
-            .arg("down")
-            .status();
-    }
-}
-
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use rig::{Killed, Rig};
 
 fn json_of(mut c: Command) -> serde_json::Value {
     let out = c.stdin(Stdio::null()).output().expect("run hixl");
@@ -87,7 +30,7 @@ fn json_of(mut c: Command) -> serde_json::Value {
 #[test]
 fn a_target_on_another_host_is_reached_over_the_link_and_keeps_to_its_rate() {
     // 200 Mbit/s each way: 0.025 GB/s.
-    let Some(rig) = Rig::up(2, &["rate", "200mbit"]) else {
+    let Some(rig) = Rig::up("t", 2, &["rate", "200mbit"]) else {
         return;
     };
     let mut serve = Killed(
