@@ -2,6 +2,9 @@
 
 use std::fmt;
 
+/// The benchmarks' quantile: the doctor's probe's, one implementation.
+pub use hixl_doctor::probe::percentile;
+
 /// A CLI failure with a message for the user.
 #[derive(Debug)]
 pub struct CliError(pub String);
@@ -126,15 +129,6 @@ impl PeakRss {
             .map(|&p| peak_rss(p).unwrap_or(0))
             .collect()
     }
-}
-
-/// The `p` quantile (0..=1) of ascending `sorted`, by nearest rank; 0 for no samples.
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 /// This machine's physical memory in bytes, when the system says.

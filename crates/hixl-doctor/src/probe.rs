@@ -32,8 +32,9 @@ pub struct Figures {
     pub p50_us: f64,
 }
 
-/// The `p` quantile (0..=1) of sorted samples; 0 for none.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+/// The `p` quantile (0..=1) of ascending `sorted`, by nearest rank; 0 for no samples (the
+/// one the command's benchmarks use too).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -48,7 +48,30 @@ pub(crate) fn doctor(
     })
 }
 
-/// Adds the function to the module.
+/// This host's interface addresses (the doctor's getifaddrs walk, `hixl._netconf`'s source):
+/// `(interface, address, mtu)` for every IPv4 and IPv6 address.
+#[pyfunction]
+pub(crate) fn interfaces() -> Vec<(String, String, Option<u32>)> {
+    hixl_doctor::netif::interfaces()
+        .into_iter()
+        .map(|i| (i.name, i.addr.to_string(), i.mtu))
+        .collect()
+}
+
+/// The local address the kernel routes `peer` (an IP address) from, or None without a route.
+#[pyfunction]
+pub(crate) fn route_source(peer: &str) -> PyResult<Option<String>> {
+    let ip: std::net::IpAddr = peer.parse().map_err(|_| {
+        hixl_err(Error::InvalidParam {
+            what: format!("route_source: {peer:?} is not an IP address"),
+        })
+    })?;
+    Ok(hixl_doctor::netif::route_source(ip).map(|a| a.to_string()))
+}
+
+/// Adds the functions to the module.
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(doctor, m)?)
+    m.add_function(wrap_pyfunction!(doctor, m)?)?;
+    m.add_function(wrap_pyfunction!(interfaces, m)?)?;
+    m.add_function(wrap_pyfunction!(route_source, m)?)
 }

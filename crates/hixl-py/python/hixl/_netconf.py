@@ -36,6 +36,9 @@ import socket
 import urllib.parse
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
+from . import _hixl
+from ._errors import HixlError
+
 __all__ = ["NAMES", "check_peer_address", "engine_options", "interface_address",
            "listen_port", "local_addresses", "pick_host", "validate"]
 
@@ -134,33 +137,19 @@ def listen_port(s: Mapping[str, Any], rank: int) -> int:
 
 
 def local_addresses() -> Dict[str, List[str]]:
-    """This host's IPv4 and IPv6 addresses by interface (interfaces that are up)."""
+    """This host's addresses by interface, of the interfaces that are up (link-local IPv6
+    left out); from the native getifaddrs walk ``hixl doctor`` uses."""
     out: Dict[str, List[str]] = {}
-    try:
-        import fcntl
-        import struct
-        for _, name in socket.if_nameindex():
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                try:
-                    req = struct.pack("256s", name.encode()[:15])
-                    flags = struct.unpack("H", fcntl.ioctl(s.fileno(), 0x8913, req)[16:18])[0]
-                    if not flags & 1:  # IFF_UP
-                        continue
-                    addr = fcntl.ioctl(s.fileno(), 0x8915, req)[20:24]  # SIOCGIFADDR
-                    out.setdefault(name, []).append(socket.inet_ntoa(addr))
-                except OSError:
-                    out.setdefault(name, [])
-    except (ImportError, OSError):
-        pass
-    try:
-        with open("/proc/net/if_inet6") as f:
-            for line in f:
-                hexaddr, _, _, scope, _, name = line.split()
-                if name in out and scope in ("00", "0"):
-                    raw = bytes.fromhex(hexaddr)
-                    out[name].append(socket.inet_ntop(socket.AF_INET6, raw))
-    except OSError:
-        pass
+    for name, addr, _mtu in _hixl.interfaces():
+        try:
+            with open(f"/sys/class/net/{name}/flags") as f:
+                if not int(f.read(), 16) & 1:  # IFF_UP
+                    continue
+        except (OSError, ValueError):
+            continue
+        if ipaddress.ip_address(addr).is_link_local:
+            continue
+        out.setdefault(name, []).append(addr)
     return out
 
 
@@ -177,11 +166,8 @@ def interface_address(iface: str) -> str:
 def _route_source(towards: str) -> Optional[str]:
     """The local address the kernel routes from towards ``towards`` (no packet is sent)."""
     try:
-        fam = socket.AF_INET6 if ":" in towards else socket.AF_INET
-        with socket.socket(fam, socket.SOCK_DGRAM) as s:
-            s.connect((towards, 9))
-            return str(s.getsockname()[0])
-    except OSError:
+        return _hixl.route_source(towards)
+    except HixlError:
         return None
 
 
