@@ -18,6 +18,7 @@ pub mod models;
 pub mod options;
 pub mod status;
 pub mod table;
+pub mod tokens;
 pub mod tp;
 
 pub use cache::{

@@ -285,22 +285,22 @@ pub struct ShardSide {
 }
 
 impl ShardSide {
-    fn heads_here(&self) -> Result<Range<u32>> {
+    pub(crate) fn heads_here(&self) -> Result<Range<u32>> {
         self.shard.heads()
     }
 
     /// Bytes of one head of one token.
-    fn head_bytes(&self) -> u64 {
+    pub(crate) fn head_bytes(&self) -> u64 {
         u64::from(self.shard.head_dim) * self.elem
     }
 
-    fn heads_n(&self) -> Result<u64> {
+    pub(crate) fn heads_n(&self) -> Result<u64> {
         let h = self.heads_here()?;
         Ok(u64::from(h.end - h.start))
     }
 
     /// Bytes of a block.
-    fn block_bytes(&self) -> Result<u64> {
+    pub(crate) fn block_bytes(&self) -> Result<u64> {
         Ok(self.tokens * self.heads_n()? * self.head_bytes())
     }
 }

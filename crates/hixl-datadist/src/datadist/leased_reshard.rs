@@ -8,10 +8,12 @@ use std::collections::HashSet;
 
 use super::bound::Bound;
 use super::leases::{check_grant_blocks, check_grant_cache};
+use super::reshard::Moves;
 use super::{Cache, LlmDataDist};
 use crate::cache::{BlocksCacheKey, KvCacheExtParam};
 use crate::lease::LeaseGrant;
 use crate::status::{DataDistError, Result};
+use crate::tokens::TokenMap;
 use crate::tp::readers;
 
 impl LlmDataDist {
@@ -42,7 +44,44 @@ impl LlmDataDist {
         ext: &KvCacheExtParam,
         done: bool,
     ) -> Result<()> {
+        let moves = Moves::Blocks {
+            src: src_blocks,
+            dst: dst_blocks,
+        };
+        self.leased_resharded(grants, prefill, dst, moves, ext, done)
+            .await
+    }
+
+    /// [`LlmDataDist::pull_kv_tokens`] under the prefill ranks' leases, as
+    /// [`LlmDataDist::pull_leased_blocks_resharded`]: each grant covers every prefill block
+    /// `map` names.
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::pull_leased_blocks_resharded`] and [`LlmDataDist::pull_kv_tokens`].
+    pub async fn pull_leased_tokens(
+        &self,
+        grants: &[LeaseGrant],
+        prefill: &[BlocksCacheKey],
+        dst: &Cache,
+        map: &TokenMap,
+        ext: &KvCacheExtParam,
+        done: bool,
+    ) -> Result<()> {
+        self.leased_resharded(grants, prefill, dst, Moves::Tokens(map), ext, done)
+            .await
+    }
+
+    async fn leased_resharded(
+        &self,
+        grants: &[LeaseGrant],
+        prefill: &[BlocksCacheKey],
+        dst: &Cache,
+        moves: Moves<'_>,
+        ext: &KvCacheExtParam,
+        done: bool,
+    ) -> Result<()> {
         let window = self.inner()?.opts.sync_wait;
+        let src_blocks = moves.src_blocks();
         if grants.len() != prefill.len() {
             return Err(DataDistError::param(format!(
                 "{} lease grants for {} prefill caches: one grant per prefill rank's cache",
@@ -52,7 +91,7 @@ impl LlmDataDist {
         }
         let mut leases = HashSet::with_capacity(grants.len());
         for (g, &key) in grants.iter().zip(prefill) {
-            check_grant_blocks(g, key, src_blocks)?;
+            check_grant_blocks(g, key, &src_blocks)?;
             if !leases.insert((g.owner, g.lease_id)) {
                 return Err(DataDistError::param(format!(
                     "lease {} of cluster {} is given for two prefill caches; each prefill rank \
@@ -61,9 +100,7 @@ impl LlmDataDist {
                 )));
             }
         }
-        let plan = self
-            .plan_resharded(prefill, dst, src_blocks, dst_blocks, ext)
-            .await?;
+        let plan = self.plan_resharded(prefill, dst, moves, ext).await?;
         for ((g, &key), &(_, cache_id)) in grants.iter().zip(prefill).zip(&plan.keys) {
             check_grant_cache(g, key, cache_id)?;
         }

@@ -11,6 +11,7 @@ use super::{Cache, LlmDataDist};
 use crate::cache::{coalesce, layer_tensors, BlocksCacheKey, KvCacheExtParam, Run};
 use crate::status::{DataDistError, LlmStatus, Result};
 use crate::table::CacheEntry;
+use crate::tokens::{plan_tokens, seg_descs, TokenMap};
 use crate::tp::{plan_heads, slice_descs, sources, KvGeometry, KvShard, ShardSide};
 use hixl_async::sync::lock;
 
@@ -58,7 +59,35 @@ impl LlmDataDist {
         ext: &KvCacheExtParam,
     ) -> Result<()> {
         let timeout = self.inner()?.opts.sync_wait;
-        self.plan_resharded(prefill, dst, src_blocks, dst_blocks, ext)
+        let moves = Moves::Blocks {
+            src: src_blocks,
+            dst: dst_blocks,
+        };
+        self.plan_resharded(prefill, dst, moves, ext)
+            .await?
+            .run(Bound::after(timeout))
+            .await
+    }
+
+    /// Pulls a request's tokens into `dst` from the prefill ranks' blocks caches `prefill`,
+    /// whatever each side's tokens per block: `map` gives the prefill's blocks and this
+    /// rank's blocks by position ([`crate::tokens`]). Each token of each head lands at its
+    /// place, moved by strided descriptors straight into this rank's layout, across TP sizes
+    /// as [`LlmDataDist::pull_kv_blocks_resharded`]. Destination blocks the prefill holds no
+    /// tokens for ([`crate::tokens::TokenPlan::missing`]) are not touched.
+    ///
+    /// # Errors
+    /// As [`LlmDataDist::pull_kv_blocks_resharded`]; `LLM_PARAM_INVALID` for a map that does
+    /// not fit the caches, or prefill ranks of different block sizes.
+    pub async fn pull_kv_tokens(
+        &self,
+        prefill: &[BlocksCacheKey],
+        dst: &Cache,
+        map: &TokenMap,
+        ext: &KvCacheExtParam,
+    ) -> Result<()> {
+        let timeout = self.inner()?.opts.sync_wait;
+        self.plan_resharded(prefill, dst, Moves::Tokens(map), ext)
             .await?
             .run(Bound::after(timeout))
             .await
@@ -70,8 +99,7 @@ impl LlmDataDist {
         &self,
         prefill: &[BlocksCacheKey],
         dst: &Cache,
-        src_blocks: &[u64],
-        dst_blocks: &[u64],
+        moves: Moves<'_>,
         ext: &KvCacheExtParam,
     ) -> Result<Resharded> {
         let inner = self.inner()?;
@@ -127,17 +155,26 @@ impl LlmDataDist {
             KvGeometry::of(s, layers(&src_t), e.desc.data_type).check_same_model(r, &dgeo)?;
         }
         let plan = plan_heads(&dshard, ptp)?;
-        let src_units = ranks
-            .values()
-            .map(|(_, e, _)| e.desc.units())
-            .next()
-            .transpose()?;
-        let runs = coalesce(
-            src_blocks,
-            dst_blocks,
-            src_units.unwrap_or(0),
-            dst.desc.units()?,
-        )?;
+        let mut src_shape = None;
+        for (&r, (_, e, s)) in &ranks {
+            let shape = (e.desc.units()?, s.check(&e.desc)?);
+            if *src_shape.get_or_insert(shape) != shape {
+                return Err(DataDistError::param(format!(
+                    "prefill rank {r} has {} blocks of {} tokens, another {:?}",
+                    shape.0, shape.1, src_shape
+                )));
+            }
+        }
+        let (src_units, src_rows) = src_shape.unwrap_or((0, tokens));
+        let (runs, segs) = match moves {
+            Moves::Blocks { src, dst: d } => {
+                (coalesce(src, d, src_units, dst.desc.units()?)?, None)
+            }
+            Moves::Tokens(map) => {
+                let p = plan_tokens(map, src_rows, tokens, src_units, dst.desc.units()?)?;
+                (p.runs(), Some(p.segs))
+            }
+        };
         // (layers, prefill rank) → descriptors.
         let mut missing = String::new();
         let mut jobs = Vec::new();
@@ -185,9 +222,14 @@ impl LlmDataDist {
                         tokens,
                         elem,
                     };
-                    descs.extend(slice_descs(&src, &dside, slice, &runs)?);
+                    descs.extend(match &segs {
+                        None => slice_descs(&src, &dside, slice, &runs)?,
+                        Some(segs) => seg_descs(&src, &dside, slice, segs)?,
+                    });
                 }
-                jobs.push(((sl, dl), peer.clone(), descs));
+                if !descs.is_empty() {
+                    jobs.push(((sl, dl), peer.clone(), descs));
+                }
             }
         }
         let sources = sources(&dshard, ptp)?;
@@ -200,6 +242,29 @@ impl LlmDataDist {
             runs,
             missing,
         })
+    }
+}
+
+/// What a resharded pull moves.
+pub(super) enum Moves<'a> {
+    /// Block pairs of the same tokens per block on both sides.
+    Blocks {
+        /// Prefill blocks.
+        src: &'a [u64],
+        /// Decode blocks, one per prefill block.
+        dst: &'a [u64],
+    },
+    /// A request's tokens by position, of any tokens per block on each side.
+    Tokens(&'a TokenMap),
+}
+
+impl Moves<'_> {
+    /// The prefill blocks read (a lease must cover each).
+    pub(super) fn src_blocks(&self) -> Vec<u64> {
+        match self {
+            Moves::Blocks { src, .. } => src.to_vec(),
+            Moves::Tokens(map) => map.src.iter().flatten().copied().collect(),
+        }
     }
 }
 
