@@ -28,6 +28,8 @@ mod layer;
 mod leases;
 #[path = "datadist_reshard.rs"]
 mod reshard;
+#[path = "datadist_tokens.rs"]
+mod tokens;
 
 pub(crate) use convert::{bkey, cache_index, dd_err, dd_result, ext_of, lock, param, Ext};
 use convert::{cache_key, check_mapped, dtype_of, millis, outcome, role_of, KeyTuple};
@@ -536,6 +538,7 @@ pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dd_check_mapped, m)?)?;
     m.add_function(wrap_pyfunction!(reshard::kv_shard_readers, m)?)?;
     m.add_function(wrap_pyfunction!(reshard::kv_shard_sources, m)?)?;
+    m.add_function(wrap_pyfunction!(tokens::plan_token_blocks, m)?)?;
     m.add_class::<DataDist>()?;
     m.add_class::<layer::LayerTask>()?;
     let codes = PyList::empty(m.py());

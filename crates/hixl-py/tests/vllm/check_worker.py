@@ -72,7 +72,7 @@ def caches(kind, rank, tp, total, ref, block_size=BS):
         raw = {n: ref[n][:, hs].contiguous() for n in ("t0", "t1")}
         if kind == "hybrid":  # a full and a sliding-window layer share each tensor
             swa = SlidingWindowSpec(block_size=block_size, num_kv_heads=len(hs), head_size=HD,
-                                    dtype=torch.float32, sliding_window=2 * block_size)
+                                    dtype=torch.float32, sliding_window=2 * BS)
             kv = {"full0": raw["t0"], "full1": raw["t1"], "swa0": raw["t0"], "swa1": raw["t1"]}
             groups += [KVCacheGroupSpec(["full0", "full1"], spec),
                        KVCacheGroupSpec(["swa0", "swa1"], swa)]
@@ -124,24 +124,48 @@ def request_blocks(groups, hits=0):
     return KVCacheBlocks(tuple(out))
 
 
+def token_rows(kind, t, blocks, bs, n, hs=None):
+    """Token → its row (every head, or heads ``hs`` of a whole-model tensor) of ``t``, for the
+    tokens below ``n`` that ``blocks`` (by position, 0: none) hold at ``bs`` per block."""
+    out = {}
+    for i, b in enumerate(blocks):
+        for r in range(bs if b else 0):
+            tok = i * bs + r
+            if tok >= n:
+                break
+            if kind == "mla":
+                out[tok] = t[b, r]
+            elif kind == "nhd":
+                out[tok] = t[:, b, r] if hs is None else t[:, b, r][:, hs]
+            else:
+                out[tok] = t[b][:, r] if hs is None else t[b][hs, r]
+    return out
+
+
 def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
-         expect_refusal=None, hits=0):
-    print(f"== {name}: P TP {ptp} -> D TP {dtp}, {kind}, {total} KV heads", flush=True)
-    ref = reference(kind, total)
-    pcfg = config("kv_producer", ptp, total)
-    dcfg = config("kv_consumer", dtp, total, block_size=d_block_size)
-    pre = [make_worker(pcfg, caches(kind, r, ptp, total, ref)[1], r,
-                       caches(kind, r, ptp, total, ref)[0]) for r in range(ptp)]
-    zeros = {k: torch.zeros_like(v) for k, v in reference(kind, total, d_block_size).items()}
-    dec_kv = [caches(kind, r, dtp, total, zeros, block_size=d_block_size) for r in range(dtp)]
+         expect_refusal=None, hits=0, p_block_size=BS, tokens=None, no_shard=False):
+    print(f"== {name}: P TP {ptp} -> D TP {dtp}, {kind}, {total} KV heads, blocks of "
+          f"{p_block_size} -> {d_block_size}", flush=True)
+    pbs, dbs = p_block_size, d_block_size
+    ref = reference(kind, total, pbs)
+    pcfg = config("kv_producer", ptp, total, block_size=pbs)
+    dcfg = config("kv_consumer", dtp, total, block_size=dbs)
+    pre = [make_worker(pcfg, caches(kind, r, ptp, total, ref, pbs)[1], r,
+                       caches(kind, r, ptp, total, ref, pbs)[0]) for r in range(ptp)]
+    zeros = {k: torch.zeros_like(v) for k, v in reference(kind, total, dbs).items()}
+    dec_kv = [caches(kind, r, dtp, total, zeros, block_size=dbs) for r in range(dtp)]
     dec = [make_worker(dcfg, kvcfg, r, kv) for r, (kv, kvcfg) in enumerate(dec_kv)]
+    if no_shard:  # what a decode whose cache is moved as bytes (fp8: no KV shard) advertises
+        for w in dec:
+            w.layout.compat["shard"] = False
+    n_tokens = tokens or pbs * len(src_groups[0])
     try:
         psched = _Scheduler(pcfg, _extra(pcfg))
         psched.set_handshake({r: w.handshake() for r, w in enumerate(pre)})
         req = SimpleNamespace(request_id="req-1", kv_transfer_params={"do_remote_decode": True},
                               status=RequestStatus.FINISHED_LENGTH_CAPPED,
-                              num_computed_tokens=BS * max(len(g) for g in src_groups),
-                              prompt_token_ids=[0] * (BS * len(src_groups[0])))
+                              num_computed_tokens=n_tokens,
+                              prompt_token_ids=[0] * n_tokens)
         delay, params = psched.request_finished(req, tuple(src_groups))
         assert delay and params, params
         meta = psched.build_connector_meta()
@@ -149,10 +173,10 @@ def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
             w.on_meta(meta)
         dsched = _Scheduler(dcfg, _extra(dcfg))
         dreq = SimpleNamespace(request_id="req-1", kv_transfer_params=dict(params),
-                               num_computed_tokens=hits * BS,
+                               num_computed_tokens=hits * dbs,
                                prompt_token_ids=req.prompt_token_ids)
         blocks = request_blocks(dst_groups, hits)
-        dsched.update_state_after_alloc(dreq, blocks, len(req.prompt_token_ids) - hits * BS)
+        dsched.update_state_after_alloc(dreq, blocks, n_tokens - hits * dbs)
         dmeta = dsched.build_connector_meta()
         for w in dec:
             w.on_meta(dmeta)
@@ -174,6 +198,18 @@ def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
         # Every pulled block holds what the prefill held for this rank's heads.
         for r, (kv, _) in enumerate(dec_kv):
             hs = heads_of(r, dtp, total)
+            if pbs != dbs:  # token by token: each lands at its place in the decode's blocks
+                for g, (src, dst) in enumerate(zip(src_groups, dst_groups)):
+                    dst = [0 if (g == 0 and j < hits) else d for j, d in enumerate(dst)]
+                    for n, t in kv.items():
+                        full = ref[n if n in ref else ("t" + n[-1])]
+                        want = token_rows(kind, full, src, pbs, n_tokens,
+                                          None if kind == "mla" else hs)
+                        got = token_rows(kind, t, dst, dbs, n_tokens)
+                        assert got and set(got) <= set(want), (sorted(got), sorted(want))
+                        for tok, row in got.items():
+                            assert torch.equal(row, want[tok]), f"rank {r} {n} token {tok}"
+                continue
             for g, (src, dst) in enumerate(zip(src_groups, dst_groups)):
                 for i, (s, d) in enumerate(zip(src, dst)):
                     if s == 0 or d == 0 or (g == 0 and i < hits):
@@ -237,12 +273,27 @@ def main() -> int:
     case("MLA, same TP", "mla", 1, 1, 1, *full)
     case("MLA, P2 -> D1 (read once, unsplit)", "mla", 2, 1, 1, *full)
     case("MLA, P1 -> D2", "mla", 1, 2, 1, *full)
-    case("block sizes differ: refused", "cpu", 1, 1, 2, *full, d_block_size=2 * BS,
-         expect_refusal="block_size")
+    # Different block sizes: every token lands at its place.
+    case("blocks of 16 -> 32", "cpu", 1, 1, 2, [[3, 4, 5, 9]], [[7, 8]], d_block_size=2 * BS)
+    case("blocks of 32 -> 16", "cpu", 1, 1, 2, [[3, 4]], [[7, 8, 1, 2]], p_block_size=2 * BS)
+    case("blocks of 16 -> 64, a partial last block, a local prefix hit", "cpu", 1, 1, 2,
+         [[3, 4, 5, 9, 10, 11, 12, 13]], [[7, 8]], d_block_size=4 * BS, tokens=7 * BS + 5,
+         hits=1)
+    case("blocks of 16 -> 32 with TP 2 -> 1, K/V apart", "nhd", 2, 1, 4, [[3, 4, 5, 9]],
+         [[7, 8]], d_block_size=2 * BS)
+    case("blocks of 64 -> 16 with TP 1 -> 2, K/V apart", "nhd", 1, 2, 4, [[3]],
+         [[7, 8, 1, 2]], p_block_size=4 * BS)
+    case("MLA, blocks of 32 -> 16, TP 2 -> 1", "mla", 2, 1, 1, [[3, 4]], [[7, 8, 1, 2]],
+         p_block_size=2 * BS)
+    case("hybrid, blocks of 16 -> 32", "hybrid", 1, 1, 2, hybrid[0],
+         [[7, 8, 17], [0, 0, 19]], d_block_size=2 * BS)
+    case("block sizes differ, the decode has no KV shard: refused", "cpu", 1, 1, 2,
+         [[3, 4, 5, 9]], [[7, 8]], d_block_size=2 * BS, expect_refusal="block_size",
+         no_shard=True)
     case("TP pair that does not map (3 heads over TP 2): refused", "cpu", 1, 2, 3,
          [[3, 4]], [[7, 8]], expect_refusal="tp")
-    case("hybrid, block sizes differ: refused, per request", "hybrid", 1, 1, 2, *hybrid,
-         d_block_size=2 * BS, expect_refusal="block_size")
+    case("hybrid, block sizes differ without a shard: refused, per request", "hybrid", 1, 1, 2,
+         *hybrid, d_block_size=2 * BS, expect_refusal="block_size", no_shard=True)
     print("all worker-half cases hold")
     return 0
 

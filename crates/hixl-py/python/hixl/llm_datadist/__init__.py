@@ -58,7 +58,7 @@ from ._types import (BlocksCacheKey, Cache, CacheDesc, CacheKey, CacheKeyByIdAnd
                      Memtype, Placement, RegisterMemStatus, TransferConfig,
                      TransferWithCacheKeyConfig)
 from ._datadist import CacheManager, LLMDataDist
-from ._reshard import kv_shard_readers, kv_shard_sources
+from ._reshard import kv_shard_readers, kv_shard_sources, plan_token_blocks
 
 __all__ = [
     "LLMDataDist", "CacheManager", "LLMRole", "LLMConfig", "LlmConfig", "LLMClusterInfo",
@@ -66,4 +66,5 @@ __all__ = [
     "CacheKey", "CacheKeyByIdAndIndex", "Placement", "DataType", "Memtype", "MemInfo",
     "RegisterMemStatus", "TransferConfig", "TransferWithCacheKeyConfig", "LayerSynchronizer",
     "CacheTask", "LeaseGrant", "EndedLease", "kv_shard_readers", "kv_shard_sources",
+    "plan_token_blocks",
 ]

@@ -398,7 +398,26 @@ class CacheManager:
         """hixl extension: pulls blocks from prefill ranks of another TP size under their
         leases (``grants[i]`` is the lease of ``src_cache_keys[i]``); a prefill rank's lease
         ends DONE once every decode rank reading it pulled with ``done``."""
+    def pull_kv_tokens(self, src_cache_keys: Sequence[BlocksCacheKey], dst_cache: Cache,
+                       src_blocks: Sequence[Optional[int]], dst_blocks: Sequence[Optional[int]],
+                       tokens: int, *, src_layer_range: Optional[range] = ...,
+                       dst_layer_range: Optional[range] = ...,
+                       tensor_num_per_layer: int = ...) -> None:
+        """hixl extension: pulls a request's tokens by position, whatever each side's tokens
+        per block (and TP size)."""
+    def pull_leased_kv_tokens(self, grants: Sequence[_Grant],
+                              src_cache_keys: Sequence[BlocksCacheKey], dst_cache: Cache,
+                              src_blocks: Sequence[Optional[int]],
+                              dst_blocks: Sequence[Optional[int]], tokens: int,
+                              done: bool = True, *, src_layer_range: Optional[range] = ...,
+                              dst_layer_range: Optional[range] = ...,
+                              tensor_num_per_layer: int = ...) -> None:
+        """hixl extension: :meth:`pull_kv_tokens` under the prefill ranks' leases."""
 
+def plan_token_blocks(src_blocks: Sequence[Optional[int]], dst_blocks: Sequence[Optional[int]],
+                      tokens: int, src_block_tokens: int,
+                      dst_block_tokens: int) -> Tuple[List[int], List[int]]:
+    """hixl extension: ``(landing, missing)`` destination blocks of a token pull."""
 def kv_shard_readers(decode_tp: int, prefill_tp: int, total_heads: int,
                      mla: bool = False) -> List[int]:
     """hixl extension: how many decode ranks (of ``decode_tp``) read each prefill rank (of

@@ -4,7 +4,7 @@ decode ranks read each prefill rank (:func:`kv_shard_readers`)."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from .. import _hixl
 from ._status import _type_error
@@ -33,6 +33,27 @@ def kv_shard_sources(decode_rank: int, decode_tp: int, prefill_tp: int, total_he
                                   _int("decode_tp", decode_tp, 1, _U32),
                                   _int("prefill_tp", prefill_tp, 1, _U32),
                                   _int("total_heads", total_heads, 1, _U32), _bool("mla", mla))
+
+
+def plan_token_blocks(src_blocks: Sequence[Optional[int]], dst_blocks: Sequence[Optional[int]],
+                      tokens: int, src_block_tokens: int,
+                      dst_block_tokens: int) -> Tuple[List[int], List[int]]:
+    """hixl extension: which of a request's destination blocks a token pull
+    (:meth:`CacheManager.pull_kv_tokens`) fills, as ``(landing, missing)``. ``src_blocks`` are
+    the source's blocks by position (``None``: none held there), ``dst_blocks`` the
+    destination's (``None``: nothing to land there), each side of its own tokens per block;
+    a destination block is missing when a token of it below ``tokens`` has no source block."""
+    return _hixl.plan_token_blocks(_opt_ints("src_blocks", src_blocks),
+                                   _opt_ints("dst_blocks", dst_blocks),
+                                   _int("tokens", tokens),
+                                   _int("src_block_tokens", src_block_tokens, 1),
+                                   _int("dst_block_tokens", dst_block_tokens, 1))
+
+
+def _opt_ints(name: str, values: Any) -> List[Optional[int]]:
+    if not isinstance(values, (list, tuple)):
+        raise _type_error(f"{name} must be a list of ints or None, got {type(values).__name__}")
+    return [None if v is None else _int(f"{name}[{i}]", v) for i, v in enumerate(values)]
 
 
 def _bool(name: str, value: Any) -> bool:
@@ -107,3 +128,43 @@ class _Reshard(_Manager):
                                            _ints("src_blocks", src_blocks),
                                            _ints("dst_blocks", dst_blocks), ext,
                                            _bool("done", done))
+
+    def pull_kv_tokens(self, src_cache_keys: Sequence[BlocksCacheKey], dst_cache: Cache,
+                       src_blocks: Sequence[Optional[int]], dst_blocks: Sequence[Optional[int]],
+                       tokens: int, **kwargs: Any) -> None:
+        """hixl extension: pulls a request's tokens into ``dst_cache`` whatever each side's
+        tokens per block: ``src_blocks`` are the prefill's blocks by position (``None`` where
+        it holds none), ``dst_blocks`` this cache's blocks by position (``None`` where nothing
+        is to land), ``tokens`` the request's tokens (rows past it are not moved). Each token
+        of each head lands at its place, across TP sizes as
+        :meth:`pull_kv_blocks_resharded` (both caches need a shard). Blocks that cannot land
+        (:func:`plan_token_blocks`) are left untouched. Keyword arguments and failures as
+        :meth:`pull_blocks`."""
+        self._check()
+        keys = _keys(src_cache_keys)
+        dst = self._registered("dst_cache", dst_cache)
+        ext = _kw("pull_kv_tokens", kwargs)
+        self._native.pull_tokens([k._tuple() for k in keys], dst.cache_id,
+                                 _opt_ints("src_blocks", src_blocks),
+                                 _opt_ints("dst_blocks", dst_blocks), _int("tokens", tokens),
+                                 ext)
+
+    def pull_leased_kv_tokens(self, grants: Sequence[Union[LeaseGrant, Dict[str, Any], str]],
+                              src_cache_keys: Sequence[BlocksCacheKey], dst_cache: Cache,
+                              src_blocks: Sequence[Optional[int]],
+                              dst_blocks: Sequence[Optional[int]], tokens: int,
+                              done: bool = True, **kwargs: Any) -> None:
+        """hixl extension: :meth:`pull_kv_tokens` under the prefill ranks' leases, as
+        :meth:`pull_leased_blocks_resharded` (each grant covers every block of
+        ``src_blocks``)."""
+        self._check()
+        if not isinstance(grants, (list, tuple)):
+            raise _type_error(f"grants must be a list of lease grants, got {grants!r}")
+        gs = [_grant(g).to_json() for g in grants]
+        keys = _keys(src_cache_keys)
+        dst = self._registered("dst_cache", dst_cache)
+        ext = _kw("pull_leased_kv_tokens", kwargs)
+        self._native.pull_leased_tokens(gs, [k._tuple() for k in keys], dst.cache_id,
+                                        _opt_ints("src_blocks", src_blocks),
+                                        _opt_ints("dst_blocks", dst_blocks),
+                                        _int("tokens", tokens), ext, _bool("done", done))

@@ -21,7 +21,7 @@ from .. import _netconf
 logger = init_logger("vllm.distributed.kv_transfer.hixl")
 
 #: Bumped when the transfer parameters change shape: a decode refuses another version.
-PARAMS_VERSION = 2
+PARAMS_VERSION = 3
 
 
 _TRACE = os.environ.get("HIXL_VLLM_TRACE")

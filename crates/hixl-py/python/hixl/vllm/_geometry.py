@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..llm_datadist import LLMException, kv_shard_sources
+from ..llm_datadist import LLMException, kv_shard_sources, plan_token_blocks
 
 #: The keys of a compatibility record both sides must hold equal, in the order they are
-#: checked (and named in a refusal).
-COMPARED = ("params", "wire", "model", "dtype", "block_size", "layout", "kv_heads",
-            "head_size", "tensors_per_layer", "groups")
+#: checked (and named in a refusal). The block sizes may differ where both sides declared a
+#: KV shard (``shard``): each token then lands at its place (``token_maps``).
+COMPARED = ("params", "wire", "model", "dtype", "layout", "kv_heads", "head_size",
+            "tensors_per_layer", "groups")
 
 
 def block_layout(block_shape: Sequence[int], local_heads: int, block_size: int,
@@ -53,9 +54,14 @@ def mismatch(decode: Dict[str, Any], prefill: Dict[str, Any], decode_tp: int,
     for k in COMPARED:
         mine, theirs = decode.get(k), prefill.get(k)
         if mine != theirs:
-            why = (" (a prefill and a decode of different block sizes are not supported)"
-                   if k == "block_size" else "")
-            return f"{k} differs: the prefill's is {theirs!r}, this decode's {mine!r}{why}"
+            return f"{k} differs: the prefill's is {theirs!r}, this decode's {mine!r}"
+    mine, theirs = decode.get("block_size"), prefill.get("block_size")
+    if mine != theirs and not (decode.get("shard") and prefill.get("shard")):
+        return (f"block_size differs: the prefill's is {theirs!r}, this decode's {mine!r}, and "
+                f"converting between block sizes needs a KV shard declared on both sides "
+                f"(the prefill's: {bool(prefill.get('shard'))}, this decode's: "
+                f"{bool(decode.get('shard'))}; a cache hixl moves as bytes, e.g. fp8, "
+                f"declares none)")
     if decode_tp != prefill_tp:
         try:
             for r in range(decode_tp):
@@ -111,3 +117,26 @@ def new_blocks(groups: Sequence[Sequence[Any]]) -> Tuple[List[List[int]], List[L
         pos.append([i for i, _ in keep])
         ids.append([b for _, b in keep])
     return ids, pos
+
+
+def token_maps(src: Sequence[Sequence[int]], dst: Sequence[Sequence[int]],
+               pos: Sequence[Sequence[int]]) -> List[Tuple[List[Optional[int]],
+                                                           List[Optional[int]]]]:
+    """Per KV cache group, the request's blocks by position on each side for a pull between
+    different block sizes: the prefill's (``None`` for vLLM's null block 0) and the decode's
+    to fill (``None`` where nothing lands: a local prefix hit, a null block)."""
+    out = []
+    for s, d, p in zip(src, dst, pos):
+        mine: List[Optional[int]] = [None] * (max((int(i) for i in p), default=-1) + 1)
+        for i, b in zip(p, d):
+            if int(b) != 0:
+                mine[int(i)] = int(b)
+        out.append(([int(b) if int(b) != 0 else None for b in s], mine))
+    return out
+
+
+def token_plans(maps: Sequence[Tuple[List[Optional[int]], List[Optional[int]]]], tokens: int,
+                src_block: int, dst_block: int) -> List[Tuple[List[int], List[int]]]:
+    """Per group of :func:`token_maps`, the decode blocks that land whole and those that
+    cannot (the prefill holds no block for a token of theirs below ``tokens``)."""
+    return [plan_token_blocks(s, d, tokens, src_block, dst_block) for s, d in maps]

@@ -133,16 +133,18 @@ def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_confi
                          placement=Placement.HOST)
     cm = dd.cache_manager
     cache = cm.register_blocks_cache(desc, addrs, BlocksCacheKey(cluster_id, 0))
+    shard = False
     if dt is not None:
         try:
             cm.set_kv_shard(cache, tp_rank, tp_size, total_heads, head,
                             layout="NHD" if layout == "MLA" else layout, mla=mla)
+            shard = True
         except LLMException as e:
             logger.warning("hixl: no KV shard declared (%s): pulls between different TP "
-                           "sizes are refused", e)
+                           "sizes or block sizes are refused", e)
     compat = {"params": PARAMS_VERSION, "wire": int(WIRE_VERSION), "model": str(model.model),
               "dtype": dtype, "block_size": block_size, "layout": layout,
               "kv_heads": total_heads, "head_size": head, "tensors_per_layer": per_layer,
-              "groups": kinds}
+              "groups": kinds, "shard": shard}
     return Layout(cache=cache, num_blocks=nb, block_bytes=block_bytes, per_layer=per_layer,
                   n_tensors=len(addrs), groups=groups, compat=compat, block_dim=block_dim)

@@ -123,6 +123,7 @@ class _Scheduler:
             "hixl": {"v": PARAMS_VERSION, "grants": grants, "ranks": ranks,
                      "block_size": self.block_size, "tp_size": self.tp_size,
                      "engine_id": self.engine_id, "remote_block_ids": groups,
+                     "tokens": int(request.num_computed_tokens),
                      "compat": self.ranks[0].compat},
         }
 

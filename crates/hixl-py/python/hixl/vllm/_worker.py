@@ -16,7 +16,7 @@ from ..llm_datadist import (BlocksCacheKey, CacheDesc, DataType, LLMClusterInfo,
 from ..llm_datadist import kv_shard_readers, kv_shard_sources
 from .. import _netconf
 from ._common import HixlConnectorMetadata, HixlHandshakeMetadata, _Pull, _trace, logger
-from ._geometry import group_pairs, mismatch, missing_blocks
+from ._geometry import group_pairs, mismatch, missing_blocks, token_maps, token_plans
 from ._register import Layout, register
 from ._stats import HixlKVConnectorStats
 
@@ -249,15 +249,26 @@ class _Worker:
             pos = p["pos"]
             if len(pos) != len(local) or any(len(a) != len(b) for a, b in zip(pos, local)):
                 raise ValueError(f"{len(pos)} position lists for {len(local)} block lists")
-            pairs = group_pairs(remote, local, pos)
-            landing = {b for _, dst in pairs for b in dst}
-            missing = set(missing_blocks(remote, local, pos))
+            pbs = int(h["compat"]["block_size"])
+            dbs = int(self.layout.compat["block_size"]) if self.layout else pbs
+            if pbs != dbs:
+                # Different block sizes: each token lands at its place (see _geometry).
+                pairs = token_maps(remote, local, pos)
+                tokens = int(h.get("tokens") or max(len(s) for s in remote) * pbs)
+                plans = token_plans(pairs, tokens, pbs, dbs)
+                landing = {b for ok, _ in plans for b in ok}
+                missing = {b for _, bad in plans for b in bad}
+            else:
+                pairs = group_pairs(remote, local, pos)
+                landing = {b for _, dst in pairs for b in dst}
+                missing = set(missing_blocks(remote, local, pos))
             grants = [h["grants"][r] for r in sources]
             ranks = [h["ranks"][r] for r in sources]
             for rank in ranks:
                 self._link(rank)
             keys = [BlocksCacheKey(int(r["cluster_id"]), 0) for r in ranks]
-            todo = [(g, sd) for g, sd in enumerate(pairs) if sd[1]]
+            todo = [(g, sd) for g, sd in enumerate(pairs)
+                    if (plans[g][0] if pbs != dbs else sd[1])]
             t1 = t0
             for i, (g, (src, dst)) in enumerate(todo):
                 first, n = self.layout.groups[g] if self.layout else (0, 1)
@@ -265,7 +276,11 @@ class _Worker:
                       "src_layer_range": range(first, first + n),
                       "dst_layer_range": range(first, first + n)}
                 last = i == len(todo) - 1
-                if len(sources) == 1 and int(h.get("tp_size", 1)) == self.tp_size:
+                if pbs != dbs:
+                    call = (lambda src=src, dst=dst, last=last, kw=kw:
+                            self.cm.pull_leased_kv_tokens(grants, keys, self.cache, src, dst,
+                                                          tokens, done=last, **kw))
+                elif len(sources) == 1 and int(h.get("tp_size", 1)) == self.tp_size:
                     call = (lambda src=src, dst=dst, last=last, kw=kw: self.cm.pull_leased_blocks(
                         grants[0], keys[0], self.cache, src_blocks=src, dst_blocks=dst,
                         done=last, **kw))
@@ -282,8 +297,9 @@ class _Worker:
             self._unread(h)
             t2 = time.perf_counter()
             _trace("pulled", req_id)
-            runs = sum(1 for _, (src, dst) in todo for j in range(len(src))
-                       if j == 0 or src[j] != src[j - 1] + 1 or dst[j] != dst[j - 1] + 1)
+            runs = len(landing) if pbs != dbs else sum(
+                1 for _, (src, dst) in todo for j in range(len(src))
+                if j == 0 or src[j] != src[j - 1] + 1 or dst[j] != dst[j - 1] + 1)
             with self.lock:
                 self.stats.record(t1 - t0, t2 - t1,
                                   len(landing) * self.block_bytes * self.n_tensors,
