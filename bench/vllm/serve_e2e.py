@@ -108,15 +108,15 @@ class Servers:
         return [(n, log) for n, _, log in self.procs]
 
 
-def vllm_cmd(args, port, kv=None, tp=1):
+def vllm_cmd(args, port, kv=None, tp=1, block_size=None):
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
            "--port", str(port), "--skip-tokenizer-init", "--dtype", args.dtype,
            "--max-model-len", "512", "--kv-cache-memory-bytes", str(64 << 20),
            "--max-num-seqs", "8", "--no-enable-prefix-caching"]
     if tp > 1:
         cmd += ["--tensor-parallel-size", str(tp)]
-    if args.block_size:
-        cmd += ["--block-size", str(args.block_size)]
+    if block_size or args.block_size:
+        cmd += ["--block-size", str(block_size or args.block_size)]
     if kv is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv)]
     return cmd
@@ -261,6 +261,10 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--block-size", type=int, default=None,
                     help="vLLM's block size (its CPU MLA kernel takes 16 only)")
+    ap.add_argument("--prefill-block-size", type=int, default=None, metavar="N",
+                    help="the prefill's block size (else --block-size): with "
+                         "--decode-block-size, a pull between different block sizes")
+    ap.add_argument("--decode-block-size", type=int, default=None, metavar="N")
     ap.add_argument("--extra", default="{}", help="kv_connector_extra_config (JSON)")
     ap.add_argument("--prefill-tp", type=int, choices=[1, 2], default=1)
     ap.add_argument("--decode-tp", type=int, choices=[1, 2], default=1)
@@ -310,11 +314,13 @@ def main():
         if args.pin == "all":
             os.sched_setaffinity(0, {0})
         pre = srv.start("prefill", vllm_cmd(args, pp, dict(kv, kv_role="kv_producer"),
-                                            tp=args.prefill_tp),
+                                            tp=args.prefill_tp,
+                                            block_size=args.prefill_block_size),
                         dict(p_env, VLLM_CPU_OMP_THREADS_BIND=bind["prefill"]), pp,
                         cpus=cpus.get("prefill"))
         dec = srv.start("decode", vllm_cmd(args, dp, dict(kv, kv_role="kv_consumer"),
-                                           tp=args.decode_tp),
+                                           tp=args.decode_tp,
+                                           block_size=args.decode_block_size),
                         dict(d_env, VLLM_CPU_OMP_THREADS_BIND=bind["decode"]), dp,
                         cpus=cpus.get("decode"))
         prox = srv.start("proxy", [sys.executable, "-m", "hixl.vllm.proxy", "--port", str(xp),
@@ -398,6 +404,8 @@ def main():
         # The first request links the connector (cold); the medians are of the others.
         res = {"connector": args.connector, "pin": args.pin, "prefill_tp": args.prefill_tp,
                "decode_tp": args.decode_tp, "prompts": len(prompts), "equal": equal,
+               "block_sizes": [args.prefill_block_size or args.block_size,
+                               args.decode_block_size or args.block_size],
                "wall_s": round(wall, 2), "cold_ttft_ms": ms(ttft[:1]),
                "ttft_ms": ms(ttft[1:]), "tpot_ms": ms(tpot[1:]), "total_ms": ms(lat[1:]),
                "tpot_each_ms": [round(x * 1e3, 2) for x in tpot],

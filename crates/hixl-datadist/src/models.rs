@@ -104,7 +104,7 @@ impl ModelGeometry {
                 crate::tp::KvLayout::Nhd => {
                     vec![blocks as i64, block_tokens as i64, n_heads, i64::from(d)]
                 }
-                crate::tp::KvLayout::Hnd => {
+                crate::tp::KvLayout::Hnd | crate::tp::KvLayout::HndKv => {
                     vec![blocks as i64, n_heads, block_tokens as i64, i64::from(d)]
                 }
             },

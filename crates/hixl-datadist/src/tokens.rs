@@ -242,7 +242,7 @@ pub fn seg_descs(
                 remote_stride: s_row,
                 count: s.rows,
             },
-            // A piece per head, a head's rows apart (each side its own tokens per block).
+            // A piece per head, a head apart (each side its own tokens per block).
             (KvLayout::Hnd, _) => StridedDesc {
                 local_addr: dblk + (d_off * dst.tokens + s.dst_row) * hb,
                 remote_addr: sblk + (s_off * src.tokens + s.src_row) * hb,
@@ -251,6 +251,44 @@ pub fn seg_descs(
                 remote_stride: src.tokens * hb,
                 count: n,
             },
+            // Per head: its K plane's element rows (a token apart within a row), its V rows.
+            (KvLayout::HndKv, _) => {
+                let (e, half) = (src.elem, hb / 2);
+                for i in 0..n {
+                    let sh = sblk + (s_off + i) * src.tokens * hb;
+                    let dh = dblk + (d_off + i) * dst.tokens * hb;
+                    out.push(
+                        StridedDesc {
+                            local_addr: dh + s.dst_row * e,
+                            remote_addr: sh + s.src_row * e,
+                            len: s.rows * e,
+                            local_stride: dst.tokens * e,
+                            remote_stride: src.tokens * e,
+                            count: half / e,
+                        }
+                        .merged(),
+                    );
+                }
+                for i in 0..n {
+                    let sh = sblk + (s_off + i) * src.tokens * hb + src.tokens * half;
+                    let dh = dblk + (d_off + i) * dst.tokens * hb + dst.tokens * half;
+                    out.push(StridedDesc {
+                        local_addr: dh + s.dst_row * half,
+                        remote_addr: sh + s.src_row * half,
+                        len: s.rows * half,
+                        local_stride: s.rows * half,
+                        remote_stride: s.rows * half,
+                        count: 1,
+                    });
+                }
+                continue;
+            }
+        };
+        // Pieces back to back on both sides (every row of a head plane): one piece.
+        let d = if d.count > 1 && d.local_stride == d.len && d.remote_stride == d.len {
+            d.merged()
+        } else {
+            d
         };
         out.push(if d.count == 1 {
             StridedDesc {

@@ -129,6 +129,7 @@ fn descriptors_match_a_direct_model() {
     for (layout, mla) in [
         (KvLayout::Nhd, false),
         (KvLayout::Hnd, false),
+        (KvLayout::HndKv, false),
         (KvLayout::Nhd, true),
     ] {
         for (ptp, dtp, heads) in cases {
@@ -181,6 +182,16 @@ fn descriptors_match_a_direct_model() {
                             + match layout {
                                 KvLayout::Nhd => (t * n + gi) * hd * elem + e,
                                 KvLayout::Hnd => (gi * rows + t) * hd * elem + e,
+                                // K plane [element, token], then V plane [token, element].
+                                KvLayout::HndKv => {
+                                    let half = hd * elem / 2;
+                                    let head = gi * rows * hd * elem;
+                                    if e < half {
+                                        head + ((e / elem) * rows + t) * elem + e % elem
+                                    } else {
+                                        head + rows * half + t * half + (e - half)
+                                    }
+                                }
                             }
                     };
                     let mut want = Vec::new();

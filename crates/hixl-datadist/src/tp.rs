@@ -24,6 +24,12 @@ pub enum KvLayout {
     Nhd,
     /// `[heads, block_tokens, head_dim]`: a head slice is one piece per block.
     Hnd,
+    /// `[heads, block_tokens, head_dim]` as vLLM's CPU attention (its `vec` kernels) fills
+    /// it: per head, a K plane `[head_dim / 2, block_tokens]` (transposed: a K element's
+    /// tokens side by side), then a V plane `[block_tokens, head_dim / 2]`. A head is one
+    /// piece per block, as [`KvLayout::Hnd`]; between different block sizes each K element
+    /// row and each V plane move apart. `head_dim` counts K and V (it is even).
+    HndKv,
 }
 
 /// The part of a model's KV heads a cache holds: its rank in a tensor-parallel group.
@@ -98,6 +104,7 @@ impl KvShard {
         let tokens = match (self.layout, s.as_slice()) {
             (KvLayout::Nhd, [_, t, h, e]) if *h == n && *e == d => *t,
             (KvLayout::Hnd, [_, h, t, e]) if *h == n && *e == d => *t,
+            (KvLayout::HndKv, [_, h, t, e]) if *h == n && *e == d && d % 2 == 0 => *t,
             _ => {
                 return Err(DataDistError::param(format!(
                 "shard of rank {} of {} ({n} heads of {d}, {:?}) does not match the shape {s:?}",
@@ -364,7 +371,7 @@ pub fn slice_descs(
         .iter()
         .map(|r| match src.shard.layout {
             // A head slice of a block is one piece; consecutive blocks are a block apart.
-            KvLayout::Hnd => StridedDesc {
+            KvLayout::Hnd | KvLayout::HndKv => StridedDesc {
                 local_addr: dst.addr + r.dst * db + d_off * dst.tokens * hb,
                 remote_addr: src.addr + r.src * sb + s_off * src.tokens * hb,
                 len: n * src.tokens * hb,
@@ -526,7 +533,9 @@ mod tests {
                         b * block
                             + match layout {
                                 KvLayout::Nhd => (t * n + gi) * hd * elem + e,
-                                KvLayout::Hnd => (gi * tokens + t) * hd * elem + e,
+                                KvLayout::Hnd | KvLayout::HndKv => {
+                                    (gi * tokens + t) * hd * elem + e
+                                }
                             }
                     };
                     let mut want = Vec::new();

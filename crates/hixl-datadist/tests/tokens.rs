@@ -38,7 +38,7 @@ fn desc(s: &KvShard, rows: u64) -> CacheDesc {
     let (r, d) = (rows as i64, i64::from(s.head_dim));
     let shape = match s.layout {
         KvLayout::Nhd => vec![BLOCKS as i64, r, n, d],
-        KvLayout::Hnd => vec![BLOCKS as i64, n, r, d],
+        KvLayout::Hnd | KvLayout::HndKv => vec![BLOCKS as i64, n, r, d],
     };
     CacheDesc::host(TENSORS, DataType::BFloat16, shape)
 }
@@ -64,6 +64,16 @@ fn block(s: &KvShard, t: usize, rows: u64, first: u64, tokens: u64) -> Vec<u8> {
         KvLayout::Hnd => h
             .clone()
             .for_each(|g| (0..rows).for_each(|r| v.extend(cell(r, g)))),
+        // Per head, its K plane [element, token], then its V plane [token, element].
+        KvLayout::HndKv => {
+            let half = hb as usize / 2;
+            for g in h.clone() {
+                for k in (0..half).step_by(2) {
+                    (0..rows).for_each(|r| v.extend(&cell(r, g)[k..k + 2]));
+                }
+                (0..rows).for_each(|r| v.extend(&cell(r, g)[half..]));
+            }
+        }
     }
     v
 }
@@ -190,7 +200,7 @@ async fn case(ptp: u32, dtp: u32, heads: u32, layout: KvLayout, bs: u64, bd: u64
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_16_to_128_and_128_to_16_in_both_layouts() {
-    for layout in [KvLayout::Nhd, KvLayout::Hnd] {
+    for layout in [KvLayout::Nhd, KvLayout::Hnd, KvLayout::HndKv] {
         case(1, 1, 4, layout, 16, 128, false).await;
         case(1, 1, 4, layout, 128, 16, false).await;
         case(1, 1, 4, layout, 4, 6, true).await;
@@ -199,7 +209,7 @@ async fn block_16_to_128_and_128_to_16_in_both_layouts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_sizes_and_tp_sizes_differ_together() {
-    for layout in [KvLayout::Nhd, KvLayout::Hnd] {
+    for layout in [KvLayout::Nhd, KvLayout::Hnd, KvLayout::HndKv] {
         case(2, 1, 4, layout, 4, 16, false).await;
         case(1, 2, 4, layout, 16, 4, true).await;
         case(4, 2, 2, layout, 8, 4, false).await;

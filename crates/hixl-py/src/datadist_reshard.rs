@@ -69,10 +69,12 @@ impl DataDist {
         let layout = match layout {
             "NHD" => KvLayout::Nhd,
             "HND" => KvLayout::Hnd,
+            "HND_KV" => KvLayout::HndKv,
             l => {
                 return Err(param(format!(
-                    "KV layout {l:?}: it is \"NHD\" ([tokens, heads, head_dim] per block) or \
-                     \"HND\" ([heads, tokens, head_dim])"
+                    "KV layout {l:?}: it is \"NHD\" ([tokens, heads, head_dim] per block), \
+                     \"HND\" ([heads, tokens, head_dim]) or \"HND_KV\" ([heads, 2, tokens, \
+                     head_dim / 2]: per head its tokens' K rows, then their V rows)"
                 )))
             }
         };

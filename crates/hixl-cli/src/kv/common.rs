@@ -69,6 +69,11 @@ pub struct KvArgs {
     /// Decode TP size (with `--prefill-tp`).
     #[arg(long, requires = "prefill_tp")]
     pub decode_tp: Option<u32>,
+    /// The prefill group's tokens per block, with `--prefill-tp` (default: the decode's,
+    /// `--block-tokens`): where they differ, each token is pulled to its place (converted),
+    /// against the decode's own geometry pulled whole.
+    #[arg(long, requires = "prefill_tp")]
+    pub prefill_block_tokens: Option<u64>,
     /// Block layout with `--prefill-tp`: `nhd` (a head slice is a piece per token) or `hnd`
     /// (a piece per block).
     #[arg(long, default_value = "nhd")]
@@ -160,7 +165,10 @@ pub(super) fn layout(s: &str) -> CliResult<hixl::datadist::KvLayout> {
     match s {
         "nhd" => Ok(hixl::datadist::KvLayout::Nhd),
         "hnd" => Ok(hixl::datadist::KvLayout::Hnd),
-        _ => Err(CliError(format!("--layout must be nhd or hnd, not {s:?}"))),
+        "hnd-kv" => Ok(hixl::datadist::KvLayout::HndKv),
+        _ => Err(CliError(format!(
+            "--layout must be nhd, hnd or hnd-kv, not {s:?}"
+        ))),
     }
 }
 

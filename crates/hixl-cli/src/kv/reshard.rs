@@ -1,11 +1,12 @@
-//! `bench kv --prefill-tp P --decode-tp D`: decode ranks pulling their heads from a prefill
-//! group of another TP size.
+//! `bench kv --prefill-tp P --decode-tp D [--prefill-block-tokens B]`: decode ranks pulling
+//! their heads from a prefill group of another TP size, or of another block size.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use hixl::datadist::models::ModelGeometry;
-use hixl::datadist::{BlocksCacheKey, ClusterInfo, KvCacheExtParam, LlmRole};
+use hixl::datadist::tokens::TokenMap;
+use hixl::datadist::{BlocksCacheKey, Cache, ClusterInfo, KvCacheExtParam, LlmDataDist, LlmRole};
 use hixl_cli::child::Target;
 
 use super::common::{bench_cluster, cli, layout, p50, KvArgs};
@@ -17,8 +18,10 @@ use crate::util::{human, CliResult};
 pub(super) async fn reshard_bench(a: &KvArgs, m: &ModelGeometry, ptp: u32, dtp: u32) -> CliResult {
     let bt = a.block_tokens.unwrap_or(m.block_tokens);
     let blocks = a.tokens.div_ceil(bt);
+    let pbt = a.prefill_block_tokens.unwrap_or(bt);
+    let pblocks = a.tokens.div_ceil(pbt);
     let exe: PathBuf = std::env::current_exe()?;
-    let group = |tp: u32, base: u64| -> CliResult<(Target, Vec<String>)> {
+    let group = |tp: u32, base: u64, blocks: u64, bt: u64| -> CliResult<(Target, Vec<String>)> {
         let (b, t, tp_s, base_s) = (
             blocks.to_string(),
             bt.to_string(),
@@ -52,8 +55,8 @@ pub(super) async fn reshard_bench(a: &KvArgs, m: &ModelGeometry, ptp: u32, dtp: 
             .collect();
         Ok((g, addrs))
     };
-    let (pg, paddrs) = group(ptp, 10)?;
-    let (dg, daddrs) = group(dtp, 50)?;
+    let (pg, paddrs) = group(ptp, 10, pblocks, pbt)?;
+    let (dg, daddrs) = group(dtp, 50, blocks, bt)?;
     let mut dd = bench_cluster(LlmRole::Decoder, &a.transport).await?;
     let (desc, shard) = m
         .sharded_cache(blocks, bt, 0, dtp, layout(&a.layout)?)
@@ -93,10 +96,21 @@ pub(super) async fn reshard_bench(a: &KvArgs, m: &ModelGeometry, ptp: u32, dtp: 
     let heads = shard.heads().map_err(cli)?;
     let bytes = m.bytes_for(blocks * bt) * u64::from(heads.end - heads.start)
         / u64::from(m.kv_heads.unwrap_or(1));
+    let map = TokenMap {
+        src: (0..pblocks).map(Some).collect(),
+        dst: (0..blocks).map(Some).collect(),
+        tokens: a.tokens,
+    };
+    let pull = Pull {
+        dd: &dd,
+        keys: &pkeys,
+        c: &c,
+        ids: &ids,
+        map: (pbt != bt).then_some(&map),
+        ext: &ext,
+    };
     // Warm both.
-    dd.pull_kv_blocks_resharded(&pkeys, &c, &ids, &ids, &ext)
-        .await
-        .map_err(cli)?;
+    pull.run().await?;
     dd.pull_kv_blocks(same, &c, &ids, &ids, &ext)
         .await
         .map_err(cli)?;
@@ -106,9 +120,7 @@ pub(super) async fn reshard_bench(a: &KvArgs, m: &ModelGeometry, ptp: u32, dtp: 
     let mut n = 0u64;
     while start.elapsed().as_secs_f64() < a.duration || n < 3 {
         let t = Instant::now();
-        dd.pull_kv_blocks_resharded(&pkeys, &c, &ids, &ids, &ext)
-            .await
-            .map_err(cli)?;
+        pull.run().await?;
         let x = t.elapsed().as_secs_f64();
         rt += x;
         rs.push(x * 1e3);
@@ -127,7 +139,8 @@ pub(super) async fn reshard_bench(a: &KvArgs, m: &ModelGeometry, ptp: u32, dtp: 
             "{}",
             serde_json::json!({
                 "bench": "kv-reshard", "model": m.name, "transport": a.transport,
-                "tokens": a.tokens, "block_tokens": bt, "prefill_tp": ptp, "decode_tp": dtp,
+                "tokens": a.tokens, "block_tokens": bt, "prefill_block_tokens": pbt,
+                "prefill_tp": ptp, "decode_tp": dtp,
                 "layout": a.layout,
                 "decode_rank_bytes": bytes, "requests": n,
                 "resharded_gbps": rg, "resharded_p50_ms": p50(rs),
@@ -143,7 +156,8 @@ pub(super) async fn reshard_bench(a: &KvArgs, m: &ModelGeometry, ptp: u32, dtp: 
             a.layout
         );
         println!(
-            "from a prefill group of {ptp} (resharded): {rg:.2} GB/s, p50 {:.2} ms; from a group of {dtp} (same TP, whole blocks): {sg:.2} GB/s, p50 {:.2} ms; ratio {:.2}",
+            "from a prefill group of {ptp} with blocks of {pbt} tokens ({}): {rg:.2} GB/s, p50 {:.2} ms; from a group of {dtp} with blocks of {bt} (the decode's geometry, whole blocks): {sg:.2} GB/s, p50 {:.2} ms; ratio {:.2}",
+            if pbt != bt { "converted" } else { "resharded" },
             p50(rs),
             p50(ss),
             rg / sg
@@ -153,4 +167,33 @@ pub(super) async fn reshard_bench(a: &KvArgs, m: &ModelGeometry, ptp: u32, dtp: 
     pg.stop();
     dg.stop();
     Ok(())
+}
+
+/// The converted or resharded pull `bench kv` times.
+struct Pull<'a> {
+    dd: &'a LlmDataDist,
+    keys: &'a [BlocksCacheKey],
+    c: &'a Cache,
+    ids: &'a [u64],
+    /// Different block sizes: the request's tokens by position.
+    map: Option<&'a TokenMap>,
+    ext: &'a KvCacheExtParam,
+}
+
+impl Pull<'_> {
+    async fn run(&self) -> CliResult {
+        match self.map {
+            Some(map) => {
+                self.dd
+                    .pull_kv_tokens(self.keys, self.c, map, self.ext)
+                    .await
+            }
+            None => {
+                self.dd
+                    .pull_kv_blocks_resharded(self.keys, self.c, self.ids, self.ids, self.ext)
+                    .await
+            }
+        }
+        .map_err(cli)
+    }
 }

@@ -31,7 +31,7 @@ pub fn desc(s: &KvShard) -> CacheDesc {
     let n = i64::from(h.end - h.start);
     let shape = match s.layout {
         KvLayout::Nhd => vec![BLOCKS, TOKENS, n, i64::from(HEAD_DIM)],
-        KvLayout::Hnd => vec![BLOCKS, n, TOKENS, i64::from(HEAD_DIM)],
+        KvLayout::Hnd | KvLayout::HndKv => vec![BLOCKS, n, TOKENS, i64::from(HEAD_DIM)],
     };
     CacheDesc::host(TENSORS, DataType::BFloat16, shape)
 }
@@ -55,7 +55,7 @@ pub fn block_bytes(s: &KvShard, t: usize, src: u64) -> Vec<u8> {
                 }
             }
         }
-        KvLayout::Hnd => {
+        KvLayout::Hnd | KvLayout::HndKv => {
             for g in h.clone() {
                 for tok in 0..TOKENS as u64 {
                     v.extend((0..hb).map(|e| byte(t, src, tok, g, e)));

@@ -137,8 +137,13 @@ def token_rows(kind, t, blocks, bs, n, hs=None):
                 out[tok] = t[b, r]
             elif kind == "nhd":
                 out[tok] = t[:, b, r] if hs is None else t[:, b, r][:, hs]
-            else:
-                out[tok] = t[b][:, r] if hs is None else t[b][hs, r]
+            else:  # vLLM's CPU attention (vec): per head a K plane [head, tokens], a V plane
+                heads, rows, hd = t.shape[1], t.shape[2], t.shape[3] // 2
+                flat = t[b].reshape(heads, -1)
+                k = flat[:, :hd * rows].reshape(heads, hd, rows)[:, :, r]
+                v = flat[:, hd * rows:].reshape(heads, rows, hd)[:, r]
+                row = torch.cat([k, v], dim=1)
+                out[tok] = row if hs is None else row[hs]
     return out
 
 
@@ -157,7 +162,7 @@ def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
     dec = [make_worker(dcfg, kvcfg, r, kv) for r, (kv, kvcfg) in enumerate(dec_kv)]
     if no_shard:  # what a decode whose cache is moved as bytes (fp8: no KV shard) advertises
         for w in dec:
-            w.layout.compat["shard"] = False
+            w.layout.compat["convert"] = False
     n_tokens = tokens or pbs * len(src_groups[0])
     try:
         psched = _Scheduler(pcfg, _extra(pcfg))
@@ -274,21 +279,26 @@ def main() -> int:
     case("MLA, P2 -> D1 (read once, unsplit)", "mla", 2, 1, 1, *full)
     case("MLA, P1 -> D2", "mla", 1, 2, 1, *full)
     # Different block sizes: every token lands at its place.
-    case("blocks of 16 -> 32", "cpu", 1, 1, 2, [[3, 4, 5, 9]], [[7, 8]], d_block_size=2 * BS)
-    case("blocks of 32 -> 16", "cpu", 1, 1, 2, [[3, 4]], [[7, 8, 1, 2]], p_block_size=2 * BS)
-    case("blocks of 16 -> 64, a partial last block, a local prefix hit", "cpu", 1, 1, 2,
-         [[3, 4, 5, 9, 10, 11, 12, 13]], [[7, 8]], d_block_size=4 * BS, tokens=7 * BS + 5,
-         hits=1)
+    # vLLM's CPU attention (its vec kernels, blocks of a multiple of 32): a transposed K plane
+    case("CPU layout, blocks of 32 -> 64", "cpu", 1, 1, 2, [[3, 4, 5, 9]], [[7, 8]],
+         p_block_size=2 * BS, d_block_size=4 * BS)
+    case("CPU layout, blocks of 64 -> 32, TP 2 -> 1", "cpu", 2, 1, 2, [[3, 4]],
+         [[7, 8, 1, 2]], p_block_size=4 * BS, d_block_size=2 * BS)
+    case("CPU layout, blocks of 32 -> 128, a partial last block, a local prefix hit", "cpu",
+         1, 1, 2, [[3, 4, 5, 9, 10, 11, 12, 13]], [[7, 8]], p_block_size=2 * BS,
+         d_block_size=8 * BS, tokens=15 * BS + 5, hits=1)
+    case("CPU layout, blocks of 16 (vec16 kernels) -> 32: refused", "cpu", 1, 1, 2,
+         [[3, 4, 5, 9]], [[7, 8]], d_block_size=2 * BS, expect_refusal="block_size")
     case("blocks of 16 -> 32 with TP 2 -> 1, K/V apart", "nhd", 2, 1, 4, [[3, 4, 5, 9]],
          [[7, 8]], d_block_size=2 * BS)
     case("blocks of 64 -> 16 with TP 1 -> 2, K/V apart", "nhd", 1, 2, 4, [[3]],
          [[7, 8, 1, 2]], p_block_size=4 * BS)
     case("MLA, blocks of 32 -> 16, TP 2 -> 1", "mla", 2, 1, 1, [[3, 4]], [[7, 8, 1, 2]],
          p_block_size=2 * BS)
-    case("hybrid, blocks of 16 -> 32", "hybrid", 1, 1, 2, hybrid[0],
-         [[7, 8, 17], [0, 0, 19]], d_block_size=2 * BS)
-    case("block sizes differ, the decode has no KV shard: refused", "cpu", 1, 1, 2,
-         [[3, 4, 5, 9]], [[7, 8]], d_block_size=2 * BS, expect_refusal="block_size",
+    case("hybrid, blocks of 32 -> 64", "hybrid", 1, 1, 2, hybrid[0],
+         [[7, 8, 17], [0, 0, 19]], p_block_size=2 * BS, d_block_size=4 * BS)
+    case("block sizes differ, the decode cannot convert (fp8, no shard): refused", "nhd", 1,
+         1, 4, [[3, 4, 5, 9]], [[7, 8]], d_block_size=2 * BS, expect_refusal="block_size",
          no_shard=True)
     case("TP pair that does not map (3 heads over TP 2): refused", "cpu", 1, 2, 3,
          [[3, 4]], [[7, 8]], expect_refusal="tp")

@@ -78,11 +78,13 @@ class _Reshard(_Manager):
         """hixl extension: declares which KV heads ``cache`` holds (rank ``tp_rank`` of a TP
         group of ``tp_size`` over ``total_heads`` heads of ``head_dim`` elements). Its shape is
         ``[blocks, tokens, heads, head_dim]`` (``"NHD"``), ``[blocks, heads, tokens, head_dim]``
-        (``"HND"``), or ``[blocks, tokens, latent]`` for ``mla``. Peers see it at link time."""
+        (``"HND"``; ``"HND_KV"`` where each head holds its tokens' K rows then their V rows,
+        ``head_dim`` counting both, as vLLM's CPU attention), or ``[blocks, tokens, latent]``
+        for ``mla``. Peers see it at link time."""
         self._check()
         c = self._registered("cache", cache)
         if not isinstance(layout, str):
-            raise _type_error(f"layout must be \"NHD\" or \"HND\", got {layout!r}")
+            raise _type_error(f"layout must be \"NHD\", \"HND\" or \"HND_KV\", got {layout!r}")
         self._native.set_kv_shard(c.cache_id, _int("tp_rank", tp_rank, 0, _U32),
                                   _int("tp_size", tp_size, 1, _U32),
                                   _int("total_heads", total_heads, 1, _U32),

@@ -16,8 +16,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..llm_datadist import LLMException, kv_shard_sources, plan_token_blocks
 
 #: The keys of a compatibility record both sides must hold equal, in the order they are
-#: checked (and named in a refusal). The block sizes may differ where both sides declared a
-#: KV shard (``shard``): each token then lands at its place (``token_maps``).
+#: checked (and named in a refusal). The block sizes may differ where both sides can convert
+#: (``convert``: a KV shard and a known block layout): each token then lands at its place
+#: (``token_maps``).
 COMPARED = ("params", "wire", "model", "dtype", "layout", "kv_heads", "head_size",
             "tensors_per_layer", "groups")
 
@@ -56,12 +57,12 @@ def mismatch(decode: Dict[str, Any], prefill: Dict[str, Any], decode_tp: int,
         if mine != theirs:
             return f"{k} differs: the prefill's is {theirs!r}, this decode's {mine!r}"
     mine, theirs = decode.get("block_size"), prefill.get("block_size")
-    if mine != theirs and not (decode.get("shard") and prefill.get("shard")):
+    if mine != theirs and not (decode.get("convert") and prefill.get("convert")):
         return (f"block_size differs: the prefill's is {theirs!r}, this decode's {mine!r}, and "
-                f"converting between block sizes needs a KV shard declared on both sides "
-                f"(the prefill's: {bool(prefill.get('shard'))}, this decode's: "
-                f"{bool(decode.get('shard'))}; a cache hixl moves as bytes, e.g. fp8, "
-                f"declares none)")
+                f"converting between block sizes needs a KV shard and a known block layout on "
+                f"both sides (the prefill's: {bool(prefill.get('convert'))}, this decode's: "
+                f"{bool(decode.get('convert'))}; a cache hixl moves as bytes, e.g. fp8, or "
+                f"packed by vLLM's AMX CPU kernels, has neither)")
     if decode_tp != prefill_tp:
         try:
             for r in range(decode_tp):

@@ -55,11 +55,21 @@ def _kind(spec: Any) -> str:
     return f"{name}(window={w})" if w else name
 
 
+def _cpu_isa(dtype: Any, block_size: int, head_size: int) -> str:
+    """The kernel family vLLM's CPU attention picks for these caches ("vec", "amx", ...)."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa  # type: ignore
+        return str(_get_attn_isa(dtype, block_size, head_size))
+    except Exception as e:  # another vLLM: its layout is not known here
+        return f"unknown ({type(e).__name__})"
+
+
 def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_config: Any,
              vllm_config: Any, tp_rank: int, tp_size: int) -> Layout:
     """Registers ``kv_caches`` (host tensors, or the host copies of device ones) with ``dd``'s
     cache manager and declares this rank's KV shard. A layer is ``(num_blocks, ...)`` (vLLM's
-    CPU attention: ``[blocks, heads, tokens, 2 x head]``, K and V of a token side by side; MLA:
+    CPU attention: ``[blocks, heads, tokens, 2 x head]``, per head its tokens' K rows then their
+    V rows; MLA:
     ``[blocks, tokens, latent]``) or ``(2, num_blocks, ...)`` (K and V apart, each
     ``[blocks, tokens, heads, head]``); every layer must have the same block layout."""
     nb = int(kv_cache_config.num_blocks)
@@ -121,6 +131,19 @@ def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_confi
                                     heads_first=per_layer == 1)
     except ValueError as e:
         raise RuntimeError(f"hixl.vllm: {e}") from None
+    # The layout the native shard declares, and whether a token's place in a block is known
+    # (so that blocks of different sizes convert).
+    shard_layout, convert = ("NHD" if layout == "MLA" else layout), True
+    if layout == "HND" and per_layer == 1:
+        # vLLM's CPU attention: its [heads, tokens, 2 x head] block holds, per head, a K plane
+        # [head, tokens] (transposed) then a V plane [tokens, head] with its `vec` kernels;
+        # other kernels (AMX) pack it otherwise: heads still move whole between TP sizes,
+        # but blocks of different sizes do not convert.
+        isa = _cpu_isa(kv_caches[next(iter(kv_caches))].dtype, block_size, head // 2)
+        if isa == "vec":
+            layout = shard_layout = "HND_KV"
+        else:
+            layout, convert = f"HND/{isa}", False
     dt = _DTYPES.get(dtype)
     if dt is None:  # e.g. an fp8 cache: moved as bytes, between equal TP sizes only
         desc = CacheDesc(num_tensors=len(addrs), shape=(nb, block_bytes),
@@ -136,8 +159,8 @@ def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_confi
     shard = False
     if dt is not None:
         try:
-            cm.set_kv_shard(cache, tp_rank, tp_size, total_heads, head,
-                            layout="NHD" if layout == "MLA" else layout, mla=mla)
+            cm.set_kv_shard(cache, tp_rank, tp_size, total_heads, head, layout=shard_layout,
+                            mla=mla)
             shard = True
         except LLMException as e:
             logger.warning("hixl: no KV shard declared (%s): pulls between different TP "
@@ -145,6 +168,6 @@ def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_confi
     compat = {"params": PARAMS_VERSION, "wire": int(WIRE_VERSION), "model": str(model.model),
               "dtype": dtype, "block_size": block_size, "layout": layout,
               "kv_heads": total_heads, "head_size": head, "tensors_per_layer": per_layer,
-              "groups": kinds, "shard": shard}
+              "groups": kinds, "convert": shard and convert}
     return Layout(cache=cache, num_blocks=nb, block_bytes=block_bytes, per_layer=per_layer,
                   n_tensors=len(addrs), groups=groups, compat=compat, block_dim=block_dim)
