@@ -245,6 +245,9 @@ impl LlmDataDist {
     }
 }
 
+/// Pieces a resharded pull keeps in flight at most (beyond one layer's own).
+const PIECES_IN_FLIGHT: u64 = 16 * 1024;
+
 /// What a resharded pull moves.
 pub(super) enum Moves<'a> {
     /// Block pairs of the same tokens per block on both sides.
@@ -288,13 +291,32 @@ pub(super) struct Resharded {
 impl Resharded {
     /// Moves every descriptor at once, each transfer bounded by `bound`. On failure the
     /// error lists the (layer, block) pairs that did not land.
+    /// Layers go out together while their pieces fit [`PIECES_IN_FLIGHT`] (a converted pull
+    /// of small pieces would overflow a transport's submission ring), then wave by wave.
     pub(super) async fn run(self, bound: Bound) -> Result<()> {
-        let results = futures::future::join_all(
-            self.jobs
-                .iter()
-                .map(|(_, peer, d)| bound.apply(peer.transfer_strided(TransferOp::Read, d))),
-        )
-        .await;
+        let mut results = Vec::with_capacity(self.jobs.len());
+        let mut rest = &self.jobs[..];
+        while !rest.is_empty() {
+            let (mut n, mut pieces) = (0, 0u64);
+            for (_, _, d) in rest {
+                let p: u64 = d.iter().map(|x| x.count).sum();
+                if n > 0 && pieces + p > PIECES_IN_FLIGHT {
+                    break;
+                }
+                n += 1;
+                pieces += p;
+            }
+            let (wave, next) = rest.split_at(n);
+            rest = next;
+            results.extend(
+                futures::future::join_all(
+                    wave.iter().map(|(_, peer, d)| {
+                        bound.apply(peer.transfer_strided(TransferOp::Read, d))
+                    }),
+                )
+                .await,
+            );
+        }
         let layers: Vec<(u32, u32)> = self.jobs.iter().map(|(l, _, _)| *l).collect();
         super::transfers::layer_outcome(&layers, results, &self.runs).map_err(|mut e| {
             e.message.push_str(&self.missing);
