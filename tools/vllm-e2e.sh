@@ -72,6 +72,10 @@ else
   "$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" "${dtype[@]}" \
     --extra '{"transport": "tcp"}' --reference-cache "$refs" --out "$PD_E2E_RESULTS/serve-tcp" || rc=1
 fi
+echo "== vllm serve over HTTP, prefill blocks of 32 -> decode blocks of 128 (each token pulled to its place in vLLM's CPU layout), token-exact against one server"
+"$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" --dtype float32 \
+  --prefill-block-size 32 --decode-block-size 128 --extra '{"transport": "tcp"}' \
+  --reference-cache "$refs" --out "$PD_E2E_RESULTS/serve-blocks-32-128" || rc=1
 hybrid=${VLLM_HYBRID_MODEL:-$(dirname "$VLLM_TINY_MODEL")/tiny-hybrid}
 [ -f "$hybrid/config.json" ] || "$VLLM_VENV/bin/python" bench/vllm/make_tiny_llama.py \
   --size hybrid --out "$hybrid" >/dev/null

@@ -18,7 +18,8 @@ from hixl.llm_datadist import (BlockFailure, BlocksCacheKey, Cache, CacheDesc, C
                                CacheKeyByIdAndIndex, DataType, LayerSynchronizer, LeaseGrant,
                                LLMClusterInfo, LLMConfig, LLMDataDist, LLMException, LLMRole,
                                LLMStatusCode, Placement, TransferConfig,
-                               TransferWithCacheKeyConfig, kv_shard_readers, kv_shard_sources)
+                               TransferWithCacheKeyConfig, kv_shard_readers, kv_shard_sources,
+                               plan_token_blocks)
 
 S = LLMStatusCode
 L, B, E, SEED = 4, 16, 64, 11
@@ -358,6 +359,42 @@ def test_resharded_pull_from_two_prefill_ranks():
                             want = h * 100 + tok * 10 + t + s * 10000
                             assert (a[d, tok, h] == want).all(), (t, d, h, tok)
                 for d in (1, 3):
+                    assert (a[d] == 0).all()
+        finally:
+            dd.finalize()
+    finally:
+        peer.close()
+
+
+def test_token_pull_between_block_sizes_and_tp_sizes():
+    # The peer process's two TP ranks hold blocks of 2 tokens; this decode of TP 1 holds
+    # blocks of 4: decode block 2 (position 0) takes tokens 0..4 from prefill blocks 1 and 3.
+    heads, tokens, head_dim = 4, 2, 8
+    assert plan_token_blocks([1, 3, None], [2, None, 0], 6, 2, 4) == ([2], [0])
+    with pytest.raises(LLMException) as e:
+        plan_token_blocks([1], [2, 2], 8, 2, 4)
+    assert "destination block 2 is given at positions 0 and 1" in str(e.value)
+    peer = Peer(cluster=1, transport="tcp", layers=2, blocks=4, elems=8, seed=1)
+    try:
+        peer.ask(op="shards", tp=2, heads=heads, tokens=tokens, head_dim=head_dim)
+        dd = local(cluster=2)
+        try:
+            assert dd.link_clusters([peer.info()], 5000)[0] == S.LLM_SUCCESS
+            rows = 2 * tokens
+            dst = [np.zeros((4, rows, heads, head_dim), np.float32) for _ in range(4)]
+            desc = CacheDesc(4, [4, rows, heads, head_dim], DataType.DT_FLOAT,
+                             placement=Placement.HOST)
+            dc = dd.cache_manager.register_blocks_cache(desc, [a.ctypes.data for a in dst])
+            dd.cache_manager.set_kv_shard(dc, 0, 1, heads, head_dim, "NHD")
+            dd.cache_manager.pull_kv_tokens([BlocksCacheKey(1, 10), BlocksCacheKey(1, 11)], dc,
+                                            [1, 3], [2], 4)
+            for t, a in enumerate(dst):
+                for r in range(rows):
+                    s = (1, 3)[r // tokens]
+                    for h in range(heads):
+                        want = h * 100 + (r % tokens) * 10 + t + s * 10000
+                        assert (a[2, r, h] == want).all(), (t, r, h)
+                for d in (0, 1, 3):
                     assert (a[d] == 0).all()
         finally:
             dd.finalize()

@@ -251,16 +251,19 @@ class _Worker:
                 raise ValueError(f"{len(pos)} position lists for {len(local)} block lists")
             pbs = int(h["compat"]["block_size"])
             dbs = int(self.layout.compat["block_size"]) if self.layout else pbs
+            pairs: List[Tuple[List[Any], List[Any]]]
+            plans: List[Tuple[List[int], List[int]]] = []
+            tokens = 0
             if pbs != dbs:
                 # Different block sizes: each token lands at its place (see _geometry).
-                pairs = token_maps(remote, local, pos)
+                pairs = list(token_maps(remote, local, pos))
                 tokens = int(h.get("tokens") or max(len(s) for s in remote) * pbs)
                 plans = token_plans(pairs, tokens, pbs, dbs)
                 landing = {b for ok, _ in plans for b in ok}
                 missing = {b for _, bad in plans for b in bad}
             else:
-                pairs = group_pairs(remote, local, pos)
-                landing = {b for _, dst in pairs for b in dst}
+                pairs = list(group_pairs(remote, local, pos))
+                landing = {int(b) for _, dst in pairs for b in dst}
                 missing = set(missing_blocks(remote, local, pos))
             grants = [h["grants"][r] for r in sources]
             ranks = [h["ranks"][r] for r in sources]
