@@ -108,13 +108,15 @@ class Servers:
         return [(n, log) for n, _, log in self.procs]
 
 
-def vllm_cmd(args, port, kv=None, tp=1, block_size=None):
+def vllm_cmd(args, port, kv=None, tp=1, block_size=None, pp=1):
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
            "--port", str(port), "--skip-tokenizer-init", "--dtype", args.dtype,
            "--max-model-len", "512", "--kv-cache-memory-bytes", str(64 << 20),
            "--max-num-seqs", "8", "--no-enable-prefix-caching"]
     if tp > 1:
         cmd += ["--tensor-parallel-size", str(tp)]
+    if pp > 1:
+        cmd += ["--pipeline-parallel-size", str(pp)]
     if block_size or args.block_size:
         cmd += ["--block-size", str(block_size or args.block_size)]
     if kv is not None:
@@ -268,6 +270,9 @@ def main():
     ap.add_argument("--extra", default="{}", help="kv_connector_extra_config (JSON)")
     ap.add_argument("--prefill-tp", type=int, choices=[1, 2], default=1)
     ap.add_argument("--decode-tp", type=int, choices=[1, 2], default=1)
+    ap.add_argument("--prefill-pp", type=int, choices=[1, 2], default=1,
+                    help="the prefill's pipeline-parallel size (each stage's layers pulled "
+                         "from it; with --prefill-tp 1 only: two cores)")
     ap.add_argument("--connector", choices=["hixl", "nixl"], default="hixl",
                     help="nixl: vLLM's NixlConnector (bench/vllm/nixl_noprog.py), same setup")
     ap.add_argument("--expect-groups", type=int, default=None, metavar="N",
@@ -308,14 +313,15 @@ def main():
         pp, dp, xp = free_port(), free_port(), free_port()
         # One core per rank: the prefill from core 0, the decode from core 1 (a TP 2 side
         # takes both).
-        bind = {"prefill": {1: "0", 2: "0|1"}[args.prefill_tp],
+        bind = {"prefill": {1: "0", 2: "0|1"}[args.prefill_tp * args.prefill_pp],
                 "decode": {1: "1", 2: "1|0"}[args.decode_tp]}
         cpus = {"prefill": {0}, "decode": {1}, "proxy": {0}} if args.pin == "all" else {}
         if args.pin == "all":
             os.sched_setaffinity(0, {0})
         pre = srv.start("prefill", vllm_cmd(args, pp, dict(kv, kv_role="kv_producer"),
                                             tp=args.prefill_tp,
-                                            block_size=args.prefill_block_size),
+                                            block_size=args.prefill_block_size,
+                                            pp=args.prefill_pp),
                         dict(p_env, VLLM_CPU_OMP_THREADS_BIND=bind["prefill"]), pp,
                         cpus=cpus.get("prefill"))
         dec = srv.start("decode", vllm_cmd(args, dp, dict(kv, kv_role="kv_consumer"),
@@ -403,6 +409,7 @@ def main():
 
         # The first request links the connector (cold); the medians are of the others.
         res = {"connector": args.connector, "pin": args.pin, "prefill_tp": args.prefill_tp,
+           "prefill_pp": args.prefill_pp,
                "decode_tp": args.decode_tp, "prompts": len(prompts), "equal": equal,
                "block_sizes": [args.prefill_block_size or args.block_size,
                                args.decode_block_size or args.block_size],

@@ -27,6 +27,7 @@ from hixl.vllm._scheduler import _Scheduler
 from hixl.vllm._worker import _Worker
 from hixl.vllm._common import _extra
 from hixl.vllm._geometry import group_pairs, missing_blocks
+from hixl.vllm._stages import layer_runs, uncovered
 
 NB, BS, HD, LATENT = 32, 16, 8, 24
 
@@ -38,12 +39,12 @@ def heads_of(rank, tp, total):
     return [rank * total // tp]
 
 
-def config(role, tp, total_heads, block_size=BS, model="tiny", extra=None):
+def config(role, tp, total_heads, block_size=BS, model="tiny", extra=None, pp=1):
     kt = SimpleNamespace(kv_role=role, engine_id=f"{role}-engine",
                          kv_connector_extra_config=dict(extra or {}))
     return SimpleNamespace(
         kv_transfer_config=kt,
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp),
         cache_config=SimpleNamespace(block_size=block_size),
         model_config=SimpleNamespace(model=model, get_total_num_kv_heads=lambda: total_heads,
                                      get_num_kv_heads=lambda pc: max(1, total_heads // tp)))
@@ -91,8 +92,22 @@ def reference(kind, total, bs=BS):
     return {n: torch.rand((NB, total, bs, 2 * HD), generator=g) for n in ("t0", "t1")}
 
 
-def make_worker(vcfg, kvcfg, rank, kv):
+def stage(kv, kvcfg, s, pp):
+    """PP stage ``s`` of ``pp``'s part of a rank's caches: the layers vLLM puts there (an
+    even split of the layer indices)."""
+    if pp == 1:
+        return kv, kvcfg
+    idx = sorted({int(n[-1]) for n in kv})
+    keep = {i for i in idx if i * pp // len(idx) == s}
+    kv = {n: t for n, t in kv.items() if int(n[-1]) in keep}
+    groups = [KVCacheGroupSpec([n for n in g.layer_names if n in kv], g.kv_cache_spec)
+              for g in kvcfg.kv_cache_groups]
+    return kv, KVCacheConfig(num_blocks=NB, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def make_worker(vcfg, kvcfg, rank, kv, pp_rank=0):
     ps.get_tensor_model_parallel_rank = lambda: rank  # what vLLM's parallel state answers
+    ps.get_pp_group = lambda: SimpleNamespace(rank_in_group=pp_rank)
     w = _Worker(vcfg, kvcfg, _extra(vcfg))
     w.register(kv)
     return w
@@ -148,25 +163,29 @@ def token_rows(kind, t, blocks, bs, n, hs=None):
 
 
 def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
-         expect_refusal=None, hits=0, p_block_size=BS, tokens=None, no_shard=False):
+         expect_refusal=None, hits=0, p_block_size=BS, tokens=None, no_shard=False,
+         ppp=1, dpp=1):
     print(f"== {name}: P TP {ptp} -> D TP {dtp}, {kind}, {total} KV heads, blocks of "
-          f"{p_block_size} -> {d_block_size}", flush=True)
+          f"{p_block_size} -> {d_block_size}, PP {ppp} -> {dpp}", flush=True)
     pbs, dbs = p_block_size, d_block_size
     ref = reference(kind, total, pbs)
-    pcfg = config("kv_producer", ptp, total, block_size=pbs)
-    dcfg = config("kv_consumer", dtp, total, block_size=dbs)
-    pre = [make_worker(pcfg, caches(kind, r, ptp, total, ref, pbs)[1], r,
-                       caches(kind, r, ptp, total, ref, pbs)[0]) for r in range(ptp)]
+    pcfg = config("kv_producer", ptp, total, block_size=pbs, pp=ppp)
+    dcfg = config("kv_consumer", dtp, total, block_size=dbs, pp=dpp)
+    pre_kv = {(s, r): stage(*caches(kind, r, ptp, total, ref, pbs), s, ppp)
+              for s in range(ppp) for r in range(ptp)}
+    pre = [make_worker(pcfg, kvcfg, r, kv, s) for (s, r), (kv, kvcfg) in pre_kv.items()]
     zeros = {k: torch.zeros_like(v) for k, v in reference(kind, total, dbs).items()}
-    dec_kv = [caches(kind, r, dtp, total, zeros, block_size=dbs) for r in range(dtp)]
-    dec = [make_worker(dcfg, kvcfg, r, kv) for r, (kv, kvcfg) in enumerate(dec_kv)]
+    dec_kv = [stage(*caches(kind, r, dtp, total, zeros, block_size=dbs), s, dpp)
+              for s in range(dpp) for r in range(dtp)]
+    dec = [make_worker(dcfg, kvcfg, i % dtp, kv, i // dtp)
+           for i, (kv, kvcfg) in enumerate(dec_kv)]
     if no_shard:  # what a decode whose cache is moved as bytes (fp8: no KV shard) advertises
         for w in dec:
             w.layout.compat["convert"] = False
     n_tokens = tokens or pbs * len(src_groups[0])
     try:
         psched = _Scheduler(pcfg, _extra(pcfg))
-        psched.set_handshake({r: w.handshake() for r, w in enumerate(pre)})
+        psched.set_handshake({w: pre[i].handshake() for i, w in enumerate(pre_kv)})
         req = SimpleNamespace(request_id="req-1", kv_transfer_params={"do_remote_decode": True},
                               status=RequestStatus.FINISHED_LENGTH_CAPPED,
                               num_computed_tokens=n_tokens,
@@ -201,7 +220,8 @@ def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
         assert not any(failed), f"failed requests {failed}"
         assert not any(errors), f"load errors {errors}"
         # Every pulled block holds what the prefill held for this rank's heads.
-        for r, (kv, _) in enumerate(dec_kv):
+        for i, (kv, _) in enumerate(dec_kv):
+            r = i % dtp
             hs = heads_of(r, dtp, total)
             if pbs != dbs:  # token by token: each lands at its place in the decode's blocks
                 for g, (src, dst) in enumerate(zip(src_groups, dst_groups)):
@@ -243,7 +263,8 @@ def case(name, kind, ptp, dtp, total, src_groups, dst_groups, d_block_size=BS,
         for r, w in enumerate(pre):
             until(f"prefill rank {r}'s lease to end",
                   lambda w=w: "req-1" in (w.finished()[0] or ()))
-        print(f"   every block verified on {dtp} decode rank(s); all {ptp} prefill leases ended")
+        print(f"   every block verified on {len(dec)} decode worker(s); all {len(pre)} prefill "
+              "leases ended")
     finally:
         for w in pre + dec:
             w.shutdown()
@@ -259,6 +280,12 @@ def main() -> int:
     assert missing_blocks([[0, 4]], [[7, 8]], [[0, 1]]) == [7]
     assert missing_blocks([[1, 2, 3]], [[7, 8]], [[2, 3]]) == [8]
     assert missing_blocks([[1, 2], [0, 0, 5]], [[7, 8], [11]], [[0, 1], [2]]) == []
+    # Which prefill stage gives which decode layers: runs consecutive on both sides.
+    assert layer_runs((0, [4, 5]), (2, [3, 4, 5, 6])) == [(range(0, 2), range(3, 5))]
+    assert layer_runs((1, [0, 2]), (0, [0, 1, 2])) == [(range(1, 2), range(0, 1)),
+                                                       (range(2, 3), range(2, 3))]
+    assert uncovered([(0, [0, 1])], [[(0, [0])]]) == ("no prefill stage holds layers [1] of "
+                                                     "KV cache group 0")
     full = ([[3, 4, 5, 9]], [[7, 8, 1, 2]])
     case("same TP", "cpu", 1, 1, 2, *full)
     case("prefill TP > decode TP", "cpu", 2, 1, 2, *full)
@@ -300,6 +327,14 @@ def main() -> int:
     case("block sizes differ, the decode cannot convert (fp8, no shard): refused", "nhd", 1,
          1, 4, [[3, 4, 5, 9]], [[7, 8]], d_block_size=2 * BS, expect_refusal="block_size",
          no_shard=True)
+    # Pipeline parallelism: each decode layer from the prefill stage holding it.
+    case("PP 2 -> PP 1", "cpu", 1, 1, 2, *full, ppp=2)
+    case("PP 2 -> PP 1 with TP 2 -> 1, K/V apart", "nhd", 2, 1, 4, *full, ppp=2)
+    case("PP 2 -> PP 2 with TP 1 -> 2", "cpu", 1, 2, 2, *full, ppp=2, dpp=2)
+    case("PP 2 -> PP 1, hybrid, blocks of 32 -> 64", "hybrid", 1, 1, 2, hybrid[0],
+         [[7, 8, 17], [0, 0, 19]], p_block_size=2 * BS, d_block_size=4 * BS, ppp=2)
+    case("PP 1 -> PP 2 (one prefill stage read by two decode stages): refused", "cpu", 1, 1,
+         2, *full, dpp=2, expect_refusal="pp")
     case("TP pair that does not map (3 heads over TP 2): refused", "cpu", 1, 2, 3,
          [[3, 4]], [[7, 8]], expect_refusal="tp")
     case("hybrid, block sizes differ without a shard: refused, per request", "hybrid", 1, 1, 2,

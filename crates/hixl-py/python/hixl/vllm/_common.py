@@ -21,7 +21,7 @@ from .. import _netconf
 logger = init_logger("vllm.distributed.kv_transfer.hixl")
 
 #: Bumped when the transfer parameters change shape: a decode refuses another version.
-PARAMS_VERSION = 3
+PARAMS_VERSION = 4
 
 
 _TRACE = os.environ.get("HIXL_VLLM_TRACE")
@@ -58,13 +58,20 @@ class HixlHandshakeMetadata(KVConnectorHandshakeMetadata):  # type: ignore[misc]
     #: the name the worker publishes in the directory ("" without one): a decode with the
     #: directory too links by it, not by ``host:port``
     name: str = ""
+    #: the worker's PP stage and the stages of its engine
+    pp_rank: int = 0
+    pp_size: int = 1
+    #: per KV cache group, its first registered layer and the model's index of each layer
+    #: (``_stages``)
+    layers: List[Any] = dataclasses.field(default_factory=list)
 
 
 class HixlConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc]
     """One engine step's orders from the scheduler half to the worker half."""
 
     def __init__(self) -> None:
-        #: prefill: leases to create, ``req_id -> [grant dict per TP rank]``
+        #: prefill: leases to create, ``req_id -> [grant dict per worker]`` (PP stage-major,
+        #: then TP rank)
         self.to_lease: Dict[str, List[Dict[str, Any]]] = {}
         #: decode: pulls to start, ``req_id -> (local block ids per KV cache group, transfer
         #: params)``

@@ -66,6 +66,13 @@ class HixlConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if self._sched is not None:
             self._sched.set_handshake(metadata)
 
+    def set_xfer_handshake_metadata_pp_aware(self, metadata: Dict[Tuple[int, int], Any]
+                                             ) -> None:
+        """Every worker's metadata by (PP stage, TP rank): a prefill of several stages hands
+        each stage's ranks to the decode, which pulls each layer from its stage."""
+        if self._sched is not None:
+            self._sched.set_handshake(metadata)
+
     def has_pending_push_work(self) -> bool:
         return False
 

@@ -5,6 +5,7 @@ heads, and the compatibility record the worker advertises."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Dict, List, Tuple
 
 from .. import WIRE_VERSION
@@ -30,6 +31,9 @@ class Layout:
     compat: Dict[str, Any]
     #: which dimension of each layer's tensor indexes blocks (for the host-buffer copies)
     block_dim: Dict[str, int]
+    #: per KV cache group, its first registered layer and the model's index of each of its
+    #: layers (``_stages``: which PP stage holds which layer)
+    layers: List[Tuple[int, List[int]]] = dataclasses.field(default_factory=list)
 
 
 _DTYPES = {"torch.bfloat16": DataType.DT_BF16, "torch.float16": DataType.DT_FLOAT16,
@@ -45,6 +49,18 @@ def _groups(kv_cache_config: Any, names: List[str]) -> List[Tuple[Any, List[str]
         if layers:
             out.append((g.kv_cache_spec, layers))
     return out or [(None, list(names))]
+
+
+def _layer_index(name: str) -> int:
+    """The model's index of layer ``name`` (``model.layers.7.self_attn.attn`` -> 7)."""
+    try:
+        from vllm.model_executor.models.utils import extract_layer_index  # type: ignore
+        return int(extract_layer_index(name))
+    except Exception:  # a name vLLM does not parse: its last number
+        found = re.findall(r"\d+", name)
+        if not found:
+            raise RuntimeError(f"hixl.vllm: KV cache {name} has no layer index") from None
+        return int(found[-1])
 
 
 def _kind(spec: Any) -> str:
@@ -76,7 +92,8 @@ def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_confi
     addrs: List[int] = []
     block_dim: Dict[str, int] = {}
     groups: List[Tuple[int, int]] = []
-    kinds: List[List[Any]] = []
+    layers: List[Tuple[int, List[int]]] = []
+    kinds: List[str] = []
     ref: Any = None
     spec: Any = None
     block_bytes = 0
@@ -85,7 +102,7 @@ def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_confi
     # a group's layers are the registered layers its tensors are.
     layer_of: Dict[int, int] = {}
     for gspec, names in _groups(kv_cache_config, list(kv_caches)):
-        kinds.append([_kind(gspec), len(names)])
+        kinds.append(_kind(gspec))
         spec = spec if spec is not None else gspec
         mine: List[int] = []
         for name in names:
@@ -115,6 +132,7 @@ def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_confi
             raise RuntimeError(f"hixl.vllm: the layers of KV cache group {len(groups)} are "
                                f"registered layers {mine}, not a contiguous range")
         groups.append((mine[0], len(mine)))
+        layers.append((mine[0], [_layer_index(n) for n in names]))
     if ref is None:
         raise RuntimeError("hixl.vllm: no KV cache to register")
     block_shape, per_layer, dtype = ref
@@ -170,4 +188,5 @@ def register(dd: Any, cluster_id: int, kv_caches: Dict[str, Any], kv_cache_confi
               "kv_heads": total_heads, "head_size": head, "tensors_per_layer": per_layer,
               "groups": kinds, "convert": shard and convert}
     return Layout(cache=cache, num_blocks=nb, block_bytes=block_bytes, per_layer=per_layer,
-                  n_tensors=len(addrs), groups=groups, compat=compat, block_dim=block_dim)
+                  n_tensors=len(addrs), groups=groups, compat=compat, block_dim=block_dim,
+                  layers=layers)

@@ -15,9 +15,12 @@ class _Scheduler:
     def __init__(self, vllm_config: Any, extra: Dict[str, Any]) -> None:
         self.engine_id = str(vllm_config.kv_transfer_config.engine_id)
         self.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
+        self.pp_size = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1)
+                           or 1)
         self.block_size = int(vllm_config.cache_config.block_size)
         self.lease_ms = int(extra["lease_ms"])
-        self.ranks: Dict[int, HixlHandshakeMetadata] = {}
+        #: the workers' metadata by (PP stage, TP rank)
+        self.ranks: Dict[Tuple[int, int], HixlHandshakeMetadata] = {}
         # Lease ids: unique for this scheduler's worker, whose lease table lives as long as
         # this process; generations are random, so a grant from an earlier incarnation of
         # the same ids never matches.
@@ -26,10 +29,12 @@ class _Scheduler:
         self.to_recv: Dict[str, Tuple[List[List[int]], Dict[str, Any]]] = {}
         self.to_drop: Dict[str, Dict[str, Any]] = {}
 
-    def set_handshake(self, metadata: Dict[int, Any]) -> None:
+    def set_handshake(self, metadata: Dict[Any, Any]) -> None:
+        """The workers' metadata, by TP rank or by (PP stage, TP rank)."""
         for rank, md in metadata.items():
             if isinstance(md, HixlHandshakeMetadata):
-                self.ranks[int(rank)] = md
+                pp, tp = rank if isinstance(rank, tuple) else (0, rank)
+                self.ranks[(int(pp), int(tp))] = md
 
     @staticmethod
     def _pull_params(params: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -93,24 +98,26 @@ class _Scheduler:
         blocks = sorted({b for g in groups for b in g if b != 0})
         if not blocks:
             return False, None
-        if len(self.ranks) != self.tp_size:
+        workers = [(pp, tp) for pp in range(self.pp_size) for tp in range(self.tp_size)]
+        if any(w not in self.ranks for w in workers):
             logger.error("hixl: request %s: the handshake metadata of %d of %d workers is "
                          "missing: the decode computes its prompt", request.request_id,
-                         self.tp_size - len(self.ranks), self.tp_size)
+                         sum(w not in self.ranks for w in workers), len(workers))
             return False, None
         self.next_lease += 1
         gen = secrets.randbits(63) | 1
         rid = _u64_of(request.request_id)
         grants = []
         ranks = []
-        for r in range(self.tp_size):
-            md = self.ranks[r]
+        for w in workers:
+            md = self.ranks[w]
             grants.append({"owner": md.cluster_id, "lease_id": self.next_lease,
                            "generation": gen, "request_id": rid, "caches": [md.cache_id],
                            "blocks": blocks, "ttl_ms": self.lease_ms})
             ranks.append({"host": md.host, "port": md.port, "cluster_id": md.cluster_id,
                           "block_bytes": md.block_bytes, "tensors": md.tensors,
-                          "name": getattr(md, "name", "")})
+                          "name": getattr(md, "name", ""), "pp_rank": w[0], "tp_rank": w[1],
+                          "layers": getattr(md, "layers", [])})
         self.to_lease[request.request_id] = grants
         return True, {
             "do_remote_prefill": True,
@@ -122,9 +129,10 @@ class _Scheduler:
             "tp_size": self.tp_size,
             "hixl": {"v": PARAMS_VERSION, "grants": grants, "ranks": ranks,
                      "block_size": self.block_size, "tp_size": self.tp_size,
+                     "pp_size": self.pp_size,
                      "engine_id": self.engine_id, "remote_block_ids": groups,
                      "tokens": int(request.num_computed_tokens),
-                     "compat": self.ranks[0].compat},
+                     "compat": self.ranks[(0, 0)].compat},
         }
 
     def build_connector_meta(self) -> HixlConnectorMetadata:

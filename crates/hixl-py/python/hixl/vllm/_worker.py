@@ -18,6 +18,7 @@ from .. import _netconf
 from ._common import HixlConnectorMetadata, HixlHandshakeMetadata, _Pull, _trace, logger
 from ._geometry import group_pairs, mismatch, missing_blocks, token_maps, token_plans
 from ._register import Layout, register
+from ._stages import layer_runs, stages, uncovered
 from ._stats import HixlKVConnectorStats
 
 
@@ -38,6 +39,13 @@ class _Worker:
         except Exception:  # not initialised in a single-process test
             self.tp_rank = 0
         self.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
+        self.pp_size = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1)
+                           or 1)
+        try:
+            from vllm.distributed.parallel_state import get_pp_group
+            self.pp_rank = int(get_pp_group().rank_in_group)
+        except Exception:  # not initialised in a single-process test
+            self.pp_rank = 0
         self.cluster_id = secrets.randbits(62) + 1
         role = vllm_config.kv_transfer_config.kv_role
         dd_role = {"kv_producer": LLMRole.PROMPT, "kv_consumer": LLMRole.DECODER}.get(
@@ -139,12 +147,16 @@ class _Worker:
                                      num_blocks=self.num_blocks, block_bytes=self.block_bytes,
                                      tensors=self.n_tensors, tp_rank=self.tp_rank,
                                      tp_size=self.tp_size,
-                                     compat=dict(self.layout.compat) if self.layout else {})
+                                     compat=dict(self.layout.compat) if self.layout else {},
+                                     pp_rank=self.pp_rank, pp_size=self.pp_size,
+                                     layers=[[f, list(ids)] for f, ids in self.layout.layers]
+                                     if self.layout else [])
 
     # -------------------------------------------------------------- per step
     def on_meta(self, meta: HixlConnectorMetadata) -> None:
         for req_id, grants in meta.to_lease.items():
-            g = grants[self.tp_rank] if self.tp_rank < len(grants) else None
+            w = self.pp_rank * self.tp_size + self.tp_rank
+            g = grants[w] if w < len(grants) else None
             if g is None or g["owner"] != self.cluster_id:
                 logger.error("hixl: lease of request %s names owner %s, this worker is %d: "
                              "its blocks are freed at once", req_id,
@@ -265,49 +277,53 @@ class _Worker:
                 pairs = list(group_pairs(remote, local, pos))
                 landing = {int(b) for _, dst in pairs for b in dst}
                 missing = set(missing_blocks(remote, local, pos))
-            grants = [h["grants"][r] for r in sources]
-            ranks = [h["ranks"][r] for r in sources]
-            for rank in ranks:
-                self._link(rank)
-            keys = [BlocksCacheKey(int(r["cluster_id"]), 0) for r in ranks]
-            todo = [(g, sd) for g, sd in enumerate(pairs)
-                    if (plans[g][0] if pbs != dbs else sd[1])]
-            t1 = t0
-            for i, (g, (src, dst)) in enumerate(todo):
-                first, n = self.layout.groups[g] if self.layout else (0, 1)
-                kw = {"tensor_num_per_layer": self.per_layer,
-                      "src_layer_range": range(first, first + n),
-                      "dst_layer_range": range(first, first + n)}
-                last = i == len(todo) - 1
-                if pbs != dbs:
-                    call = (lambda src=src, dst=dst, last=last, kw=kw:
-                            self.cm.pull_leased_kv_tokens(grants, keys, self.cache, src, dst,
-                                                          tokens, done=last, **kw))
-                elif len(sources) == 1 and int(h.get("tp_size", 1)) == self.tp_size:
-                    call = (lambda src=src, dst=dst, last=last, kw=kw: self.cm.pull_leased_blocks(
-                        grants[0], keys[0], self.cache, src_blocks=src, dst_blocks=dst,
-                        done=last, **kw))
-                else:
-                    call = (lambda src=src, dst=dst, last=last, kw=kw:
-                            self.cm.pull_leased_blocks_resharded(
-                                grants, keys, self.cache, src, dst, done=last, **kw))
-                started = self._until_leased(t0, call)
-                if i == 0:  # the post time ends when the first group's pull went through
-                    t1 = started
-            if not todo:
-                for grant in grants:
-                    self.cm.lease_done(grant)
-            self._unread(h)
+            todo = [g for g, sd in enumerate(pairs) if (plans[g][0] if pbs != dbs else sd[1])]
+            t1, ranks = t0, []
+            for sranks, sgrants, layer_ranges in self._stages_read(h):
+                grants = [sgrants[r] for r in sources]
+                ranks = [sranks[r] for r in sources]
+                for rank in ranks:
+                    self._link(rank)
+                keys = [BlocksCacheKey(int(r["cluster_id"]), 0) for r in ranks]
+                calls = [(g, a, b) for g in todo for a, b in layer_ranges[g]]
+                for i, (g, lr_src, lr_dst) in enumerate(calls):
+                    src, dst = pairs[g]
+                    kw = {"tensor_num_per_layer": self.per_layer, "src_layer_range": lr_src,
+                          "dst_layer_range": lr_dst}
+                    last = i == len(calls) - 1
+                    if pbs != dbs:
+                        call = (lambda src=src, dst=dst, last=last, kw=kw, grants=grants,
+                                keys=keys: self.cm.pull_leased_kv_tokens(
+                                    grants, keys, self.cache, src, dst, tokens, done=last,
+                                    **kw))
+                    elif len(sources) == 1 and int(h.get("tp_size", 1)) == self.tp_size:
+                        call = (lambda src=src, dst=dst, last=last, kw=kw, grants=grants,
+                                keys=keys: self.cm.pull_leased_blocks(
+                                    grants[0], keys[0], self.cache, src_blocks=src,
+                                    dst_blocks=dst, done=last, **kw))
+                    else:
+                        call = (lambda src=src, dst=dst, last=last, kw=kw, grants=grants,
+                                keys=keys: self.cm.pull_leased_blocks_resharded(
+                                    grants, keys, self.cache, src, dst, done=last, **kw))
+                    started = self._until_leased(t0, call)
+                    if t1 == t0:  # the post time ends when the first pull went through
+                        t1 = started
+                if not calls:
+                    for grant in grants:
+                        self.cm.lease_done(grant)
+                self._unread(h, sranks, sgrants)
             t2 = time.perf_counter()
             _trace("pulled", req_id)
             runs = len(landing) if pbs != dbs else sum(
-                1 for _, (src, dst) in todo for j in range(len(src))
-                if j == 0 or src[j] != src[j - 1] + 1 or dst[j] != dst[j - 1] + 1)
+                1 for g in todo for j in range(len(pairs[g][0]))
+                if j == 0 or pairs[g][0][j] != pairs[g][0][j - 1] + 1
+                or pairs[g][1][j] != pairs[g][1][j - 1] + 1)
             with self.lock:
                 self.stats.record(t1 - t0, t2 - t1,
                                   len(landing) * self.block_bytes * self.n_tensors,
                                   runs * self.n_tensors * len(sources),
-                                  self.transports.get(int(ranks[0]["cluster_id"]), "?"))
+                                  self.transports.get(int(ranks[0]["cluster_id"]), "?")
+                                  if ranks else "?")
             return missing, ("the prefill holds fewer blocks" if missing else None)
         except LLMException as e:
             if e.status_code not in (LLMStatusCode.LLM_LEASE_ENDED,
@@ -323,10 +339,36 @@ class _Worker:
         except Exception as e:  # a malformed parameter set: nothing moved
             return everything, f"{type(e).__name__}: {e}"
 
-    def _unread(self, h: Dict[str, Any]) -> None:
-        """Decode rank 0 ends the leases of the prefill ranks no decode rank reads (replicas
-        of heads when the prefill's TP exceeds its KV heads), so their blocks are freed now,
-        not when the leases expire."""
+    def _stages_read(self, h: Dict[str, Any]) -> List[Tuple[List[Dict[str, Any]],
+                                                         List[Dict[str, Any]],
+                                                         List[List[Tuple[range, range]]]]]:
+        """The prefill stages this worker reads: each stage's ranks, grants, and per KV cache
+        group the (prefill, decode) layer ranges it gives. Without PP on either side, the one
+        stage and each group's own layers; a stage layout that does not cover this worker's
+        layers is refused (``LLM_PARAM_INVALID``) naming the layers."""
+        st = stages(h)
+        groups = self.layout.groups if self.layout else [(0, 1)]
+        if len(st) == 1 and self.pp_size == 1:
+            whole = [[(range(f, f + n), range(f, f + n))] for f, n in groups]
+            return [(st[0][0], st[0][1], whole)]
+        mine = self.layout.layers if self.layout else []
+        held = [[(int(f), [int(x) for x in ids]) for f, ids in sranks[0].get("layers") or []]
+                for sranks, _ in st]
+        why = uncovered(mine, held)
+        if why is not None:
+            raise LLMException(f"refused: {why}", LLMStatusCode.LLM_PARAM_INVALID)
+        out = []
+        for (sranks, sgrants), layers in zip(st, held):
+            runs = [layer_runs(layers[g], mine[g]) for g in range(len(mine))]
+            if any(runs):
+                out.append((sranks, sgrants, runs))
+        return out
+
+    def _unread(self, h: Dict[str, Any], ranks: List[Dict[str, Any]],
+                grants: List[Dict[str, Any]]) -> None:
+        """Decode rank 0 ends the leases of a stage's prefill ranks no decode rank reads
+        (replicas of heads when the prefill's TP exceeds its KV heads), so their blocks are
+        freed now, not when the leases expire."""
         ptp = int(h.get("tp_size", 1))
         if self.tp_rank != 0 or ptp == self.tp_size:
             return
@@ -336,8 +378,8 @@ class _Worker:
         for r, n in enumerate(readers):
             if n == 0:
                 try:
-                    self._link(h["ranks"][r])
-                    self.cm.lease_done(h["grants"][r])
+                    self._link(ranks[r])
+                    self.cm.lease_done(grants[r])
                 except LLMException as e:
                     logger.info("hixl: could not end the lease of unread prefill rank %d (%s); "
                                 "it expires instead", r, e)
@@ -379,12 +421,13 @@ class _Worker:
     def _drop(self, req_id: str, p: Dict[str, Any]) -> None:
         h = p["hixl"]
         try:
-            for r in self._plan(h):
-                grant = h["grants"][r]
-                self._link(h["ranks"][r])
-                self._until_leased(time.perf_counter(),
-                                   functools.partial(self.cm.lease_done, grant))
-            self._unread(h)
+            sources = self._plan(h)
+            for sranks, sgrants, _ in self._stages_read(h):
+                for r in sources:
+                    self._link(sranks[r])
+                    self._until_leased(time.perf_counter(),
+                                       functools.partial(self.cm.lease_done, sgrants[r]))
+                self._unread(h, sranks, sgrants)
         except Exception as e:
             logger.info("hixl: could not tell the prefill that request %s needs its blocks "
                         "no more (%s); its lease expires instead", req_id, e)
