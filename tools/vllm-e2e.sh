@@ -38,7 +38,7 @@ echo "== hixl wheel: $(basename "$wheel")"
 
 echo "== hixl.vllm against vLLM's own classes (stats, Prometheus metrics, configuration)"
 "$VLLM_VENV/bin/python" crates/hixl-py/tests/vllm/check_connector.py
-echo "== hixl.vllm's halves driven with vLLM's KV cache classes: TP pairs, groups, MLA, layouts, refusals"
+echo "== hixl.vllm's halves driven with vLLM's KV cache classes: TP pairs, block sizes, PP stages, groups, MLA, layouts, refusals"
 "$VLLM_VENV/bin/python" crates/hixl-py/tests/vllm/check_worker.py
 
 # The reference outputs (a single instance's tokens for the same prompts) are computed once
@@ -76,6 +76,10 @@ echo "== vllm serve over HTTP, prefill blocks of 32 -> decode blocks of 128 (eac
 "$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" --dtype float32 \
   --prefill-block-size 32 --decode-block-size 128 --extra '{"transport": "tcp"}' \
   --reference-cache "$refs" --out "$PD_E2E_RESULTS/serve-blocks-32-128" || rc=1
+echo "== vllm serve over HTTP, prefill PP 2 -> decode PP 1 (each layer pulled from the stage holding it), token-exact against one server"
+"$VLLM_VENV/bin/python" bench/vllm/serve_e2e.py --model "$VLLM_TINY_MODEL" --dtype float32 \
+  --prefill-pp 2 --extra '{"transport": "tcp"}' --reference-cache "$refs" \
+  --out "$PD_E2E_RESULTS/serve-pp2-pp1" || rc=1
 hybrid=${VLLM_HYBRID_MODEL:-$(dirname "$VLLM_TINY_MODEL")/tiny-hybrid}
 [ -f "$hybrid/config.json" ] || "$VLLM_VENV/bin/python" bench/vllm/make_tiny_llama.py \
   --size hybrid --out "$hybrid" >/dev/null
