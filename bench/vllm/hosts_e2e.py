@@ -281,10 +281,9 @@ def main():
             # a connector has taken its entry out of etcd: then the entry ends with its lease
             checks["directory: no entry left after the servers stopped"] = entries_gone(rig)
         else:
-            closed = "hixl: connector shut down, its engine closed"
             checks[f"{name}: both connectors closed on SIGTERM"] = all(
                 os.path.exists(os.path.join(sub, f"{n}.log"))
-                and closed in open(os.path.join(sub, f"{n}.log")).read()
+                and se.closed_on_sigterm(os.path.join(sub, f"{n}.log"))
                 for n in ("prefill", "decode"))
         res[f"{name}_s"] = round(time.monotonic() - t0, 1)
         print(f"== phase {name}: {res[f'{name}_s']} s; checks so far {checks}", flush=True)
