@@ -138,7 +138,7 @@ pub fn plan_tokens(
         let mut t = first;
         while t < end {
             let i = t / src_rows;
-            let stop = ((i + 1) * src_rows).min(end);
+            let stop = (i + 1).saturating_mul(src_rows).min(end);
             match usize::try_from(i)
                 .ok()
                 .and_then(|i| map.src.get(i))

@@ -15,22 +15,13 @@ use hixl_datadist::{
     LeaseEnd, LlmDataDist, LlmRole, LlmStatus,
 };
 
+mod kv_shards;
+use kv_shards::{key, shard, started, HEAD_DIM};
+
 const T: Duration = Duration::from_secs(10);
-const HEAD_DIM: u32 = 8;
 const BLOCKS: u64 = 24;
 /// 2 layers × K, V.
 const TENSORS: u32 = 4;
-
-fn shard(rank: u32, tp: u32, heads: u32, layout: KvLayout) -> KvShard {
-    KvShard {
-        tp_rank: rank,
-        tp_size: tp,
-        total_heads: heads,
-        head_dim: HEAD_DIM,
-        layout,
-        mla: false,
-    }
-}
 
 fn desc(s: &KvShard, rows: u64) -> CacheDesc {
     let h = s.heads().unwrap();
@@ -78,24 +69,6 @@ fn block(s: &KvShard, t: usize, rows: u64, first: u64, tokens: u64) -> Vec<u8> {
     v
 }
 
-async fn started(cluster: u64, role: LlmRole) -> LlmDataDist {
-    let mut dd = LlmDataDist::new(cluster, role);
-    dd.initialize(&[
-        ("llm.ListenIpInfo", "127.0.0.1:0"),
-        ("hixl.Transport", "tcp"),
-    ])
-    .await
-    .unwrap();
-    dd
-}
-
-fn key(cluster: u64) -> BlocksCacheKey {
-    BlocksCacheKey {
-        cluster_id: cluster,
-        model_id: 0,
-    }
-}
-
 /// The request's blocks: the prefill's at positions 0.. (position 0 dropped when `hole`),
 /// the decode's at positions 0.. with position 1 a local prefix hit (not pulled).
 fn request(bs: u64, bd: u64, hole: bool) -> TokenMap {
@@ -116,7 +89,7 @@ async fn case(ptp: u32, dtp: u32, heads: u32, layout: KvLayout, bs: u64, bd: u64
     let mut prefill = Vec::new();
     for p in 0..ptp {
         let cluster = 10 + u64::from(p);
-        let dd = started(cluster, LlmRole::Prompt).await;
+        let dd = started(cluster, LlmRole::Prompt, "tcp").await;
         let s = shard(p, ptp, heads, layout);
         let c = dd
             .allocate_kv_cache(desc(&s, bs), Some(key(cluster)))
@@ -152,7 +125,7 @@ async fn case(ptp: u32, dtp: u32, heads: u32, layout: KvLayout, bs: u64, bd: u64
     let ext = KvCacheExtParam::default();
     let mut decodes: Vec<(LlmDataDist, Cache, KvShard)> = Vec::new();
     for d in 0..dtp {
-        let dd = started(100 + u64::from(d), LlmRole::Decoder).await;
+        let dd = started(100 + u64::from(d), LlmRole::Decoder, "tcp").await;
         for r in dd.link_clusters(&clusters, T).await.unwrap() {
             r.unwrap();
         }
@@ -221,7 +194,7 @@ async fn block_sizes_and_tp_sizes_differ_together() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_cannot_be_converted_is_refused_by_name() {
     let map = request(4, 8, false);
-    let p = started(10, LlmRole::Prompt).await;
+    let p = started(10, LlmRole::Prompt, "tcp").await;
     let s = shard(0, 1, 4, KvLayout::Nhd);
     let c = p
         .allocate_kv_cache(desc(&s, 4), Some(key(10)))
@@ -232,7 +205,7 @@ async fn what_cannot_be_converted_is_refused_by_name() {
     let grant = p
         .lease_blocks(7, &[&c], &leased[1..], Duration::from_secs(60))
         .unwrap();
-    let d = started(100, LlmRole::Decoder).await;
+    let d = started(100, LlmRole::Decoder, "tcp").await;
     let ci = ClusterInfo {
         remote_cluster_id: 10,
         remote_addr: p.listen_addr().unwrap(),
@@ -253,7 +226,7 @@ async fn what_cannot_be_converted_is_refused_by_name() {
         .unwrap_err();
     assert_eq!(e.status, LlmStatus::ParamInvalid, "{e}");
     assert!(
-        e.message.contains("8 elements") && e.message.contains("16 elements"),
+        e.message.contains("of 16 elements") && e.message.contains("of 32 elements"),
         "{e}"
     );
     let same = d.allocate_kv_cache(desc(&s, 8), None).await.unwrap();

@@ -110,6 +110,11 @@ pub(crate) fn grant_of(json: &str) -> PyResult<LeaseGrant> {
     serde_json::from_str(json).map_err(|e| param(format!("lease grant {json:?} is not valid: {e}")))
 }
 
+/// Every grant of a list (JSON each), the first invalid one refused by name.
+pub(crate) fn grants_of(json: &[String]) -> PyResult<Vec<LeaseGrant>> {
+    json.iter().map(|g| grant_of(g)).collect()
+}
+
 /// Checks that `[addr, addr + len)` is mapped memory of this process, so that a wrong integer
 /// is refused by name instead of crashing the process at the first transfer.
 pub(crate) fn check_mapped(addr: u64, len: u64, tensor: usize) -> PyResult<()> {
@@ -154,6 +159,11 @@ pub(crate) fn outcome(r: Result<(), DataDistError>) -> (u32, String) {
         Ok(()) => (LlmStatus::Success.code(), String::new()),
         Err(e) => (e.status.code(), e.message),
     }
+}
+
+/// Blocks cache keys from `(cluster_id, model_id)` pairs.
+pub(crate) fn bkeys(keys: Vec<(u64, u64)>) -> Vec<BlocksCacheKey> {
+    keys.into_iter().map(bkey).collect()
 }
 
 pub(crate) fn bkey((cluster_id, model_id): (u64, u64)) -> BlocksCacheKey {

@@ -3,10 +3,10 @@
 //! their leases or not), and the plan's pure answers (which prefill ranks a decode rank reads,
 //! how many decode ranks read each prefill rank).
 
-use hixl_datadist::{tp, BlocksCacheKey, KvLayout, KvShard, LeaseGrant};
+use hixl_datadist::{tp, KvLayout, KvShard};
 use pyo3::prelude::*;
 
-use super::convert::{bkey, dd_result, ext_of, grant_of, param, Ext};
+use super::convert::{bkeys, dd_result, ext_of, grants_of, param, Ext};
 use super::{run, DataDist};
 
 /// Rank `rank` of a TP group of `tp_size` over `total_heads` heads: a shard for planning only
@@ -102,8 +102,7 @@ impl DataDist {
         dst_blocks: Vec<u64>,
         ext: Ext,
     ) -> PyResult<()> {
-        let dst = self.shared.cache(dst)?;
-        let keys: Vec<BlocksCacheKey> = keys.into_iter().map(bkey).collect();
+        let (dst, keys) = (self.shared.cache(dst)?, bkeys(keys));
         let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
         dd_result(run(py, async move {
             dd.read()
@@ -127,12 +126,8 @@ impl DataDist {
         ext: Ext,
         done: bool,
     ) -> PyResult<()> {
-        let grants: Vec<LeaseGrant> = grants
-            .iter()
-            .map(|g| grant_of(g))
-            .collect::<PyResult<_>>()?;
-        let dst = self.shared.cache(dst)?;
-        let keys: Vec<BlocksCacheKey> = keys.into_iter().map(bkey).collect();
+        let grants = grants_of(&grants)?;
+        let (dst, keys) = (self.shared.cache(dst)?, bkeys(keys));
         let (dd, ext) = (self.shared.dd.clone(), ext_of(ext));
         dd_result(run(py, async move {
             dd.read()

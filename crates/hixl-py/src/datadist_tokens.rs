@@ -4,10 +4,9 @@
 //! pure answer (which decode blocks land, which cannot).
 
 use hixl_datadist::tokens::{plan_tokens, TokenMap};
-use hixl_datadist::{BlocksCacheKey, LeaseGrant};
 use pyo3::prelude::*;
 
-use super::convert::{bkey, dd_result, ext_of, grant_of, Ext};
+use super::convert::{bkeys, dd_result, ext_of, grants_of, Ext};
 use super::{run, DataDist};
 
 /// The decode blocks of a request that land whole, and those that cannot (the prefill holds
@@ -45,8 +44,7 @@ impl DataDist {
         tokens: u64,
         ext: Ext,
     ) -> PyResult<()> {
-        let dst = self.shared.cache(dst)?;
-        let keys: Vec<BlocksCacheKey> = keys.into_iter().map(bkey).collect();
+        let (dst, keys) = (self.shared.cache(dst)?, bkeys(keys));
         let map = TokenMap {
             src: src_blocks,
             dst: dst_blocks,
@@ -76,12 +74,8 @@ impl DataDist {
         ext: Ext,
         done: bool,
     ) -> PyResult<()> {
-        let grants: Vec<LeaseGrant> = grants
-            .iter()
-            .map(|g| grant_of(g))
-            .collect::<PyResult<_>>()?;
-        let dst = self.shared.cache(dst)?;
-        let keys: Vec<BlocksCacheKey> = keys.into_iter().map(bkey).collect();
+        let grants = grants_of(&grants)?;
+        let (dst, keys) = (self.shared.cache(dst)?, bkeys(keys));
         let map = TokenMap {
             src: src_blocks,
             dst: dst_blocks,

@@ -56,6 +56,14 @@ def _opt_ints(name: str, values: Any) -> List[Optional[int]]:
     return [None if v is None else _int(f"{name}[{i}]", v) for i, v in enumerate(values)]
 
 
+def _grants(grants: Any) -> List[str]:
+    """A list of lease grants (as :meth:`CacheManager.pull_leased_blocks` takes each), as
+    JSON."""
+    if not isinstance(grants, (list, tuple)):
+        raise _type_error(f"grants must be a list of lease grants, got {grants!r}")
+    return [_grant(g).to_json() for g in grants]
+
+
 def _bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _type_error(f"{name} must be a bool, got {value!r}")
@@ -120,9 +128,7 @@ class _Reshard(_Manager):
         decode rank reading it did so. A lease that is not live: ``LLM_LEASE_ENDED`` and
         nothing moves. Keyword arguments and partial failures as :meth:`pull_blocks`."""
         self._check()
-        if not isinstance(grants, (list, tuple)):
-            raise _type_error(f"grants must be a list of lease grants, got {grants!r}")
-        gs = [_grant(g).to_json() for g in grants]
+        gs = _grants(grants)
         keys = _keys(src_cache_keys)
         dst = self._registered("dst_cache", dst_cache)
         ext = _kw("pull_leased_blocks_resharded", kwargs)
@@ -160,9 +166,7 @@ class _Reshard(_Manager):
         :meth:`pull_leased_blocks_resharded` (each grant covers every block of
         ``src_blocks``)."""
         self._check()
-        if not isinstance(grants, (list, tuple)):
-            raise _type_error(f"grants must be a list of lease grants, got {grants!r}")
-        gs = [_grant(g).to_json() for g in grants]
+        gs = _grants(grants)
         keys = _keys(src_cache_keys)
         dst = self._registered("dst_cache", dst_cache)
         ext = _kw("pull_leased_kv_tokens", kwargs)
